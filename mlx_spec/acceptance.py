@@ -1,0 +1,87 @@
+"""Accept/reject rules: which drafted tokens the target keeps, and what comes next.
+
+Notation as in the papers (Leviathan et al. 2023, Chen et al. 2023):
+p = target distribution, q = draft distribution, x_i = i-th drafted token.
+
+Each rule takes, for a round with k drafted tokens,
+    draft_tokens     (k,)      uint32
+    draft_probs      (k, V)    q, probabilities (one-hot for deterministic drafts)
+    target_logprobs  (k+1, V)  log p at every verified position
+and returns, still lazy on device,
+    num_accepted     ()        n in [0, k]
+    next_token       ()        the target's own token after the n accepted ones
+so the whole rule sits inside the round's single evaluated graph.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Tuple
+
+import mlx.core as mx
+
+AcceptanceRule = Callable[[mx.array, mx.array, mx.array], Tuple[mx.array, mx.array]]
+
+
+def _accepted_prefix(accepted: mx.array) -> mx.array:
+    """Number of leading True values of a (k,) bool array."""
+    return mx.cumprod(accepted.astype(mx.int32)).sum()
+
+
+def greedy_accept(draft_tokens, draft_probs, target_logprobs):
+    """temp == 0: keep drafts while they equal the target's argmax."""
+    target_tokens = mx.argmax(target_logprobs, axis=-1).astype(mx.uint32)  # (k+1,)
+    k = draft_tokens.shape[0]
+    num_accepted = _accepted_prefix(draft_tokens == target_tokens[:k])
+    return num_accepted, target_tokens[num_accepted]
+
+
+def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool):
+    k = draft_tokens.shape[0]
+    p = mx.exp(target_logprobs)  # (k+1, V)
+    rows = mx.arange(k)
+    p_x = p[rows, draft_tokens]  # (k,)
+    q_x = draft_probs[rows, draft_tokens]  # (k,)
+    # Accept x_i with probability min(1, p(x_i) / q(x_i)).
+    u = mx.random.uniform(shape=(k,))
+    num_accepted = _accepted_prefix(u * q_x < p_x)
+    # On rejection at n sample from normalise(max(0, p_n - q_n)); if all k
+    # passed, q_k := 0 makes the same line draw the bonus token from p_k.
+    q = mx.concatenate([draft_probs, mx.zeros((1, p.shape[-1]), p.dtype)])  # (k+1, V)
+    p_n, q_n = p[num_accepted], q[num_accepted]  # (V,)
+    leftover = mx.maximum(p_n - q_n, 0.0) if residual else p_n
+    # p == q leaves no mass (and then rejection had probability 0): fall back to p.
+    leftover = mx.where(leftover.sum() > 0, leftover, p_n)
+    next_token = mx.random.categorical(mx.log(leftover)).astype(mx.uint32)
+    return num_accepted, next_token
+
+
+@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
+def speculative_accept(draft_tokens, draft_probs, target_logprobs):
+    """temp > 0: exact speculative sampling; output tokens are distributed as p."""
+    return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual=True)
+
+
+def resample_from_target_accept(draft_tokens, draft_probs, target_logprobs):
+    """A classic BROKEN rule, kept as the statistical test's negative control.
+
+    It resamples a rejected position from p instead of the residual p - q,
+    which over-weights tokens the draft already offered. Never use it.
+    """
+    return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual=False)
+
+
+def token_match_accept(draft_tokens, draft_probs, target_logprobs):
+    """mlx-lm's rule at temp > 0: sample from p at each position, accept on equality.
+
+    Exact, but accepts with probability sum_x p(x) q(x) instead of
+    sum_x min(p(x), q(x)). Kept for the benchmark's comparison.
+    """
+    target_tokens = mx.random.categorical(target_logprobs, axis=-1).astype(mx.uint32)
+    k = draft_tokens.shape[0]
+    num_accepted = _accepted_prefix(draft_tokens == target_tokens[:k])
+    return num_accepted, target_tokens[num_accepted]
+
+
+def rule_for(greedy: bool) -> AcceptanceRule:
+    return greedy_accept if greedy else speculative_accept

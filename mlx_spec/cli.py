@@ -1,0 +1,117 @@
+"""The `mlx-spec` command line: parses flags, calls the Python API, prints. No maths here."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM
+from .generate import DEFAULT_MAX_TOKENS
+from .policy import DEFAULT_NUM_DRAFT_TOKENS
+
+SOURCE_COLORS = {"draft": "green", "lookup": "cyan"}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mlx-spec")
+def main():
+    """Exact speculative decoding on MLX: a draft proposes, the target verifies."""
+
+
+def _read_prompt(prompt: str) -> str:
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise click.UsageError("The prompt is empty; pass --prompt TEXT (or --prompt - for stdin).")
+    return prompt
+
+
+def _load(path, role):
+    from .loading import load
+
+    try:
+        return load(path)
+    except ValueError as exc:
+        raise click.UsageError(f"Cannot load the {role} model: {exc}") from None
+
+
+def _apply_chat_template(tokenizer, prompt: str) -> str:
+    if getattr(tokenizer, "chat_template", None) is None:
+        return prompt
+    messages = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _resolve_models(model, draft_model, no_draft):
+    """Default: the shipped pair. --model alone decodes with no draft unless one is given."""
+    from .loading import default_draft_path, default_target_path
+
+    if model is None:
+        if not (default_target_path() / "config.json").exists():
+            raise click.UsageError(
+                "No --model given and the default models are not installed; pass --model PATH."
+            )
+        model = str(default_target_path())
+        if draft_model is None:
+            draft_model = str(default_draft_path())
+    return model, (None if no_draft else draft_model)
+
+
+@main.command()
+@click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair).")
+@click.option("--draft-model", "-d", default=None, help="Draft model: local directory or repo id sharing the target's tokenizer.")
+@click.option("--prompt", "-p", default="def fibonacci(n):", show_default=True, help="Prompt text, or - to read standard input.")
+@click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=DEFAULT_MAX_TOKENS, show_default=True)
+@click.option("--temp", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 disables top-k.")
+@click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True)
+@click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=DEFAULT_NUM_DRAFT_TOKENS, show_default=True, help="Tokens drafted per round.")
+@click.option("--seed", type=int, default=None, help="Random seed for reproducible sampling.")
+@click.option("--no-draft", is_flag=True, help="Decode with the target alone (the baseline).")
+@click.option("--prompt-lookup", is_flag=True, help="Draft by n-gram lookup in the prompt and output so far.")
+@click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True)
+@click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
+@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, cyan = prompt lookup.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
+def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
+             num_draft_tokens, seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
+             ignore_chat_template, color, quiet):
+    """Generate text, streaming it to stdout; stats go to stderr."""
+    from .generate import stream_generate
+    from .loading import check_pair
+
+    prompt = _read_prompt(prompt)
+    model, draft_model = _resolve_models(model, draft_model, no_draft)
+    target_model, tokenizer = _load(model, "target")
+    draft = None
+    if draft_model is not None:
+        draft, draft_tokenizer = _load(draft_model, "draft")
+        try:
+            check_pair(target_model, draft, tokenizer, draft_tokenizer)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    if not ignore_chat_template:
+        prompt = _apply_chat_template(tokenizer, prompt)
+
+    response = None
+    try:
+        for response in stream_generate(
+            target_model, tokenizer, prompt, draft_model=draft, max_tokens=max_tokens,
+            num_draft_tokens=num_draft_tokens, temp=temp, top_p=top_p, top_k=top_k,
+            min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
+            prompt_lookup_max_ngram=prompt_lookup_max_ngram,
+        ):
+            fg = SOURCE_COLORS.get(response.source) if color else None
+            click.echo(click.style(response.text, fg=fg) if fg else response.text, nl=False)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo()
+    if response is not None and not quiet:
+        click.echo("=" * 10, err=True)
+        click.echo(response.stats.summary(), err=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Where proposals come from: a draft model, or n-gram lookup in the text so far.
+
+A drafter has two methods, called once per round by the loop:
+
+    propose(history, k) -> Proposal | None   lazy tokens (and q) for this round
+    commit(num_accepted)                     rewind its state after verification
+
+`history` is every token known so far (prompt + generated, host ints); its
+last token is the one the target has not processed yet. None means "no
+proposal this round" so the next drafter in line is asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+
+
+@dataclass
+class Proposal:
+    tokens: mx.array  # (k,) uint32, lazy
+    probs: Optional[mx.array]  # (k, V) q, probabilities; None when decoding greedily
+    source: str  # "draft" or "lookup": where accepted tokens came from
+    drafter: object  # the drafter to commit() after verification
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[0]
+
+
+from .draft_model import DraftModelDrafter  # noqa: E402
+from .prompt_lookup import PromptLookupDrafter  # noqa: E402
+
+__all__ = ["Proposal", "DraftModelDrafter", "PromptLookupDrafter"]

@@ -1,0 +1,67 @@
+"""Proposals by n-gram lookup: continue the latest earlier occurrence of the last n tokens.
+
+No model at all: the history (prompt + generated text) is searched for the
+most recent earlier occurrence of its last n tokens, longest n first, and the
+tokens that followed it are proposed. A deterministic proposal is a one-hot q,
+so the exact acceptance rule applies unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import mlx.core as mx
+
+from . import Proposal
+
+DEFAULT_MAX_NGRAM = 3
+DEFAULT_MIN_NGRAM = 1
+
+
+class PromptLookupDrafter:
+    source = "lookup"
+
+    def __init__(self, target_vocab_size: int, greedy: bool,
+                 max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(
+                f"prompt lookup n-gram sizes must satisfy 1 <= min <= max, "
+                f"got min={min_ngram}, max={max_ngram}."
+            )
+        self.target_vocab_size = target_vocab_size
+        self.greedy = greedy
+        self.ngram_sizes = range(max_ngram, min_ngram - 1, -1)
+        # n -> {n-gram: index just past its latest occurrence that has a continuation}
+        self._index: Dict[int, Dict[Tuple[int, ...], int]] = {n: {} for n in self.ngram_sizes}
+        self._indexed = 0  # n-grams ending before this history index are indexed
+
+    def _update_index(self, history: List[int]) -> None:
+        # Index every n-gram that ends before the last token (so it has a continuation).
+        for end in range(max(self._indexed, 1), len(history)):
+            for n, table in self._index.items():
+                if end >= n:
+                    table[tuple(history[end - n:end])] = end
+        self._indexed = len(history)
+
+    def lookup(self, history: List[int], k: int) -> List[int]:
+        self._update_index(history)
+        for n in self.ngram_sizes:
+            if len(history) <= n:
+                continue
+            end = self._index[n].get(tuple(history[-n:]))
+            if end is not None:
+                return history[end:end + k]
+        return []
+
+    def propose(self, history: List[int], k: int) -> Optional[Proposal]:
+        found = self.lookup(history, k)
+        if not found:
+            return None
+        tokens = mx.array(found, mx.uint32)  # (k',)
+        probs = None
+        if not self.greedy:  # q is one-hot on the proposed token
+            probs = (mx.arange(self.target_vocab_size)[None] == tokens[:, None]).astype(mx.float32)
+        return Proposal(tokens, probs, self.source, self)
+
+    def commit(self, num_accepted: int) -> None:
+        pass  # stateless beyond the shared history

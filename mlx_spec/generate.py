@@ -1,0 +1,212 @@
+"""Text in, text out: mlx-lm-compatible `stream_generate` and `generate`.
+
+Layered as in mlx-lm: `speculative_generate_step` yields token ids (no
+tokenizer), `stream_generate` adds detokenizing, EOS handling and stats in a
+response dataclass, `generate` returns the whole string.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import mlx.core as mx
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .cache import check_rewindable, make_cache
+from .drafters import DraftModelDrafter, PromptLookupDrafter
+from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM
+from .loading import check_pair, vocab_size
+from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
+from .memory import wired_limit
+from .policy import DEFAULT_NUM_DRAFT_TOKENS, FixedPolicy
+from .sampling import SamplingConfig
+from .stats import GenerationStats, StatsRecorder
+
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class GenerationResponse:
+    """One streamed token, as in mlx-lm, plus the running speculation stats."""
+
+    text: str  # new text segment (may be empty)
+    token: int
+    logprobs: mx.array  # (V,) target log-probabilities at this position
+    from_draft: bool  # proposed by a drafter and accepted by the target
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float  # GB
+    finish_reason: Optional[str] = None  # "stop", "length" or None
+    source: str = "target"  # "draft", "lookup" or "target"
+    stats: Optional[GenerationStats] = None
+
+
+def _as_tokens(tokenizer, prompt) -> List[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("The prompt is empty; give some text to continue.")
+        bos = getattr(tokenizer, "bos_token", None)
+        add_special = bos is None or not prompt.startswith(bos)
+        tokens = tokenizer.encode(prompt, add_special_tokens=add_special)
+    elif isinstance(prompt, mx.array):
+        tokens = prompt.tolist()
+    else:
+        tokens = [int(t) for t in prompt]
+    if len(tokens) == 0:
+        raise ValueError("The prompt is empty; give some text or token ids to continue.")
+    return tokens
+
+
+def _split_prompt_cache(prompt_cache, target_model, draft_model):
+    if prompt_cache is None:
+        return make_cache(target_model), None
+    n = len(target_model.layers)
+    return prompt_cache[:n], (prompt_cache[n:] or None) if draft_model is not None else None
+
+
+def speculative_generate_step(
+    prompt: List[int],
+    model,
+    draft_model=None,
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    sampling: SamplingConfig = SamplingConfig(),
+    prompt_lookup: bool = False,
+    prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM,
+    prompt_cache=None,
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    prompt_progress_callback=None,
+    policy=None,
+    accept=None,
+) -> Iterator[Round]:
+    """Yield rounds of token ids from `model` (the target), speculating with the drafters.
+
+    With no draft model and no prompt lookup it decodes the target alone.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}.")
+    if prefill_step_size < 1:
+        raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
+    target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
+    target_vocab = vocab_size(model)
+    drafters = []
+    if prompt_lookup:
+        drafters.append(PromptLookupDrafter(target_vocab, sampling.greedy,
+                                            max_ngram=prompt_lookup_max_ngram))
+    if draft_model is not None:
+        drafters.append(DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache))
+    policy = policy or FixedPolicy(num_draft_tokens)
+    if drafters:
+        needed = len(prompt) + max_tokens + num_draft_tokens + 1
+        check_rewindable(target_cache, "target", needed)
+        for drafter in drafters:
+            if hasattr(drafter, "draft_cache"):
+                check_rewindable(drafter.draft_cache, "draft", needed)
+    yield from generate_rounds(
+        prompt, model, drafters, policy, sampling=sampling, max_tokens=max_tokens,
+        target_cache=target_cache, prefill_step_size=prefill_step_size,
+        prompt_progress_callback=prompt_progress_callback, accept=accept,
+    )
+
+
+def stream_generate(
+    model,
+    tokenizer,
+    prompt: Union[str, List[int], mx.array],
+    draft_model=None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: Optional[int] = None,
+    **kwargs,
+) -> Iterator[GenerationResponse]:
+    """Generate text from `model`, speculating with `draft_model` when given.
+
+    Mirrors `mlx_lm.stream_generate`. Extra keyword arguments go to
+    `speculative_generate_step` (prompt_lookup, prompt_cache, prefill_step_size, ...).
+    """
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    if num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}.")
+    sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    if draft_model is not None:
+        check_pair(model, draft_model, tokenizer)
+    tokens = _as_tokens(tokenizer, prompt)
+    if seed is not None:
+        mx.random.seed(seed)
+
+    rounds = speculative_generate_step(
+        tokens, model, draft_model, max_tokens=max_tokens,
+        num_draft_tokens=num_draft_tokens, sampling=sampling, **kwargs,
+    )
+    recorder = StatsRecorder(len(tokens))
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    eos = set(tokenizer.eos_token_ids)
+    emitted = 0
+    with wired_limit(model, draft_model):
+        for round_ in rounds:
+            recorder.prompt_done()
+            finish = None
+            wanted = round_.tokens[: max_tokens - emitted]
+            for i, token in enumerate(wanted):
+                if token in eos:
+                    wanted, finish = wanted[:i], "stop"
+                    break
+            if finish is None and emitted + len(wanted) >= max_tokens:
+                finish = "length"
+            recorder.record(round_, len(wanted))
+            for i, token in enumerate(wanted):
+                emitted += 1
+                detokenizer.add_token(token)
+                last = finish is not None and i == len(wanted) - 1
+                if last:
+                    detokenizer.finalize()
+                yield _response(detokenizer.last_segment, token, round_, i, recorder,
+                                finish if last else None)
+            if finish is not None:
+                if not wanted:  # EOS first: still report the finish with stats
+                    detokenizer.finalize()
+                    yield _response(detokenizer.last_segment, round_.tokens[0], round_, 0,
+                                    recorder, finish)
+                break
+
+
+def _response(text, token, round_: Round, i, recorder, finish) -> GenerationResponse:
+    stats = recorder.snapshot()
+    from_draft = i < round_.num_accepted
+    return GenerationResponse(
+        text=text, token=token, logprobs=round_.logprobs[i], from_draft=from_draft,
+        prompt_tokens=stats.prompt_tokens, prompt_tps=stats.prompt_tps,
+        generation_tokens=stats.generation_tokens, generation_tps=stats.generation_tps,
+        peak_memory=stats.peak_memory_gb, finish_reason=finish,
+        source=round_.source if from_draft else "target", stats=stats,
+    )
+
+
+def generate(model, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
+    """Return the whole generated text; `verbose=True` prints it and the stats."""
+    text = ""
+    response = None
+    if verbose:
+        print("=" * 10)
+    for response in stream_generate(model, tokenizer, prompt, **kwargs):
+        if verbose:
+            print(response.text, end="", flush=True)
+        text += response.text
+    if verbose:
+        print()
+        print("=" * 10)
+        if response is not None and response.stats is not None:
+            print(response.stats.summary())
+        sys.stdout.flush()
+    return text

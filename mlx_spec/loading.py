@@ -1,0 +1,99 @@
+"""Loading models (local directory or Hugging Face repo) and checking a pair fits together.
+
+`load` is mlx-lm's loader with clear errors; with no path it loads the small
+target/draft pair shipped inside the package.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+DEFAULT_MODELS_DIR = Path(__file__).parent / "default_models"
+
+
+def default_target_path() -> Path:
+    return DEFAULT_MODELS_DIR / "target"
+
+
+def default_draft_path() -> Path:
+    return DEFAULT_MODELS_DIR / "draft"
+
+
+def _looks_like_repo_id(path: str) -> bool:
+    parts = path.split("/")
+    return len(parts) == 2 and all(parts) and not path.startswith((".", "~"))
+
+
+def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, TokenizerWrapper]:
+    """Load `(model, tokenizer)` from a local directory or a Hugging Face repo id.
+
+    With no argument, loads the shipped default target model. Keyword
+    arguments go to `mlx_lm.load`. Raises ValueError with a readable
+    sentence when the model cannot be found or read.
+    """
+    import mlx_lm
+
+    path = str(path_or_hf_repo) if path_or_hf_repo is not None else str(default_target_path())
+    if not Path(path).exists() and not _looks_like_repo_id(path):
+        raise ValueError(
+            f"Model path '{path}' does not exist; give a local model directory "
+            "or a Hugging Face repo id such as mlx-community/Qwen2.5-0.5B-Instruct-4bit."
+        )
+    try:
+        return mlx_lm.load(path, **kwargs)
+    except ValueError:
+        raise
+    except Exception as exc:  # hub errors, missing files, unreadable weights
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = (
+            " (HF_HUB_OFFLINE=1 is set and it is not in the local cache)" if offline else ""
+        )
+        raise ValueError(
+            f"Could not load model '{path}'{hint}: {type(exc).__name__}: {exc}".strip()
+        ) from exc
+
+
+def vocab_size(model) -> int:
+    """Output vocabulary size of a model (rows of its logits)."""
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    if size is None:
+        inner = getattr(model, "model", model)
+        size = inner.embed_tokens.weight.shape[0]
+    return int(size)
+
+
+def check_pair(target_model, draft_model, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise ValueError unless the draft speaks the target's vocabulary."""
+    if draft_tokenizer is not None and target_tokenizer is not None:
+        if _vocab(draft_tokenizer) != _vocab(target_tokenizer):
+            raise ValueError(
+                "The draft model's tokenizer differs from the target's (mismatched "
+                "vocabularies); choose a draft from the same model family."
+            )
+    target_size, draft_size = vocab_size(target_model), vocab_size(draft_model)
+    if draft_size > target_size:
+        raise ValueError(
+            f"The draft model's vocabulary ({draft_size} tokens) is larger than the "
+            f"target's ({target_size}); the two models do not share a tokenizer."
+        )
+    if target_tokenizer is not None and draft_size < len(_vocab(target_tokenizer)):
+        raise ValueError(
+            f"The draft model's vocabulary ({draft_size} tokens) does not cover the "
+            f"tokenizer's {len(_vocab(target_tokenizer))} tokens (mismatched vocabularies)."
+        )
+    if target_tokenizer is None and draft_size != target_size:
+        raise ValueError(
+            f"Mismatched vocabularies: target has {target_size} tokens, draft has "
+            f"{draft_size}; pass models that share a tokenizer."
+        )
+
+
+def _vocab(tokenizer) -> dict:
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    return inner.get_vocab()

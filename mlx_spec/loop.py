@@ -1,0 +1,144 @@
+"""The decoding loop: token ids in, rounds of token ids out (no tokenizer here).
+
+One speculative round is   propose -> verify -> accept -> rewind -> emit:
+the drafts, the target's verify pass over [last token, d1..dk] and the
+acceptance rule are one lazy MLX graph, evaluated by the round's only host
+sync. Invariant between rounds: the target cache holds history[:-1]; the last
+history token is the one the next verify pass starts from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Sequence
+
+import mlx.core as mx
+
+from .acceptance import AcceptanceRule, rule_for
+from .cache import rewind
+from .policy import DraftPolicy
+from .sampling import SamplingConfig, logprobs_from_logits, sample
+
+DEFAULT_PREFILL_STEP_SIZE = 512
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one round emitted: accepted drafts, then the target's own token."""
+
+    tokens: List[int]
+    num_drafted: int
+    num_accepted: int
+    source: str  # "draft", "lookup" or "target" (a plain decoding step)
+    logprobs: mx.array  # (len(tokens), V) target log-probabilities, lazy
+
+
+@dataclass
+class Decoder:
+    """Everything a round reads or advances."""
+
+    target_model: object
+    target_cache: list
+    drafters: Sequence  # asked in order; the first proposal wins
+    sampling: SamplingConfig
+    history: List[int]
+    accept: AcceptanceRule
+
+
+def prefill(model, cache, tokens: List[int], step_size: int,
+            progress: Optional[Callable[[int, int], None]] = None) -> None:
+    """Run `tokens` through `model` in chunks, filling `cache`."""
+    for start in range(0, len(tokens), step_size):
+        chunk = mx.array(tokens[start:start + step_size], mx.uint32)
+        model(chunk[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        if progress:
+            progress(min(start + step_size, len(tokens)), len(tokens))
+    mx.clear_cache()
+
+
+def _propose(decoder: Decoder, k: int):
+    for drafter in decoder.drafters:
+        proposal = drafter.propose(decoder.history, k)
+        if proposal is not None and proposal.num_tokens > 0:
+            return proposal
+    return None
+
+
+def speculative_round(decoder: Decoder, k: int) -> Round:
+    proposal = _propose(decoder, k)
+    if proposal is None:
+        return next(plain_rounds(decoder, 1))
+    y = mx.array(decoder.history[-1:], mx.uint32)
+    verify_input = mx.concatenate([y, proposal.tokens])  # (k+1,) lazy on the drafts
+    target_logits = decoder.target_model(verify_input[None], cache=decoder.target_cache)[0]
+    target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (k+1, V)
+    num_accepted, next_token = decoder.accept(proposal.tokens, proposal.probs, target_logprobs)
+    summary = mx.concatenate(
+        [num_accepted[None].astype(mx.uint32), next_token[None], proposal.tokens]
+    )
+    n, token, *drafted = summary.tolist()  # the only sync of the round
+    rewind(decoder.target_cache, len(drafted) - n)
+    proposal.drafter.commit(n)
+    tokens = drafted[:n] + [token]
+    decoder.history.extend(tokens)
+    return Round(tokens, len(drafted), n, proposal.source, target_logprobs[: n + 1])
+
+
+def plain_rounds(decoder: Decoder, count: int) -> Iterator[Round]:
+    """`count` ordinary decoding steps, the next one queued before yielding."""
+
+    def step(y):
+        target_logits = decoder.target_model(y[None], cache=decoder.target_cache)[0, -1]
+        target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (V,)
+        token = sample(target_logprobs, decoder.sampling)
+        mx.async_eval(token)
+        return token, target_logprobs
+
+    token, logprobs = step(mx.array(decoder.history[-1:], mx.uint32))
+    for i in range(count):
+        pending = step(token[None]) if i + 1 < count else None
+        value = token.item()  # the only sync of the step
+        decoder.history.append(value)
+        yield Round([value], 0, 0, "target", logprobs[None])
+        if pending is not None:
+            token, logprobs = pending
+
+
+def generate_rounds(
+    prompt: List[int],
+    target_model,
+    drafters: Sequence,
+    policy: DraftPolicy,
+    *,
+    sampling: SamplingConfig,
+    max_tokens: int,
+    target_cache: list,
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
+    accept: Optional[AcceptanceRule] = None,
+) -> Iterator[Round]:
+    """Prefill, then yield rounds until at least `max_tokens` tokens were emitted.
+
+    The caller trims the last round to `max_tokens` and stops at EOS.
+    """
+    decoder = Decoder(target_model, target_cache, drafters, sampling, list(prompt),
+                      accept or rule_for(sampling.greedy))
+    prefill(target_model, target_cache, prompt[:-1], prefill_step_size,
+            prompt_progress_callback)
+    for drafter in drafters:
+        if hasattr(drafter, "prefill"):
+            drafter.prefill(prompt, prefill_step_size)
+    emitted = 0
+    while emitted < max_tokens:
+        # Draft no further than the last token still wanted (the target adds one).
+        k = min(policy.num_draft_tokens(), max_tokens - emitted - 1)
+        if k <= 0 or not drafters:
+            plain = policy.plain_steps() if drafters else max_tokens - emitted
+            rounds = plain_rounds(decoder, max(1, min(plain, max_tokens - emitted)))
+        else:
+            rounds = iter([speculative_round(decoder, k)])
+        for round_ in rounds:
+            emitted += len(round_.tokens)
+            policy.observe(round_)
+            yield round_

@@ -1,0 +1,145 @@
+"""Generation statistics: acceptance histogram, rates, tokens/s, memory.
+
+Following gpt-fast, the main metric is the histogram of accepted lengths per
+round; acceptance rate, mean accepted length and per-position acceptance all
+fall out of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int = 0
+    prompt_tps: float = 0.0
+    generation_tokens: int = 0
+    generation_tps: float = 0.0
+    rounds: int = 0  # verify passes that had drafts
+    plain_steps: int = 0  # ordinary decoding steps (no draft)
+    drafted: int = 0
+    accepted: int = 0
+    accepted_histogram: Tuple[int, ...] = ()  # [n] = rounds that accepted n drafts
+    drafted_at_position: Tuple[int, ...] = ()  # [i] = rounds that drafted >= i+1 tokens
+    accepted_by_source: Dict[str, int] = field(default_factory=dict)
+    draft_lengths: Tuple[int, ...] = ()  # k of every speculative round, in order
+    peak_memory_gb: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted drafts per speculative round."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Tokens emitted per target pass over a draft (accepted + 1)."""
+        return self.mean_accepted + 1 if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> List[float]:
+        """P(draft i accepted | drafted), from the histogram."""
+        rates = []
+        for i, drafted in enumerate(self.drafted_at_position):
+            accepted = sum(self.accepted_histogram[i + 1:])
+            rates.append(accepted / drafted if drafted else 0.0)
+        return rates
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted=self.mean_accepted,
+            tokens_per_round=self.tokens_per_round,
+            per_position_acceptance=self.per_position_acceptance,
+        )
+        for key in ("accepted_histogram", "drafted_at_position", "draft_lengths"):
+            d[key] = list(d[key])
+        return d
+
+    def summary(self) -> str:
+        lines = [
+            f"Prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tokens/s",
+            f"Generation: {self.generation_tokens} tokens, {self.generation_tps:.1f} tokens/s",
+        ]
+        if self.rounds:
+            hist = " ".join(f"{n}:{c}" for n, c in enumerate(self.accepted_histogram))
+            pos = " ".join(f"{r:.2f}" for r in self.per_position_acceptance)
+            lines += [
+                f"Speculation: {self.rounds} rounds, {self.accepted}/{self.drafted} drafts "
+                f"accepted ({self.acceptance_rate:.1%}), {self.tokens_per_round:.2f} tokens/round",
+                f"Accepted-length histogram: {hist}",
+                f"Per-position acceptance: {pos}",
+            ]
+            if len(self.accepted_by_source) > 1 or "lookup" in self.accepted_by_source:
+                src = ", ".join(f"{s} {n}" for s, n in sorted(self.accepted_by_source.items()))
+                lines.append(f"Accepted tokens by source: {src}")
+            if self.plain_steps:
+                lines.append(f"Plain decoding steps (no draft): {self.plain_steps}")
+        lines.append(f"Peak memory: {self.peak_memory_gb:.3f} GB")
+        return "\n".join(lines)
+
+
+class StatsRecorder:
+    """Accumulates rounds; `snapshot()` returns the frozen stats so far."""
+
+    def __init__(self, prompt_tokens: int):
+        self.prompt_tokens = prompt_tokens
+        self.start = time.perf_counter()
+        self.prompt_seconds = None
+        self.generation_tokens = 0
+        self.rounds = self.plain_steps = self.drafted = self.accepted = 0
+        self.histogram: Counter = Counter()
+        self.drafted_at: Counter = Counter()
+        self.by_source: Counter = Counter()
+        self.draft_lengths: List[int] = []
+
+    def prompt_done(self) -> None:
+        if self.prompt_seconds is None:
+            now = time.perf_counter()
+            self.prompt_seconds = now - self.start
+            self.start = now
+
+    def record(self, round_, emitted: int) -> None:
+        """Count a round of which `emitted` tokens were passed on to the user."""
+        self.generation_tokens += emitted
+        if round_.num_drafted == 0:
+            self.plain_steps += 1
+            return
+        self.rounds += 1
+        self.drafted += round_.num_drafted
+        self.accepted += round_.num_accepted
+        self.histogram[round_.num_accepted] += 1
+        for i in range(round_.num_drafted):
+            self.drafted_at[i] += 1
+        self.by_source[round_.source] += round_.num_accepted
+        self.draft_lengths.append(round_.num_drafted)
+
+    def snapshot(self) -> GenerationStats:
+        elapsed = time.perf_counter() - self.start
+        longest = max(self.drafted_at, default=-1) + 1
+        prompt_seconds = self.prompt_seconds or 0.0
+        return GenerationStats(
+            prompt_tokens=self.prompt_tokens,
+            prompt_tps=self.prompt_tokens / prompt_seconds if prompt_seconds else 0.0,
+            generation_tokens=self.generation_tokens,
+            generation_tps=self.generation_tokens / elapsed if elapsed > 0 else 0.0,
+            rounds=self.rounds,
+            plain_steps=self.plain_steps,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            accepted_histogram=tuple(self.histogram[n] for n in range(longest + 1)),
+            drafted_at_position=tuple(self.drafted_at[i] for i in range(longest)),
+            accepted_by_source=dict(self.by_source),
+            draft_lengths=tuple(self.draft_lengths),
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+        )
