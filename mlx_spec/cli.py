@@ -104,7 +104,8 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
-            click.echo(click.style(response.text, fg=fg) if fg else response.text, nl=False)
+            text = click.style(response.text, fg=fg) if fg else response.text
+            click.echo(text, nl=False, color=True if color else None)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo()

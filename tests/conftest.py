@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import make_llama, perturbed  # noqa: E402
+from tiny import make_llama, perturbed, write_model_dir  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,17 @@ def drafts(target_model):
     """Drafts of falling quality: identical, related-but-worse, unrelated."""
     return {
         "identical": target_model,
-        "related": perturbed(target_model, noise=0.3, seed=1),
+        "related": perturbed(target_model, noise=0.05, seed=1),
         "unrelated": make_llama(seed=7, hidden=32, layers=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    """Hugging Face-layout directories: a target, a draft, and a foreign-vocabulary draft."""
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "target": write_model_dir(root / "target", seed=0),
+        "draft": write_model_dir(root / "draft", seed=3, hidden=32, layers=1),
+        "foreign": write_model_dir(root / "foreign", vocab_size=280, seed=4, hidden=32, layers=1),
     }

@@ -1,0 +1,24 @@
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test run bench clean
+
+$(BIN)/mlx-spec:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+
+install: $(BIN)/mlx-spec
+
+test: install
+	$(BIN)/python -m pytest tests
+
+run: install
+	$(BIN)/mlx-spec generate --prompt "def fibonacci(n):" --max-tokens 120
+
+bench: install
+	$(BIN)/mlx-spec bench --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,72 @@
+"""`mlx-spec generate` end to end on tiny local model directories."""
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from mlx_spec.cli import main
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, list(args), input=input)
+
+
+def test_generate_streams_text_and_stats(model_dirs):
+    result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
+                 str(model_dirs["draft"]), "--prompt", "def f(x):", "-n", "20", "-k", "3")
+    assert result.exit_code == 0, result.output
+    assert "Speculation:" in result.stderr and "Generation: " in result.stderr
+    assert result.stdout.strip()
+
+
+def test_greedy_output_identical_with_and_without_draft(model_dirs):
+    common = ["generate", "--model", str(model_dirs["target"]), "-p", "def f(x):", "-n", "25", "-q"]
+    plain = run(*common, "--no-draft")
+    spec = run(*common, "--draft-model", str(model_dirs["draft"]))
+    assert plain.exit_code == spec.exit_code == 0
+    assert plain.stdout == spec.stdout
+
+
+def test_prompt_from_stdin_and_prompt_lookup(model_dirs):
+    result = run("generate", "--model", str(model_dirs["target"]), "--prompt", "-",
+                 "--prompt-lookup", "-n", "10", input="def f(x):\n    return x\n")
+    assert result.exit_code == 0, result.output
+
+
+def test_color_marks_draft_tokens(model_dirs):
+    result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
+                 str(model_dirs["target"]), "-n", "12", "--color", "-q")
+    assert result.exit_code == 0
+    assert "\x1b[32m" in result.stdout  # green: accepted from the draft
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--model", "/nonexistent/model"], "does not exist"),
+    (["--prompt", ""], "prompt is empty"),
+    (["--num-draft-tokens", "0"], "--num-draft-tokens"),
+    (["--temp", "-1"], "--temp"),
+    (["--top-p", "0"], "--top-p"),
+])
+def test_bad_input_is_one_clear_error(model_dirs, args, fragment):
+    base = ["generate", "--model", str(model_dirs["target"])]
+    result = run(*base, *args)
+    assert result.exit_code != 0
+    assert fragment in result.output
+    assert "Traceback" not in result.output
+
+
+def test_mismatched_vocabularies_exit_nonzero(model_dirs):
+    result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
+                 str(model_dirs["foreign"]))
+    assert result.exit_code != 0
+    assert "vocabular" in result.output and "Traceback" not in result.output
+
+
+def test_console_script_exit_code(model_dirs):
+    """The installed entry point itself: a real process and a real exit code."""
+    proc = subprocess.run([sys.executable, "-m", "mlx_spec", "generate", "--model",
+                           "/nonexistent/model"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Error:" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,80 @@
+"""Greedy parity: speculative output == the target's own greedy output, token for token."""
+
+import pytest
+
+from mlx_spec.generate import speculative_generate_step
+
+PROMPTS = {
+    "one-token": [5],
+    "short": [1, 2, 3, 4, 5],
+    "longer-than-prefill-chunk": [(7 * i) % 61 + 2 for i in range(600)],
+}
+
+
+def tokens_of(prompt, target_model, draft_model=None, **kwargs):
+    out = []
+    for round_ in speculative_generate_step(prompt, target_model, draft_model, **kwargs):
+        out += round_.tokens
+    return out[: kwargs["max_tokens"]]
+
+
+@pytest.fixture(scope="module")
+def reference(target_model):
+    """Target-only greedy decoding, computed once per prompt and length."""
+    cache = {}
+
+    def get(prompt_name, max_tokens):
+        key = (prompt_name, max_tokens)
+        if key not in cache:
+            cache[key] = tokens_of(PROMPTS[prompt_name], target_model, max_tokens=max_tokens)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("prompt_name", list(PROMPTS))
+@pytest.mark.parametrize("max_tokens", [1, 37])
+@pytest.mark.parametrize("draft_name", ["identical", "related", "unrelated"])
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_draft_model_greedy_parity(target_model, drafts, reference, prompt_name,
+                                   max_tokens, draft_name, k):
+    got = tokens_of(PROMPTS[prompt_name], target_model, drafts[draft_name],
+                    max_tokens=max_tokens, num_draft_tokens=k, prefill_step_size=256)
+    assert got == reference(prompt_name, max_tokens)
+
+
+@pytest.mark.parametrize("prompt_name", ["short", "longer-than-prefill-chunk"])
+@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_prompt_lookup_greedy_parity(target_model, drafts, reference, prompt_name, k,
+                                     with_draft):
+    draft = drafts["related"] if with_draft else None
+    got = tokens_of(PROMPTS[prompt_name], target_model, draft, max_tokens=37,
+                    num_draft_tokens=k, prompt_lookup=True)
+    assert got == reference(prompt_name, 37)
+
+
+def test_acceptance_tracks_draft_quality(target_model, drafts):
+    """The identical draft is always accepted; worse drafts less often."""
+    rates = {}
+    for name, draft in drafts.items():
+        rounds = list(speculative_generate_step([1, 2, 3], target_model, draft,
+                                                max_tokens=60, num_draft_tokens=4))
+        drafted = sum(r.num_drafted for r in rounds)
+        rates[name] = sum(r.num_accepted for r in rounds) / drafted
+    assert rates["identical"] == 1.0
+    assert rates["identical"] > rates["related"] > rates["unrelated"]
+
+
+def test_target_cache_holds_history_minus_last(target_model, drafts):
+    """After every round the target cache holds exactly the accepted prefix."""
+    from mlx_spec.cache import make_cache
+
+    prompt = [1, 2, 3, 4]
+    target_cache = make_cache(target_model)
+    seen = len(prompt)
+    for round_ in speculative_generate_step(prompt, target_model, drafts["related"],
+                                            max_tokens=30, num_draft_tokens=4,
+                                            prompt_cache=target_cache):
+        seen += len(round_.tokens)
+        assert target_cache[0].offset == seen - 1
