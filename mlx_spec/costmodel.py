@@ -1,0 +1,57 @@
+"""The speculative cost model: is drafting k tokens worth it on this machine?
+
+With i.i.d. acceptance a, a round with k drafts emits on average
+(1 - a^(k+1)) / (1 - a) tokens (Leviathan et al. 2023) and costs
+k draft steps plus one target pass over k+1 tokens. In units of one plain
+target decoding step:
+
+    speed-up(k) = E[tokens per round] / (k * draft_cost + verify_cost(k + 1))
+
+`verify_cost(T)` is the measured time of one target forward over T tokens
+relative to T = 1; on a GPU it stays near 1 for small T, on a reference CPU
+BLAS it grows like T, which erases any gain.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Tuple
+
+
+def expected_tokens_per_round(acceptance: float, k: int) -> float:
+    a = min(max(acceptance, 0.0), 1.0)
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def interpolate(curve: Mapping[int, float], t: int) -> float:
+    """Relative cost at T tokens from measured points (linear in between, beyond the ends)."""
+    if t in curve:
+        return curve[t]
+    points = sorted(curve.items())
+    if len(points) == 1:
+        return points[0][1] * t / points[0][0]
+    lo = max((p for p in points if p[0] < t), default=points[0], key=lambda p: p[0])
+    hi = min((p for p in points if p[0] > t), default=points[-1], key=lambda p: p[0])
+    if lo[0] == hi[0]:  # extrapolate from the last two points
+        lo, hi = points[-2], points[-1]
+    slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
+    return lo[1] + slope * (t - lo[0])
+
+
+def predicted_speedup(acceptance: float, k: int, draft_cost: float,
+                      verify_cost: Mapping[int, float]) -> float:
+    """Speed-up over plain decoding for k drafts per round (k = 0 is plain: 1.0)."""
+    if k == 0:
+        return 1.0
+    cost = k * draft_cost + interpolate(verify_cost, k + 1) / interpolate(verify_cost, 1)
+    return expected_tokens_per_round(acceptance, k) / cost
+
+
+def best_k(acceptance: float, draft_cost: float, verify_cost: Mapping[int, float],
+           k_max: int = 8) -> Tuple[int, float]:
+    """The k in [0, k_max] with the highest predicted speed-up (0 = do not speculate)."""
+    return max(
+        ((k, predicted_speedup(acceptance, k, draft_cost, verify_cost)) for k in range(k_max + 1)),
+        key=lambda kv: kv[1],
+    )
