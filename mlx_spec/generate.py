@@ -20,7 +20,7 @@ from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM
 from .loading import check_pair, vocab_size
 from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
 from .memory import wired_limit
-from .policy import DEFAULT_NUM_DRAFT_TOKENS, FixedPolicy
+from .policy import DEFAULT_MAX_DRAFT_TOKENS, make_policy
 from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
 
@@ -74,8 +74,12 @@ def speculative_generate_step(
     draft_model=None,
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    num_draft_tokens: Optional[int] = None,
     sampling: SamplingConfig = SamplingConfig(),
+    adaptive: Optional[bool] = None,
+    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+    auto_off: bool = True,
+    draft_confidence: float = 0.0,
     prompt_lookup: bool = False,
     prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM,
     prompt_cache=None,
@@ -87,9 +91,16 @@ def speculative_generate_step(
     """Yield rounds of token ids from `model` (the target), speculating with the drafters.
 
     With no draft model and no prompt lookup it decodes the target alone.
+    `num_draft_tokens` pins k; left as None the default policy chooses
+    (`adaptive=True`: k chosen each round from measured acceptance and cost,
+    with an automatic fall-back to plain decoding when speculation loses).
+    `draft_confidence` stops drafting when the draft's top probability falls
+    below it (costs one host sync per draft step).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}.")
+    if not 0.0 <= draft_confidence < 1.0:
+        raise ValueError(f"draft_confidence must be in [0, 1), got {draft_confidence}.")
     if prefill_step_size < 1:
         raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
     target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
@@ -99,10 +110,11 @@ def speculative_generate_step(
         drafters.append(PromptLookupDrafter(target_vocab, sampling.greedy,
                                             max_ngram=prompt_lookup_max_ngram))
     if draft_model is not None:
-        drafters.append(DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache))
-    policy = policy or FixedPolicy(num_draft_tokens)
+        drafters.append(DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
+                                          confidence=draft_confidence))
+    policy = policy or make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off)
     if drafters:
-        needed = len(prompt) + max_tokens + num_draft_tokens + 1
+        needed = len(prompt) + max_tokens + max(num_draft_tokens or 0, max_draft_tokens) + 1
         check_rewindable(target_cache, "target", needed)
         for drafter in drafters:
             if hasattr(drafter, "draft_cache"):
@@ -120,7 +132,7 @@ def stream_generate(
     prompt: Union[str, List[int], mx.array],
     draft_model=None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    num_draft_tokens: Optional[int] = None,
     temp: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -130,12 +142,14 @@ def stream_generate(
 ) -> Iterator[GenerationResponse]:
     """Generate text from `model`, speculating with `draft_model` when given.
 
-    Mirrors `mlx_lm.stream_generate`. Extra keyword arguments go to
-    `speculative_generate_step` (prompt_lookup, prompt_cache, prefill_step_size, ...).
+    Mirrors `mlx_lm.stream_generate`. `num_draft_tokens` pins k (None: the
+    default policy). Extra keyword arguments go to `speculative_generate_step`
+    (adaptive, auto_off, draft_confidence, prompt_lookup, prompt_cache,
+    prefill_step_size, ...).
     """
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    if num_draft_tokens < 1:
+    if num_draft_tokens is not None and num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}.")
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     if draft_model is not None:

@@ -132,9 +132,10 @@ def generate_rounds(
     emitted = 0
     while emitted < max_tokens:
         # Draft no further than the last token still wanted (the target adds one).
-        k = min(policy.num_draft_tokens(), max_tokens - emitted - 1)
-        if k <= 0 or not drafters:
-            plain = policy.plain_steps() if drafters else max_tokens - emitted
+        wanted = policy.num_draft_tokens() if drafters else 0
+        k = min(wanted, max_tokens - emitted - 1)
+        if k <= 0:
+            plain = policy.plain_steps() if wanted == 0 and drafters else max_tokens - emitted
             rounds = plain_rounds(decoder, max(1, min(plain, max_tokens - emitted)))
         else:
             rounds = iter([speculative_round(decoder, k)])

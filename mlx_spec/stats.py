@@ -80,11 +80,15 @@ class GenerationStats:
                 f"Accepted-length histogram: {hist}",
                 f"Per-position acceptance: {pos}",
             ]
+            if len(set(self.draft_lengths)) > 1:
+                ks = self.draft_lengths
+                lines.append(f"Draft length k: mean {sum(ks) / len(ks):.1f}, range {min(ks)}-{max(ks)}, "
+                             f"last {ks[-1]}")
             if len(self.accepted_by_source) > 1 or "lookup" in self.accepted_by_source:
                 src = ", ".join(f"{s} {n}" for s, n in sorted(self.accepted_by_source.items()))
                 lines.append(f"Accepted tokens by source: {src}")
-            if self.plain_steps:
-                lines.append(f"Plain decoding steps (no draft): {self.plain_steps}")
+        if self.plain_steps and (self.rounds or self.drafted):
+            lines.append(f"Plain decoding steps (no draft): {self.plain_steps}")
         lines.append(f"Peak memory: {self.peak_memory_gb:.3f} GB")
         return "\n".join(lines)
 

@@ -21,11 +21,12 @@ class DraftModelDrafter:
     source = "draft"
 
     def __init__(self, draft_model, sampling: SamplingConfig, target_vocab_size: int,
-                 cache=None):
+                 cache=None, confidence: float = 0.0):
         self.draft_model = draft_model
         self.draft_cache = cache if cache is not None else make_cache(draft_model)
         self.sampling = sampling
         self.target_vocab_size = target_vocab_size
+        self.confidence = confidence
         self.cached = 0  # how many history tokens the draft cache holds
         self._proposed_at = 0
 
@@ -39,7 +40,7 @@ class DraftModelDrafter:
     def propose(self, history: List[int], k: int) -> Proposal:
         y = mx.array(history[self.cached:], mx.uint32)  # tokens the draft has not seen
         draft_tokens, draft_probs = [], []
-        for _ in range(k):
+        for i in range(k):
             draft_logits = self.draft_model(y[None], cache=self.draft_cache)[0, -1]  # (V_d,)
             draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)
             y = sample(draft_logprobs, self.sampling)[None]  # (1,)
@@ -49,9 +50,11 @@ class DraftModelDrafter:
                 draft_probs.append(mx.exp(draft_logprobs))
                 mx.async_eval(y, draft_probs[-1])
             draft_tokens.append(y)
-        # The cache now holds history + the first k-1 drafts (the k-th is unseen).
+            if self.confidence and i + 1 < k and self._unsure(draft_logprobs):
+                break
+        # The cache now holds history + all drafts but the last (which is unseen).
         self._proposed_at = len(history)
-        self.cached = len(history) + k - 1
+        self.cached = len(history) + len(draft_tokens) - 1
         probs = None
         if draft_probs:
             probs = mx.stack(draft_probs)  # (k, V_d)
@@ -59,6 +62,10 @@ class DraftModelDrafter:
             if pad > 0:  # draft vocab padded shorter than the target's
                 probs = mx.pad(probs, [(0, 0), (0, pad)])
         return Proposal(mx.concatenate(draft_tokens), probs, self.source, self)
+
+    def _unsure(self, draft_logprobs) -> bool:
+        """Confidence stop: the draft's top probability is below the threshold (a host sync)."""
+        return mx.exp(mx.max(draft_logprobs)).item() < self.confidence
 
     def commit(self, num_accepted: int) -> None:
         keep = min(self.cached, self._proposed_at + num_accepted)

@@ -1,0 +1,159 @@
+"""End-to-end decode tokens/s: the target alone, mlx-lm's speculative mode, and mlx-spec.
+
+The methods run side by side in one process, interleaved within every repeat
+(so a background load slows all of them alike), each on the same prompt with
+its KV caches prefilled untimed: only decoding is timed, and every method
+counts exactly `max_tokens` generated tokens. Medians over repeats after a
+warm-up; the headline figures are ratios of medians.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step as mlx_lm_generate_step
+from mlx_lm.generate import speculative_generate_step as mlx_lm_speculative_generate_step
+from mlx_lm.sample_utils import make_sampler
+
+from ..cache import make_cache
+from ..generate import speculative_generate_step
+from ..memory import wired_limit
+from ..sampling import SamplingConfig
+from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, median, ratio
+
+TARGET, MLX_LM, MLX_SPEC = "target alone", "mlx-lm speculative", "mlx-spec"
+DEFAULT_E2E_TEMPS = (0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    seconds: float
+    tokens: int
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    tokens_per_s: float  # median over repeats
+    runs_tokens_per_s: tuple
+    acceptance_rate: Optional[float]  # None for the target alone
+
+
+@dataclass(frozen=True)
+class Comparison:
+    temp: float
+    k: int
+    max_tokens: int
+    methods: Dict[str, MethodResult]
+    ratios: Dict[str, float] = field(default_factory=dict)
+
+
+def _prefilled(model, ids: List[int]) -> list:
+    """A cache holding all prompt tokens but the last (which the generator feeds)."""
+    cache = make_cache(model)
+    if len(ids) > 1:
+        model(mx.array(ids[:-1], mx.uint32)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def run_target_alone(target_model, ids, temp, max_tokens) -> RunResult:
+    cache, sampler = _prefilled(target_model, ids), make_sampler(temp)
+    start, n = time.perf_counter(), 0
+    for _token, _ in mlx_lm_generate_step(mx.array(ids[-1:], mx.uint32), target_model,
+                                          max_tokens=max_tokens, sampler=sampler,
+                                          prompt_cache=cache):
+        n += 1
+    return RunResult(time.perf_counter() - start, n)
+
+
+def run_mlx_lm(target_model, draft_model, ids, temp, k, max_tokens) -> RunResult:
+    cache = _prefilled(target_model, ids) + _prefilled(draft_model, ids)
+    sampler = make_sampler(temp)
+    start, n, accepted, rounds = time.perf_counter(), 0, 0, 0
+    for _token, _, from_draft in mlx_lm_speculative_generate_step(
+        mx.array(ids[-1:], mx.uint32), target_model, draft_model, num_draft_tokens=k,
+        max_tokens=max_tokens, sampler=sampler, prompt_cache=cache,
+    ):
+        n += 1
+        accepted += from_draft
+        rounds += not from_draft  # every round ends with one target token
+    # The last round may be cut short by max_tokens: rounds * k slightly over-counts drafts.
+    return RunResult(time.perf_counter() - start, n, rounds * k, accepted)
+
+
+def run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens, accept=None) -> RunResult:
+    cache = _prefilled(target_model, ids) + _prefilled(draft_model, ids)
+    start, n, drafted, accepted = time.perf_counter(), 0, 0, 0
+    for round_ in speculative_generate_step(
+        ids[-1:], target_model, draft_model, max_tokens=max_tokens, num_draft_tokens=k,
+        sampling=SamplingConfig(temp=temp), prompt_cache=cache, accept=accept,
+    ):
+        n += len(round_.tokens)
+        drafted, accepted = drafted + round_.num_drafted, accepted + round_.num_accepted
+        if n >= max_tokens:
+            break
+    return RunResult(time.perf_counter() - start, min(n, max_tokens), drafted, accepted)
+
+
+def interleave(methods: Dict[str, Callable[[List[int]], RunResult]], prompts,
+               repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
+               progress: Optional[Callable[[str], None]] = None) -> Dict[str, MethodResult]:
+    """Run every method once per repeat, in turn, on that repeat's prompt."""
+    tps: Dict[str, List[float]] = {name: [] for name in methods}
+    counts = {name: [0, 0] for name in methods}
+    for r in range(warmup + repeats):
+        ids = prompts[r % len(prompts)][1]
+        if progress:
+            progress(f"repeat {r + 1 - warmup}/{repeats}" if r >= warmup else "warm-up")
+        for name, run in methods.items():
+            mx.random.seed(seed + r)
+            result = run(ids)
+            if r < warmup:
+                continue
+            tps[name].append(ratio(result.tokens, result.seconds))
+            counts[name][0] += result.drafted
+            counts[name][1] += result.accepted
+    return {
+        name: MethodResult(median(tps[name]), tuple(tps[name]),
+                           ratio(counts[name][1], counts[name][0]) if counts[name][0] else None)
+        for name in methods
+    }
+
+
+def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens: int,
+            repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
+            progress=None) -> Comparison:
+    """Target alone vs mlx-lm speculative vs mlx-spec at one (k, temp)."""
+    methods = {
+        TARGET: lambda ids: run_target_alone(target_model, ids, temp, max_tokens),
+        MLX_LM: lambda ids: run_mlx_lm(target_model, draft_model, ids, temp, k, max_tokens),
+        MLX_SPEC: lambda ids: run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens),
+    }
+    with wired_limit(target_model, draft_model):
+        results = interleave(methods, prompts, repeats, warmup, seed, progress)
+    tps = {name: r.tokens_per_s for name, r in results.items()}
+    ratios = {
+        "mlx-spec / target alone": ratio(tps[MLX_SPEC], tps[TARGET]),
+        "mlx-spec / mlx-lm speculative": ratio(tps[MLX_SPEC], tps[MLX_LM]),
+        "mlx-lm speculative / target alone": ratio(tps[MLX_LM], tps[TARGET]),
+    }
+    return Comparison(temp, k, max_tokens, results, ratios)
+
+
+def speedup_vs_k(target_model, draft_model, prompts, ks: Sequence[int], temp: float,
+                 max_tokens: int, repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
+                 seed: int = 0, progress=None) -> Dict[int, float]:
+    """Measured mlx-spec / target-alone tokens/s for every k, all interleaved."""
+    methods = {TARGET: lambda ids: run_target_alone(target_model, ids, temp, max_tokens)}
+    for k in ks:
+        methods[f"k={k}"] = (lambda ids, k=k: run_mlx_spec(target_model, draft_model, ids,
+                                                            temp, k, max_tokens))
+    with wired_limit(target_model, draft_model):
+        results = interleave(methods, prompts, repeats, warmup, seed, progress)
+    base = results[TARGET].tokens_per_s
+    return {k: ratio(results[f"k={k}"].tokens_per_s, base) for k in ks}

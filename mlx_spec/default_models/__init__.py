@@ -1,0 +1,13 @@
+"""Bundled default models for offline use of ``mlx-spec generate``.
+
+A tiny target/draft pair of Llama models (Hugging Face layout, float16 safetensors,
+shared byte-level BPE tokenizer with ``<|endoftext|>`` as EOS) trained from scratch on
+the Python standard library's source code by ``bench/train_default_models.py``.
+They only know how to continue Python code; see ``README.md`` and ``metrics.json``
+in this directory for sizes, data split and acceptance measurements.
+"""
+
+from pathlib import Path
+
+DEFAULT_TARGET_PATH: Path = Path(__file__).resolve().parent / "target"
+DEFAULT_DRAFT_PATH: Path = Path(__file__).resolve().parent / "draft"

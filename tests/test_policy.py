@@ -1,0 +1,111 @@
+"""Draft-length policies, driven by synthetic rounds on a fake clock."""
+
+import random
+
+import pytest
+
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.loop import Round
+from mlx_spec.policy import AdaptivePolicy, FixedPolicy, make_policy
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def simulate(policy, clock, acceptance, draft_step, verify, plain_step, tokens=600, seed=0):
+    """Drive a policy through synthetic rounds; return tokens emitted per simulated second."""
+    rng = random.Random(seed)
+    emitted, start = 0, None
+    while emitted < tokens:
+        k = policy.num_draft_tokens()
+        if k == 0:
+            for _ in range(policy.plain_steps()):
+                clock.now += plain_step
+                policy.observe(Round([0], 0, 0, "target", None))
+                emitted += 1
+        else:
+            n = 0
+            while n < k and rng.random() < acceptance:
+                n += 1
+            clock.now += k * draft_step + verify(k + 1)
+            policy.observe(Round([0] * (n + 1), k, n, "draft", None))
+            emitted += n + 1
+        if start is None:
+            start = clock.now
+    return emitted / (clock.now - start)
+
+
+def test_flat_verify_cost_and_good_draft_drafts_long():
+    """GPU-like: verifying 9 tokens costs about one step, the draft is cheap."""
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    rate = simulate(policy, clock, acceptance=0.85, draft_step=0.05,
+                    verify=lambda t: 1.0 + 0.02 * t, plain_step=1.0)
+    assert policy.switched_off == 0
+    assert policy.k >= 4
+    assert rate > 2.0  # tokens per plain-step time: speculation pays
+
+
+def test_linear_verify_cost_switches_speculation_off():
+    """Reference-BLAS-like: verifying T tokens costs T steps, so drafting cannot pay."""
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    rate = simulate(policy, clock, acceptance=0.6, draft_step=0.2,
+                    verify=lambda t: 1.0 * t, plain_step=1.0, tokens=1500)
+    assert policy.switched_off >= 1
+    assert rate > 0.95  # the goal: within 5% of plain decoding
+
+
+def test_poor_draft_switches_off_and_probes_again():
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    simulate(policy, clock, acceptance=0.05, draft_step=0.1,
+             verify=lambda t: 1.0 + 0.05 * t, plain_step=1.0, tokens=2000)
+    assert policy.switched_off >= 2  # probed again after an off period, lost again
+
+
+def test_adaptive_k_beats_a_poor_fixed_k_in_simulation():
+    results = {}
+    for name, make in {"adaptive": lambda c: AdaptivePolicy(clock=c),
+                       "fixed-1": lambda c: FixedPolicy(1)}.items():
+        clock = FakeClock()
+        results[name] = simulate(make(clock), clock, acceptance=0.9, draft_step=0.03,
+                                 verify=lambda t: 1.0 + 0.02 * t, plain_step=1.0)
+    assert results["adaptive"] > results["fixed-1"]
+
+
+def test_make_policy():
+    assert isinstance(make_policy(3), FixedPolicy)
+    assert isinstance(make_policy(None, adaptive=True), AdaptivePolicy)
+    with pytest.raises(ValueError):
+        make_policy(0)
+
+
+@pytest.mark.parametrize("draft_name", ["identical", "related", "unrelated"])
+def test_adaptive_policy_keeps_greedy_parity(target_model, drafts, draft_name):
+    def run(**kwargs):
+        out = []
+        for r in speculative_generate_step([2, 7, 1, 8], target_model, max_tokens=80, **kwargs):
+            out += r.tokens
+        return out[:80]
+
+    assert run(draft_model=drafts[draft_name], adaptive=True) == run()
+
+
+def test_confidence_stop_keeps_greedy_parity(target_model, drafts):
+    def run(**kwargs):
+        out, ks = [], []
+        for r in speculative_generate_step([2, 7, 1, 8], target_model, max_tokens=50, **kwargs):
+            out += r.tokens
+            ks.append(r.num_drafted)
+        return out[:50], ks
+
+    plain, _ = run()
+    got, ks = run(draft_model=drafts["related"], num_draft_tokens=6, draft_confidence=0.5)
+    assert got == plain
+    assert min(k for k in ks if k) < 6  # the stop did cut some drafts short
