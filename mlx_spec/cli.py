@@ -8,7 +8,7 @@ import click
 
 from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM
 from .generate import DEFAULT_MAX_TOKENS
-from .policy import DEFAULT_NUM_DRAFT_TOKENS
+from .policy import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_NUM_DRAFT_TOKENS
 
 SOURCE_COLORS = {"draft": "green", "lookup": "cyan"}
 
@@ -67,7 +67,11 @@ def _resolve_models(model, draft_model, no_draft):
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 disables top-k.")
 @click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True)
-@click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=DEFAULT_NUM_DRAFT_TOKENS, show_default=True, help="Tokens drafted per round.")
+@click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help=f"Pin the tokens drafted per round (default: the default policy, k={DEFAULT_NUM_DRAFT_TOKENS} unless --adaptive).")
+@click.option("--adaptive/--fixed", default=None, help="Choose k each round from measured acceptance and cost, switching speculation off when it loses.")
+@click.option("--max-draft-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_DRAFT_TOKENS, show_default=True, help="Largest k the adaptive policy may choose.")
+@click.option("--no-auto-off", is_flag=True, help="Adaptive policy: never fall back to plain decoding.")
+@click.option("--draft-confidence", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True, help="Stop drafting when the draft's top probability falls below this.")
 @click.option("--seed", type=int, default=None, help="Random seed for reproducible sampling.")
 @click.option("--no-draft", is_flag=True, help="Decode with the target alone (the baseline).")
 @click.option("--prompt-lookup", is_flag=True, help="Draft by n-gram lookup in the prompt and output so far.")
@@ -76,7 +80,8 @@ def _resolve_models(model, draft_model, no_draft):
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, cyan = prompt lookup.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
-             num_draft_tokens, seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
+             num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
+             seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
              ignore_chat_template, color, quiet):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from .generate import stream_generate
@@ -99,7 +104,9 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     try:
         for response in stream_generate(
             target_model, tokenizer, prompt, draft_model=draft, max_tokens=max_tokens,
-            num_draft_tokens=num_draft_tokens, temp=temp, top_p=top_p, top_k=top_k,
+            num_draft_tokens=num_draft_tokens, adaptive=adaptive,
+            max_draft_tokens=max_draft_tokens, auto_off=not no_auto_off,
+            draft_confidence=draft_confidence, temp=temp, top_p=top_p, top_k=top_k,
             min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
         ):

@@ -13,15 +13,15 @@ from typing import Optional, Tuple
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
-DEFAULT_MODELS_DIR = Path(__file__).parent / "default_models"
+from .default_models import DEFAULT_DRAFT_PATH, DEFAULT_TARGET_PATH
 
 
 def default_target_path() -> Path:
-    return DEFAULT_MODELS_DIR / "target"
+    return DEFAULT_TARGET_PATH
 
 
 def default_draft_path() -> Path:
-    return DEFAULT_MODELS_DIR / "draft"
+    return DEFAULT_DRAFT_PATH
 
 
 def _looks_like_repo_id(path: str) -> bool:
