@@ -1,0 +1,97 @@
+"""`mlx-spec bench` (also `python -m mlx_spec.bench`): flags in, files and a summary out. No maths.
+
+Progress lines and the summary go to stderr and stdout; every figure goes to
+the JSON file, the readable report next to it (Markdown), plots when
+matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+DEFAULT_JSON = "mlx-spec-bench.json"
+
+
+def _resolve(model, draft_model):
+    from ..loading import default_draft_path, default_target_path
+
+    if model is None:
+        if not (default_target_path() / "config.json").exists():
+            raise click.UsageError(
+                "No --model given and the default models are not installed; "
+                "pass --model PATH --draft-model PATH.")
+        return str(default_target_path()), draft_model or str(default_draft_path())
+    if draft_model is None:
+        raise click.UsageError("Benchmarking speculation needs a draft: pass --draft-model PATH.")
+    return model, draft_model
+
+
+def _load_pair(model, draft_model):
+    from ..loading import check_pair, load
+
+    try:
+        target_model, tokenizer = load(model)
+        draft, draft_tokenizer = load(draft_model)
+        check_pair(target_model, draft, tokenizer, draft_tokenizer)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return target_model, draft, tokenizer
+
+
+@click.command()
+@click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair).")
+@click.option("--draft-model", "-d", default=None, help="Draft model sharing the target's tokenizer.")
+@click.option("--quick", is_flag=True, help="A few minutes: fewer k, temperatures, prompts, sizes and repeats.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=DEFAULT_JSON, show_default=True, help="Where to write every figure as JSON.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Markdown report path [default: next to the JSON, .md].")
+@click.option("--no-plots", is_flag=True, help="Do not write PNG plots even if matplotlib is installed.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None, help="Tokens generated per run [default: 128, quick 48].")
+@click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per measurement [default: 5, quick 3].")
+@click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help="k of the end-to-end comparison and scaling [default: 4].")
+@click.option("--smoke", is_flag=True, hidden=True, help="Seconds on tiny test models (tests only).")
+def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max_tokens,
+          repeats, num_draft_tokens, smoke):
+    """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
+    from . import plots
+    from .report import render_markdown, render_text
+    from .runner import BenchConfig, quick_config, run_bench, tiny_config
+
+    model, draft_model = _resolve(model, draft_model)
+    overrides = {name: value for name, value in (
+        ("seed", seed), ("max_tokens", max_tokens), ("repeats", repeats),
+        ("num_draft_tokens", num_draft_tokens)) if value is not None}
+    make = tiny_config if smoke else quick_config if quick else BenchConfig
+    config = make(**overrides)
+
+    start = time.perf_counter()
+
+    def say(message):
+        click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
+
+    say(f"loading {model} and {draft_model}")
+    target_model, draft, tokenizer = _load_pair(model, draft_model)
+    try:
+        result = run_bench(target_model, draft, tokenizer, config,
+                           models={"target": model, "draft": draft_model}, progress=say)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    json_path = Path(json_path)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    report_path = Path(report_path) if report_path else json_path.with_suffix(".md")
+    written = []
+    if not no_plots:
+        written, message = plots.write_plots(result, report_path.with_suffix(""))
+        say(message)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    relative = [str(p.relative_to(report_path.parent)) for p in written]
+    report_path.write_text(render_markdown(result, relative))
+    click.echo(render_text(result))
+    click.echo(f"\nWrote {json_path} and {report_path}"
+               + (f" and {len(written)} plots" if written else "") + ".")

@@ -1,0 +1,176 @@
+"""The report: headline verdict, then one table per measurement, as terminal text or Markdown.
+
+`sections(result)` turns a `BenchResult` into titled tables once; `render_text`
+and `render_markdown` only lay them out. Headlines are ratios and medians;
+absolute times appear only inside tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Sequence
+
+from .acceptance import lookup
+from .endtoend import MLX_LM, MLX_SPEC, TARGET
+from .runner import BenchResult
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    headers: Sequence[str] = ()
+    rows: Sequence[Sequence[str]] = ()
+    notes: Sequence[str] = field(default_factory=list)
+
+
+def _x(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _verdict_section(r: BenchResult) -> Section:
+    notes = []
+    for v in r.verdicts:
+        measured = v.measured_by_k.get(v.best_k) if v.best_k else None
+        seen = f", measured {_x(measured)}" if measured is not None else ""
+        notes.append(f"T={v.temp:g}: {v.reason} (predicted best {_x(v.predicted_best)}{seen})")
+    for c in r.end_to_end:
+        notes.append(f"Measured at T={c.temp:g}, k={c.k}: mlx-spec is "
+                     f"{_x(c.ratios['mlx-spec / target alone'])} the target alone and "
+                     f"{_x(c.ratios['mlx-spec / mlx-lm speculative'])} mlx-lm speculative.")
+    return Section("Verdict: is speculation worth it here?", notes=notes)
+
+
+def _machine_section(r: BenchResult) -> Section:
+    m, b = r.machine, r.bandwidth
+    rows = [["chip", m.chip], ["OS", m.os], ["MLX device", m.mlx_device],
+            ["memory", f"{m.memory_gb:.1f} GB"], ["CPU cores", str(m.cpu_count)],
+            ["BLAS", m.blas], ["MLX / mlx-lm", f"{m.mlx_version} / {m.mlx_lm_version}"],
+            ["bandwidth (read / copy)", f"{b.read_gbs:.1f} / {b.copy_gbs:.1f} GB/s "
+                                        f"({b.size_mb} MB array)"]]
+    rows += [[f"{role} model", path] for role, path in r.models.items()]
+    return Section("Machine", ("", ""), rows)
+
+
+def _models_section(r: BenchResult) -> Section:
+    rows = []
+    for cost in (r.target, r.draft):
+        rows.append([cost.role, f"{cost.weight_bytes / 1e6:.1f} MB",
+                     f"{cost.decode_s * 1e3:.2f} ms", f"{1 / cost.decode_s:.0f}",
+                     _pct(cost.bandwidth_share)])
+    draft_cost = r.draft.decode_s / r.target.decode_s
+    return Section("Per model (one decoding step after a "
+                   f"{r.target.context_length}-token prefix)",
+                   ("model", "weights", "step", "steps/s", "of read bandwidth"), rows,
+                   [f"One draft step costs {draft_cost:.2f} target steps."])
+
+
+def _verify_section(r: BenchResult) -> Section:
+    rows = [[str(t), f"{r.target.verify_cost[t]:.2f}", f"{r.draft.verify_cost.get(t, 0):.2f}"]
+            for t in sorted(r.target.verify_cost)]
+    notes = [f"{c.role}: compute-bound from T={c.compute_bound_at}" if c.compute_bound_at
+             else f"{c.role}: memory-bound over the whole range" for c in (r.target, r.draft)]
+    return Section("Verify-cost curve: time of one forward over T tokens / time of T=1",
+                   ("T", "target", "draft"), rows, notes)
+
+
+def _acceptance_section(r: BenchResult) -> Section:
+    rows = [[str(p.k), f"{p.temp:g}", p.rule, _pct(p.acceptance_rate), f"{p.mean_accepted:.2f}",
+             " ".join(map(str, p.accepted_histogram)),
+             ", ".join(f"{kind} {_pct(v)}" for kind, v in p.by_kind.items())]
+            for p in r.acceptance]
+    return Section("Acceptance (exact = mlx-spec's rule; token-match = mlx-lm's rule, same loop)",
+                   ("k", "T", "rule", "rate", "mean accepted", "histogram [0..k]", "by kind"),
+                   rows)
+
+
+def _end_to_end_section(r: BenchResult) -> Section:
+    rows = []
+    for c in r.end_to_end:
+        m = c.methods
+        token_match = lookup(r.acceptance, c.k, c.temp, "token-match")
+        rows.append([f"{c.temp:g}", str(c.k)]
+                    + [f"{m[name].tokens_per_s:.1f}" for name in (TARGET, MLX_LM, MLX_SPEC)]
+                    + [_x(c.ratios["mlx-spec / target alone"]),
+                       _x(c.ratios["mlx-spec / mlx-lm speculative"]),
+                       _pct(m[MLX_SPEC].acceptance_rate), _pct(m[MLX_LM].acceptance_rate),
+                       _pct(token_match.acceptance_rate) if token_match else "-"])
+    return Section(
+        f"End to end: decode tokens/s, median of {r.config.repeats} interleaved repeats "
+        f"of {r.config.max_tokens} tokens",
+        ("T", "k", "target", "mlx-lm spec", "mlx-spec", "spec/target", "spec/mlx-lm",
+         "acc. mlx-spec", "acc. mlx-lm", "acc. token-match"), rows,
+        ["acc. mlx-lm counts mlx-lm's from_draft tokens; acc. token-match is mlx-lm's rule "
+         "inside mlx-spec's loop (acceptance sweep)."])
+
+
+def _speedup_section(r: BenchResult) -> Section:
+    ks = sorted({k for v in r.verdicts for k in v.predicted_by_k})
+    headers = ["k"] + [f"predicted T={v.temp:g}" for v in r.verdicts] + ["measured T=0"]
+    rows = [[str(k)] + [_x(v.predicted_by_k.get(k)) for v in r.verdicts]
+            + [_x(r.speedup_vs_k.get(k))] for k in ks]
+    return Section("Speed-up vs k over the target alone (cost model vs measured)", headers, rows)
+
+
+def _scaling_sections(r: BenchResult) -> List[Section]:
+    k = r.config.num_draft_tokens
+    context = Section(
+        f"Scaling with context length (k={k}, T=0)",
+        ("context", "target step", f"verify {k + 1} / 1", "draft cost", "predicted"),
+        [[str(p.context_length), f"{p.target_decode_s * 1e3:.2f} ms", f"{p.verify_cost:.2f}",
+          f"{p.draft_cost:.2f}", _x(p.predicted_speedup)] for p in r.context_scaling])
+    size = Section(
+        f"Scaling with target size (synthetic random targets, real draft, k={k}, T=0 acceptance)",
+        ("hidden x layers", "weights", "step", "of bandwidth", f"verify {k + 1} / 1",
+         "draft cost", "predicted"),
+        [[f"{p.hidden_size} x {p.num_layers}", f"{p.weight_bytes / 1e6:.0f} MB",
+          f"{p.decode_s * 1e3:.2f} ms", _pct(p.bandwidth_share), f"{p.verify_cost:.2f}",
+          f"{p.draft_cost:.2f}", _x(p.predicted_speedup)] for p in r.size_scaling])
+    b = r.batch_scaling
+    batch = Section(
+        f"Scaling with batch size (B rows of {b.tokens_per_row} tokens in one target forward)",
+        ("B", "time / time(B=1)", "tokens/s"),
+        [[str(p.batch), f"{p.relative_cost:.2f}", f"{p.tokens_per_s:.0f}"] for p in b.points],
+        [f"Compute-bound from B={b.compute_bound_at}." if b.compute_bound_at
+         else "Still memory-bound at the largest B measured."])
+    return [context, size, batch]
+
+
+def sections(r: BenchResult) -> List[Section]:
+    return [_verdict_section(r), _machine_section(r), _models_section(r), _verify_section(r),
+            _acceptance_section(r), _end_to_end_section(r), _speedup_section(r),
+            *_scaling_sections(r)]
+
+
+def render_text(r: BenchResult) -> str:
+    out = []
+    for s in sections(r):
+        out += ["", s.title, "-" * len(s.title)]
+        if s.rows:
+            table = [list(s.headers)] + [list(row) for row in s.rows]
+            widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+            out += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                    for row in table if any(row)]
+        out += list(s.notes)
+    out.append(f"\nBench took {r.elapsed_s:.0f} s.")
+    return "\n".join(out)
+
+
+def render_markdown(r: BenchResult, plots: Sequence[str] = ()) -> str:
+    out = ["# mlx-spec bench", ""]
+    for s in sections(r):
+        out += [f"## {s.title}", ""]
+        if s.rows:
+            out.append("| " + " | ".join(s.headers) + " |")
+            out.append("|" + "---|" * len(s.headers))
+            out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in s.rows]
+            out.append("")
+        out += [f"- {note}" for note in s.notes]
+        out.append("")
+    out += [f"![{p}]({p})" for p in plots]
+    out.append(f"\nBench took {r.elapsed_s:.0f} s; seed {r.config.seed}; every figure is in "
+               "the JSON file.")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,152 @@
+"""`run_bench`: every measurement in order, one result object, no printing.
+
+    result = run_bench(target_model, draft_model, tokenizer, quick_config())
+    json.dumps(result.as_dict())
+
+Phases: machine, bandwidth, per-model cost, acceptance sweep, end-to-end
+comparison, speed-up vs k, cost-model verdict, scaling. `progress(message)`
+is called as they go (the CLI prints it to stderr).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..policy import DEFAULT_NUM_DRAFT_TOKENS
+from . import acceptance as acc
+from . import endtoend, scaling
+from .bandwidth import DEFAULT_BANDWIDTH_MB, Bandwidth, measure_bandwidth
+from .forward import DEFAULT_CONTEXT_LENGTH, DEFAULT_VERIFY_LENGTHS, ModelCost, measure_model
+from .machine import MachineInfo, machine_info
+from .prompts import PROMPTS, QUICK_PROMPTS, Prompt, encode_prompts
+from .recommend import Verdict, verdict
+from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
+
+DEFAULT_MAX_TOKENS = 128
+DEFAULT_SPEEDUP_KS = (1, 2, 3, 4, 6, 8)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    seed: int = 0
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    repeats: int = DEFAULT_REPEATS
+    warmup: int = DEFAULT_WARMUP
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS  # k of the end-to-end comparison
+    ks: Tuple[int, ...] = acc.DEFAULT_KS
+    temps: Tuple[float, ...] = acc.DEFAULT_TEMPS
+    token_match: bool = True
+    e2e_temps: Tuple[float, ...] = endtoend.DEFAULT_E2E_TEMPS
+    speedup_ks: Tuple[int, ...] = DEFAULT_SPEEDUP_KS
+    verify_lengths: Tuple[int, ...] = DEFAULT_VERIFY_LENGTHS
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    context_lengths: Tuple[int, ...] = scaling.DEFAULT_CONTEXT_LENGTHS
+    target_sizes: Tuple[Tuple[int, int], ...] = scaling.DEFAULT_TARGET_SIZES
+    batch_sizes: Tuple[int, ...] = scaling.DEFAULT_BATCH_SIZES
+    bandwidth_mb: int = DEFAULT_BANDWIDTH_MB
+    prompts: Tuple[Prompt, ...] = PROMPTS
+
+
+def quick_config(**overrides) -> BenchConfig:
+    """A few minutes on a laptop CPU: fewer k, temperatures, prompts, sizes and repeats."""
+    quick = dict(
+        max_tokens=48, repeats=3, ks=(1, 2, 4), temps=(0.0, 1.0), speedup_ks=(2, 4),
+        verify_lengths=(1, 2, 4, 8, 16), context_length=128, context_lengths=(64, 512),
+        target_sizes=((256, 4), (512, 8)), batch_sizes=(1, 2, 4, 8), bandwidth_mb=128,
+        prompts=QUICK_PROMPTS,
+    )
+    quick.update(overrides)
+    return BenchConfig(**quick)
+
+
+def tiny_config(**overrides) -> BenchConfig:
+    """Seconds on tiny test models: every phase runs once, on almost nothing."""
+    tiny = dict(
+        max_tokens=8, repeats=1, warmup=1, num_draft_tokens=2, ks=(1, 2), temps=(0.0, 1.0),
+        e2e_temps=(0.0, 1.0), speedup_ks=(1, 2), verify_lengths=(1, 2, 4), context_length=8,
+        context_lengths=(4, 16), target_sizes=((32, 1), (64, 1)), batch_sizes=(1, 2),
+        bandwidth_mb=8, prompts=QUICK_PROMPTS[:2],
+    )
+    tiny.update(overrides)
+    return BenchConfig(**tiny)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    config: BenchConfig
+    models: Dict[str, str]
+    machine: MachineInfo
+    bandwidth: Bandwidth
+    target: ModelCost
+    draft: ModelCost
+    acceptance: List[acc.AcceptancePoint]
+    end_to_end: List[endtoend.Comparison]
+    speedup_vs_k: Dict[int, float]  # measured mlx-spec / target alone at T = 0
+    verdicts: List[Verdict]
+    context_scaling: List[scaling.ContextPoint]
+    size_scaling: List[scaling.SizePoint]
+    batch_scaling: scaling.BatchScaling
+    elapsed_s: float = 0.0
+    notes: List[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchConfig(),
+              models: Optional[Dict[str, str]] = None,
+              progress: Optional[Callable[[str], None]] = None) -> BenchResult:
+    say = progress or (lambda message: None)
+    start = time.perf_counter()
+    prompts = encode_prompts(tokenizer, config.prompts)
+    k, seed, repeats = config.num_draft_tokens, config.seed, config.repeats
+
+    say("[1/8] machine")
+    machine = machine_info()
+    say("[2/8] memory bandwidth")
+    bandwidth = measure_bandwidth(config.bandwidth_mb, repeats)
+    say("[3/8] per-model cost and verify-cost curve")
+    costs = {
+        role: measure_model(role, model, bandwidth.read_gbs, config.verify_lengths,
+                            config.context_length, repeats, seed)
+        for role, model in (("target", target_model), ("draft", draft_model))
+    }
+    say("[4/8] acceptance sweep")
+    points = acc.measure_acceptance(target_model, draft_model, prompts, config.ks, config.temps,
+                                    config.max_tokens, seed, config.token_match, say)
+    say("[5/8] end to end: target alone vs mlx-lm speculative vs mlx-spec")
+    comparisons = [
+        endtoend.compare(target_model, draft_model, prompts, k, temp, config.max_tokens,
+                         repeats, config.warmup, seed, lambda m, t=temp: say(f"T={t}: {m}"))
+        for temp in config.e2e_temps
+    ]
+    say("[6/8] measured speed-up vs k (T=0)")
+    by_k = endtoend.speedup_vs_k(target_model, draft_model, prompts, config.speedup_ks, 0.0,
+                                 config.max_tokens, repeats, config.warmup, seed, say)
+    say("[7/8] cost model")
+    verdicts = []
+    for temp in config.temps:
+        measured = dict(by_k) if temp == 0 else {
+            c.k: c.ratios["mlx-spec / target alone"] for c in comparisons if c.temp == temp}
+        verdicts.append(verdict(points, costs["target"], costs["draft"], temp,
+                                sorted(set(config.ks) | set(config.speedup_ks)), measured))
+    say("[8/8] scaling: context length, target size, batch size")
+    point = acc.lookup(points, k, 0.0) if 0.0 in config.temps else None
+    acceptance0 = point.acceptance_rate if point else acc.pooled_rate(points, config.temps[0])
+    context = scaling.context_scaling(target_model, draft_model, acceptance0, k,
+                                      config.context_lengths, repeats, seed, say)
+    sizes = scaling.size_scaling(draft_model, target_model, costs["draft"].decode_s, acceptance0,
+                                 k, bandwidth.read_gbs, config.context_length,
+                                 config.target_sizes, repeats, seed, say)
+    batch = scaling.batch_scaling(target_model, k, config.context_length, config.batch_sizes,
+                                  repeats, seed)
+    return BenchResult(
+        config=config, models=dict(models or {}), machine=machine, bandwidth=bandwidth,
+        target=costs["target"], draft=costs["draft"], acceptance=points,
+        end_to_end=comparisons, speedup_vs_k=by_k, verdicts=verdicts,
+        context_scaling=context, size_scaling=sizes, batch_scaling=batch,
+        elapsed_s=time.perf_counter() - start,
+    )

@@ -1,0 +1,86 @@
+"""`mlx-spec bench` runs end to end on tiny models and writes well-formed output.
+
+No speed thresholds: only that every phase runs and every figure is there.
+"""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mlx_spec.bench import run_bench, tiny_config
+from mlx_spec.bench.cli import bench
+from mlx_spec.bench.forward import knee
+from mlx_spec.bench.machine import blas_library
+from mlx_spec.bench.report import render_markdown, render_text
+from mlx_spec.loading import load
+
+EXPECTED_KEYS = {
+    "config", "models", "machine", "bandwidth", "target", "draft", "acceptance", "end_to_end",
+    "speedup_vs_k", "verdicts", "context_scaling", "size_scaling", "batch_scaling", "elapsed_s",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_result(model_dirs):
+    target_model, tokenizer = load(str(model_dirs["target"]))
+    draft_model, _ = load(str(model_dirs["draft"]))
+    return run_bench(target_model, draft_model, tokenizer, tiny_config())
+
+
+def test_run_bench_measures_every_phase(tiny_result):
+    r, config = tiny_result, tiny_result.config
+    assert r.target.verify_cost[1] == 1.0 and set(config.verify_lengths) <= set(r.target.verify_cost)
+    assert r.bandwidth.read_gbs > 0 and r.bandwidth.copy_gbs > 0
+    # Every (k, T) point; at T > 0 also the token-match rule.
+    assert len(r.acceptance) == len(config.ks) * (1 + 2 * sum(t > 0 for t in config.temps))
+    for p in r.acceptance:
+        assert 0 <= p.acceptance_rate <= 1 and sum(p.accepted_histogram) == p.rounds
+        assert len(p.accepted_histogram) == p.k + 1
+    assert [c.temp for c in r.end_to_end] == list(config.e2e_temps)
+    for c in r.end_to_end:
+        assert all(m.tokens_per_s > 0 for m in c.methods.values())
+        assert c.ratios["mlx-spec / target alone"] > 0
+    assert set(r.speedup_vs_k) == set(config.speedup_ks)
+    assert [v.temp for v in r.verdicts] == list(config.temps)
+    assert all(v.reason for v in r.verdicts)
+    assert len(r.context_scaling) == len(config.context_lengths)
+    assert len(r.size_scaling) == len(config.target_sizes)
+    assert [p.batch for p in r.batch_scaling.points] == sorted(config.batch_sizes)
+
+
+def test_result_serialises_and_renders(tiny_result):
+    d = json.loads(json.dumps(tiny_result.as_dict()))
+    assert EXPECTED_KEYS <= set(d)
+    assert "Verdict" in render_text(tiny_result)
+    markdown = render_markdown(tiny_result)
+    assert markdown.startswith("# mlx-spec bench") and "| k |" in markdown
+
+
+def test_cli_writes_json_and_markdown(model_dirs, tmp_path):
+    out = tmp_path / "out" / "bench.json"
+    result = CliRunner().invoke(bench, [
+        "--model", str(model_dirs["target"]), "--draft-model", str(model_dirs["draft"]),
+        "--smoke", "--json", str(out), "--max-tokens", "6", "--repeats", "1", "--seed", "3",
+    ])
+    assert result.exit_code == 0, result.output
+    d = json.loads(out.read_text())
+    assert EXPECTED_KEYS <= set(d)
+    assert d["config"]["seed"] == 3 and d["config"]["max_tokens"] == 6
+    assert out.with_suffix(".md").read_text().startswith("# mlx-spec bench")
+    assert "Verdict" in result.stdout
+
+
+def test_cli_needs_a_draft_model(model_dirs):
+    result = CliRunner().invoke(bench, ["--model", str(model_dirs["target"]), "--smoke"])
+    assert result.exit_code != 0 and "--draft-model" in result.output
+
+
+def test_blas_detection_returns_a_string():
+    name = blas_library()
+    assert isinstance(name, str) and name
+
+
+def test_knee_finds_where_cost_turns_linear():
+    assert knee({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.9}) == 8
+    assert knee({1: 1.0, 2: 1.1}) is None
