@@ -31,4 +31,6 @@ def model_dirs(tmp_path_factory):
         "target": write_model_dir(root / "target", seed=0),
         "draft": write_model_dir(root / "draft", seed=3, hidden=32, layers=1),
         "foreign": write_model_dir(root / "foreign", vocab_size=280, seed=4, hidden=32, layers=1),
+        "chat": write_model_dir(root / "chat", seed=0,
+                                chat_template="<user>{{ messages[0]['content'] }}</user>\n"),
     }

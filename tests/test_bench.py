@@ -23,9 +23,9 @@ EXPECTED_KEYS = {
 
 @pytest.fixture(scope="module")
 def tiny_result(model_dirs):
+    """The target drafting for itself: every acceptance figure is known exactly."""
     target_model, tokenizer = load(str(model_dirs["target"]))
-    draft_model, _ = load(str(model_dirs["draft"]))
-    return run_bench(target_model, draft_model, tokenizer, tiny_config())
+    return run_bench(target_model, target_model, tokenizer, tiny_config())
 
 
 def test_run_bench_measures_every_phase(tiny_result):
@@ -37,10 +37,13 @@ def test_run_bench_measures_every_phase(tiny_result):
     for p in r.acceptance:
         assert 0 <= p.acceptance_rate <= 1 and sum(p.accepted_histogram) == p.rounds
         assert len(p.accepted_histogram) == p.k + 1
+        if p.rule == "exact":  # p == q: the exact rule accepts every draft
+            assert p.acceptance_rate == 1.0 and p.accepted_histogram[-1] == p.rounds
     assert [c.temp for c in r.end_to_end] == list(config.e2e_temps)
     for c in r.end_to_end:
         assert all(m.tokens_per_s > 0 for m in c.methods.values())
         assert c.ratios["mlx-spec / target alone"] > 0
+        assert c.methods["mlx-spec"].acceptance_rate == 1.0
     assert set(r.speedup_vs_k) == set(config.speedup_ks)
     assert [v.temp for v in r.verdicts] == list(config.temps)
     assert all(v.reason for v in r.verdicts)

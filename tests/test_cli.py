@@ -70,3 +70,14 @@ def test_console_script_exit_code(model_dirs):
                            "/nonexistent/model"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_chat_template_applied_unless_ignored(model_dirs):
+    common = ["generate", "--model", str(model_dirs["chat"]), "-p", "def f(x):", "-n", "15", "-q"]
+    templated = run(*common)
+    raw = run(*common, "--ignore-chat-template")
+    same_weights_raw = run("generate", "--model", str(model_dirs["target"]), "-p", "def f(x):",
+                           "-n", "15", "-q")
+    assert templated.exit_code == raw.exit_code == 0
+    assert raw.stdout == same_weights_raw.stdout  # identical weights, template skipped
+    assert templated.stdout != raw.stdout

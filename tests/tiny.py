@@ -45,7 +45,7 @@ def perturbed(model, noise=0.05, seed=1):
     return clone
 
 
-def write_tokenizer(path: Path, vocab_size=300):
+def write_tokenizer(path: Path, vocab_size=300, chat_template=None):
     """A byte-level BPE tokenizer with an EOS token, trained on a little Python."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -59,17 +59,19 @@ def write_tokenizer(path: Path, vocab_size=300):
     text = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1)\n"] * 20
     tok.train_from_iterator(text, trainer)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|endoftext|>", "model_max_length": 2048,
-    }))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast",
+              "eos_token": "<|endoftext|>", "model_max_length": 2048}
+    if chat_template:
+        config["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
     return tok.get_vocab_size()
 
 
-def write_model_dir(path: Path, vocab_size=300, hidden=48, layers=2, seed=0) -> Path:
+def write_model_dir(path: Path, vocab_size=300, hidden=48, layers=2, seed=0,
+                    chat_template=None) -> Path:
     """A complete Hugging Face-layout model directory mlx_lm.load can read."""
     path.mkdir(parents=True, exist_ok=True)
-    real_vocab = write_tokenizer(path, vocab_size)
+    real_vocab = write_tokenizer(path, vocab_size, chat_template)
     model = make_llama(vocab_size=real_vocab, hidden=hidden, layers=layers, seed=seed)
     config = {
         "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
