@@ -30,7 +30,8 @@ def tiny_result(model_dirs):
 
 def test_run_bench_measures_every_phase(tiny_result):
     r, config = tiny_result, tiny_result.config
-    assert r.target.verify_cost[1] == 1.0 and set(config.verify_lengths) <= set(r.target.verify_cost)
+    assert r.target.verify_cost[1] == 1.0
+    assert set(config.verify_lengths) <= set(r.target.verify_cost)
     assert r.bandwidth.read_gbs > 0 and r.bandwidth.copy_gbs > 0
     # Every (k, T) point; at T > 0 also the token-match rule.
     assert len(r.acceptance) == len(config.ks) * (1 + 2 * sum(t > 0 for t in config.temps))

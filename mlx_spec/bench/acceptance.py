@@ -38,11 +38,15 @@ class AcceptancePoint:
 
 
 def _run(prompt_ids, target_model, draft_model, k, temp, max_tokens, accept):
-    """Counts of one generation: (drafted, accepted, Counter of accepted lengths)."""
+    """Counts of one generation: (drafted, accepted, Counter of accepted lengths).
+
+    The generator is asked for k + 1 tokens more than we read, so no round we
+    count had its draft cut short by the end: every round drafts exactly k.
+    """
     drafted = accepted = emitted = 0
     histogram: Counter = Counter()
     for round_ in speculative_generate_step(
-        prompt_ids, target_model, draft_model, max_tokens=max_tokens, num_draft_tokens=k,
+        prompt_ids, target_model, draft_model, max_tokens=max_tokens + k + 1, num_draft_tokens=k,
         sampling=SamplingConfig(temp=temp), accept=accept,
     ):
         if round_.num_drafted:

@@ -18,7 +18,7 @@ import mlx.core as mx
 from ..cache import make_cache, rewind
 from ..loading import vocab_size
 from ..memory import model_bytes
-from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, ratio, time_fn
+from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, interleaved_medians, ratio
 
 DEFAULT_VERIFY_LENGTHS = (1, 2, 4, 8, 16, 32)
 DEFAULT_CONTEXT_LENGTH = 512
@@ -51,17 +51,27 @@ def prefilled_cache(model, context_length: int, batch: int = 1, seed: int = 0) -
     return cache
 
 
-def forward_seconds(model, cache, length: int, batch: int = 1, repeats: int = DEFAULT_REPEATS,
-                    warmup: int = DEFAULT_WARMUP, seed: int = 0) -> float:
-    """Median time of one forward over (batch, length) tokens on top of `cache`."""
-    tokens = mx.random.randint(0, vocab_size(model), (batch, length),
-                               key=mx.random.key(seed + length)).astype(mx.uint32)
+def forward_seconds(model, cache, lengths: Sequence[int], batch: int = 1,
+                    repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
+                    seed: int = 0) -> Dict[int, float]:
+    """Median time of one forward over (batch, T) tokens on top of `cache`, for every T.
 
-    def forward():
-        mx.eval(model(tokens, cache=cache))
-        rewind(cache, length)
+    The lengths are interleaved within each repeat, so a background load
+    shifts the whole curve rather than bending it.
+    """
 
-    return time_fn(forward, repeats, warmup).median_s
+    def forward(length):
+        tokens = mx.random.randint(0, vocab_size(model), (batch, length),
+                                   key=mx.random.key(seed + length)).astype(mx.uint32)
+        mx.eval(tokens)
+
+        def run():
+            mx.eval(model(tokens, cache=cache))
+            rewind(cache, length)
+
+        return run
+
+    return interleaved_medians({t: forward(t) for t in lengths}, repeats, warmup)
 
 
 def knee(curve: Dict[int, float]) -> Optional[int]:
@@ -79,7 +89,7 @@ def measure_model(role: str, model, read_gbs: float,
                   repeats: int = DEFAULT_REPEATS, seed: int = 0) -> ModelCost:
     cache = prefilled_cache(model, context_length, seed=seed)
     lengths = sorted(set(lengths) | {1})
-    verify_s = {t: forward_seconds(model, cache, t, repeats=repeats, seed=seed) for t in lengths}
+    verify_s = forward_seconds(model, cache, lengths, repeats=repeats, seed=seed)
     weight_bytes = model_bytes(model)
     decode_s = verify_s[1]
     curve = {t: ratio(s, decode_s) for t, s in verify_s.items()}
@@ -103,8 +113,8 @@ def measure_batch(model, batches: Sequence[int], tokens_per_row: int, context_le
     points, base = [], None
     for batch in sorted(set(batches) | {1}):
         cache = prefilled_cache(model, context_length, batch=batch, seed=seed)
-        seconds = forward_seconds(model, cache, tokens_per_row, batch=batch, repeats=repeats,
-                                  seed=seed)
+        seconds = forward_seconds(model, cache, [tokens_per_row], batch, repeats,
+                                  seed=seed)[tokens_per_row]
         base = base or seconds
         points.append(BatchPoint(batch, tokens_per_row, seconds, ratio(seconds, base),
                                  ratio(batch * tokens_per_row, seconds)))

@@ -19,12 +19,19 @@ class Prompt:
 
 
 PROMPTS: Tuple[Prompt, ...] = (
-    Prompt("code", "fibonacci", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
-    Prompt("code", "class_init", "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"),
-    Prompt("code", "parse_args", "import argparse\n\n\ndef parse_args(argv=None):\n    parser = argparse.ArgumentParser(description=\"Copy files.\")\n"),
-    Prompt("copy", "rename", "def read_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
+    Prompt("code", "fibonacci",
+           'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+    Prompt("code", "class_init",
+           "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+           "    def push(self, item):\n"),
+    Prompt("code", "parse_args",
+           "import argparse\n\n\ndef parse_args(argv=None):\n"
+           '    parser = argparse.ArgumentParser(description="Copy files.")\n'),
+    Prompt("copy", "rename",
+           "def read_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
            "# The same function, renamed to load_settings:\ndef load_settings(path):\n"),
-    Prompt("copy", "repeat_list", "NAMES = ['alpha', 'beta', 'gamma', 'delta', 'epsilon']\n"
+    Prompt("copy", "repeat_list",
+           "NAMES = ['alpha', 'beta', 'gamma', 'delta', 'epsilon']\n"
            "# Repeat NAMES in upper case:\nUPPER_NAMES = ['ALPHA', "),
     Prompt("prose", "story", "Once upon a time, in a small village by the sea, there lived"),
     Prompt("prose", "explain", "Speculative decoding speeds up language models because"),

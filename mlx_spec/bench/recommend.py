@@ -17,6 +17,8 @@ from .forward import ModelCost
 
 PAYS_THRESHOLD = 1.05  # below this predicted speed-up, speculation is not worth the memory
 LINEAR_VERIFY = 0.6  # verify cost growing at >= this fraction of T counts as "linear"
+SLOW_DRAFT = 0.5  # a draft step costing this many target steps is too slow
+LOW_ACCEPTANCE = 0.4  # below this the draft rarely predicts the target
 
 
 @dataclass(frozen=True)
@@ -41,17 +43,22 @@ def _reason(pays: bool, k: int, acceptance: float, draft_cost: float,
                 f"{predicted:.2f}x is expected.")
     t = max(verify_cost)
     growth = (verify_cost[t] - 1) / (t - 1) if t > 1 else 0.0
+    why = []
     if growth >= LINEAR_VERIFY:
-        why = (f"verify cost grows almost linearly with T (T={t} costs {verify_cost[t]:.1f}x "
-               "a single token), so the forward is compute-bound on this device/BLAS and "
-               "checking k drafts costs nearly k target steps")
-    elif draft_cost >= 0.5:
-        why = (f"the draft is too slow: one draft step costs {draft_cost:.2f} target steps; "
-               "use a much smaller draft")
-    else:
-        why = (f"acceptance is too low ({acceptance:.0%}): the draft rarely predicts the "
-               "target; use a draft from the same family or train it on similar text")
-    return f"Speculation does not pay here: {why}."
+        why.append(f"verify cost grows almost linearly with T (T={t} costs "
+                   f"{verify_cost[t]:.1f}x one token): the forward is compute-bound on this "
+                   "device/BLAS, so checking k drafts costs nearly k target steps")
+    if draft_cost >= SLOW_DRAFT:
+        why.append(f"the draft is too slow (one step costs {draft_cost:.2f} target steps; "
+                   "use a much smaller draft)")
+    if acceptance < LOW_ACCEPTANCE:
+        why.append(f"acceptance is too low ({acceptance:.0%}: the draft rarely predicts the "
+                   "target; use a draft of the same family, trained on similar text)")
+    if not why:
+        why.append(f"acceptance {acceptance:.0%}, draft cost {draft_cost:.2f} and verify cost "
+                   f"{costmodel.interpolate(verify_cost, 2):.2f} at T=2 together leave at most "
+                   f"{predicted:.2f}x")
+    return "Speculation does not pay here: " + "; and ".join(why) + "."
 
 
 def verdict(points: Sequence[AcceptancePoint], target: ModelCost, draft: ModelCost,

@@ -37,6 +37,9 @@ def _verdict_section(r: BenchResult) -> Section:
         measured = v.measured_by_k.get(v.best_k) if v.best_k else None
         seen = f", measured {_x(measured)}" if measured is not None else ""
         notes.append(f"T={v.temp:g}: {v.reason} (predicted best {_x(v.predicted_best)}{seen})")
+        if measured is not None and (measured >= 1.0) != v.pays:
+            notes.append(f"T={v.temp:g}: the measurement disagrees with the cost model; trust "
+                         "the measured figure, and rerun with more --repeats on an idle machine.")
     for c in r.end_to_end:
         notes.append(f"Measured at T={c.temp:g}, k={c.k}: mlx-spec is "
                      f"{_x(c.ratios['mlx-spec / target alone'])} the target alone and "

@@ -59,11 +59,10 @@ class BatchScaling:
 
 def _step_costs(model, context_length, k, repeats, seed):
     cache = prefilled_cache(model, context_length, seed=seed)
-    one = forward_seconds(model, cache, 1, repeats=repeats, seed=seed)
-    verify = forward_seconds(model, cache, k + 1, repeats=repeats, seed=seed)
+    seconds = forward_seconds(model, cache, sorted({1, k + 1}), repeats=repeats, seed=seed)
     del cache
     mx.clear_cache()
-    return one, verify
+    return seconds[1], seconds[k + 1]
 
 
 def context_scaling(target_model, draft_model, acceptance: float, k: int,

@@ -1,16 +1,16 @@
 """Timing: the median of repeats after a warm-up, with the device synchronised around it.
 
 `time_fn(fn)` calls `fn` `warmup` times untimed, then `repeats` times timed;
-`fn` must evaluate what it computes (MLX is lazy: an unevaluated graph costs
-nothing). Only medians and ratios of medians are ever reported as headlines.
+`interleaved_medians` does the same for several fns in turn. A fn must
+evaluate what it computes (MLX is lazy: an unevaluated graph costs nothing).
+Only medians and ratios of medians are ever reported as headlines.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Dict, Hashable, Sequence
 
 import mlx.core as mx
 
@@ -18,25 +18,29 @@ DEFAULT_WARMUP = 1
 DEFAULT_REPEATS = 5
 
 
-@dataclass(frozen=True)
-class Timing:
-    median_s: float
-    min_s: float
-    repeats: int
+def interleaved_medians(fns: Dict[Hashable, Callable[[], object]], repeats: int = DEFAULT_REPEATS,
+                        warmup: int = DEFAULT_WARMUP) -> Dict[Hashable, float]:
+    """Median seconds of each fn, all run in turn within every repeat.
+
+    A background load then slows every fn of a repeat alike, so ratios
+    between them (a verify-cost curve) stay meaningful on a busy machine.
+    """
+    times: Dict[Hashable, list] = {key: [] for key in fns}
+    for r in range(warmup + max(1, repeats)):
+        for key, fn in fns.items():
+            mx.synchronize()
+            start = time.perf_counter()
+            fn()
+            mx.synchronize()
+            if r >= warmup:
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def time_fn(fn: Callable[[], object], repeats: int = DEFAULT_REPEATS,
-            warmup: int = DEFAULT_WARMUP) -> Timing:
-    for _ in range(warmup):
-        fn()
-    mx.synchronize()
-    times = []
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        fn()
-        mx.synchronize()
-        times.append(time.perf_counter() - start)
-    return Timing(statistics.median(times), min(times), len(times))
+            warmup: int = DEFAULT_WARMUP) -> float:
+    """Median seconds of `fn` over `repeats` calls after `warmup` untimed ones."""
+    return interleaved_medians({"fn": fn}, repeats, warmup)["fn"]
 
 
 def median(values: Sequence[float]) -> float:
