@@ -81,3 +81,15 @@ def test_chat_template_applied_unless_ignored(model_dirs):
     assert templated.exit_code == raw.exit_code == 0
     assert raw.stdout == same_weights_raw.stdout  # identical weights, template skipped
     assert templated.stdout != raw.stdout
+
+
+def test_check_command_reports_exactness(model_dirs):
+    result = run("check", "--model", str(model_dirs["target"]), "--draft-model",
+                 str(model_dirs["draft"]), "--samples", "200")
+    assert result.exit_code == 0, result.output
+    assert "indistinguishable from the target" in result.stdout
+
+
+def test_check_needs_something_to_check(model_dirs):
+    result = run("check", "--model", str(model_dirs["target"]), "--samples", "200")
+    assert result.exit_code != 0 and "nothing to check" in result.output

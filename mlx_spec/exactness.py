@@ -1,0 +1,180 @@
+"""A statistical exactness check anyone can run: does speculation change the output?
+
+Sample the first two generated tokens many times with speculation and compare
+their empirical distribution with the target's exact one, by a chi-square
+test. The exact joint distribution is computed from the target alone: p(t1)
+over the whole vocabulary, and p(t2 | t1) for the most likely first tokens
+(every other first token is pooled into one bucket whose probability is known
+exactly, so nothing is approximated).
+
+The prompt is prefilled once; after each sample both caches are rewound to
+the prompt, so a sample costs one or two rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+from .cache import make_cache, rewind
+from .generate import speculative_generate_step
+from .loop import prefill
+from .sampling import SamplingConfig, logprobs_from_logits
+
+DEFAULT_SAMPLES = 2000
+DEFAULT_ALPHA = 1e-3
+DEFAULT_FIRST_TOKENS = 32  # first tokens whose second-token distribution is resolved
+MIN_EXPECTED = 5.0  # chi-square cells with fewer expected counts are pooled
+
+
+@dataclass(frozen=True)
+class ExactnessResult:
+    samples: int
+    statistic: float
+    dof: int
+    p_value: float
+    acceptance_rate: float
+    alpha: float
+
+    @property
+    def passed(self) -> bool:
+        return self.p_value > self.alpha
+
+
+def exact_distribution(target_model, prompt: List[int], sampling: SamplingConfig,
+                       first_tokens: int = DEFAULT_FIRST_TOKENS) -> Dict[Tuple[int, int], float]:
+    """{(t1, t2): probability} for the likeliest t1; (-1, -1) pools every other t1."""
+    p1 = np.array(mx.exp(logprobs_from_logits(target_model(mx.array([prompt]))[0, -1], sampling)))
+    top = [int(t) for t in np.argsort(-p1)[:first_tokens] if p1[t] > 0]
+    batch = mx.array([prompt + [t] for t in top])
+    p2 = np.array(mx.exp(logprobs_from_logits(target_model(batch)[:, -1], sampling)))  # (m, V)
+    cells = {}
+    for row, t1 in enumerate(top):
+        for t2 in np.nonzero(p2[row] > 0)[0]:
+            cells[(t1, int(t2))] = float(p1[t1] * p2[row, t2])
+    rest = 1.0 - float(p1[top].sum())
+    if rest > 0:
+        cells[(-1, -1)] = rest
+    return cells
+
+
+def sample_first_two(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
+                     samples: int, num_draft_tokens: int = 2, accept=None,
+                     prompt_lookup: bool = False) -> Tuple[Dict[Tuple[int, int], int], float]:
+    """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
+    target_cache = make_cache(target_model)
+    draft_cache = make_cache(draft_model) if draft_model is not None else []
+    prefill(target_model, target_cache, prompt[:-1], 512)
+    if draft_model is not None:
+        prefill(draft_model, draft_cache, prompt[:-1], 512)
+    base = len(prompt) - 1
+    counts: Dict[Tuple[int, int], int] = {}
+    drafted = accepted = 0
+    for _ in range(samples):
+        out = []
+        for round_ in speculative_generate_step(
+            prompt if prompt_lookup else prompt[-1:], target_model, draft_model,
+            max_tokens=3, num_draft_tokens=num_draft_tokens, sampling=sampling,
+            accept=accept, prompt_lookup=prompt_lookup,
+            prompt_cache=None if prompt_lookup else target_cache + draft_cache,
+        ):
+            out += round_.tokens
+            drafted += round_.num_drafted
+            accepted += round_.num_accepted
+            if len(out) >= 2:
+                break
+        key = (out[0], out[1])
+        counts[key] = counts.get(key, 0) + 1
+        for cache in (target_cache, draft_cache):
+            if cache:
+                rewind(cache, cache[0].offset - base)
+    return counts, (accepted / drafted if drafted else 0.0)
+
+
+def chi_square(counts: Dict[Tuple[int, int], int],
+               exact: Dict[Tuple[int, int], float]) -> Tuple[float, int, float]:
+    """Pearson chi-square of counts against exact cell probabilities: (statistic, dof, p)."""
+    resolved_first = {t1 for (t1, _) in exact if t1 >= 0}
+    observed: Dict[Tuple[int, int], int] = {}
+    for (t1, t2), c in counts.items():
+        key = (t1, t2) if t1 in resolved_first else (-1, -1)
+        if key not in exact:
+            raise AssertionError(f"sampled {key}, which the target gives probability 0")
+        observed[key] = observed.get(key, 0) + c
+    n = sum(counts.values())
+    obs, exp, pooled_obs, pooled_exp = [], [], 0.0, 0.0
+    for key, prob in exact.items():
+        if prob * n >= MIN_EXPECTED:
+            obs.append(observed.get(key, 0))
+            exp.append(prob * n)
+        else:
+            pooled_obs += observed.get(key, 0)
+            pooled_exp += prob * n
+    if pooled_exp > 0:
+        obs.append(pooled_obs)
+        exp.append(pooled_exp)
+    obs_a, exp_a = np.array(obs, float), np.array(exp, float)
+    statistic = float(((obs_a - exp_a) ** 2 / exp_a).sum())
+    dof = max(len(obs) - 1, 1)
+    return statistic, dof, chi2_survival(statistic, dof)
+
+
+def chi2_survival(x: float, dof: int) -> float:
+    """P(X >= x) for a chi-square with `dof` degrees of freedom (no SciPy needed)."""
+    return _upper_regularized_gamma(dof / 2.0, x / 2.0)
+
+
+def _upper_regularized_gamma(a: float, x: float) -> float:
+    if x <= 0:
+        return 1.0
+    log_prefix = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1:  # series for the lower function
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-15:
+            n += 1
+            term *= x / n
+            total += term
+        return max(0.0, 1.0 - total * math.exp(log_prefix))
+    # Lentz's continued fraction for the upper function
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return min(1.0, h * math.exp(log_prefix))
+
+
+def check_exactness(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
+                    samples: int = DEFAULT_SAMPLES, num_draft_tokens: int = 2,
+                    alpha: float = DEFAULT_ALPHA, accept=None, prompt_lookup: bool = False,
+                    seed: Optional[int] = 0) -> ExactnessResult:
+    """Run the whole check; `result.passed` is False when speculation changed the output."""
+    if sampling.greedy:
+        raise ValueError("The exactness check samples; use a temperature > 0.")
+    if samples < 100:
+        raise ValueError(f"Use at least 100 samples, got {samples}.")
+    if len(prompt) == 0:
+        raise ValueError("The prompt is empty; give some text to continue.")
+    if seed is not None:
+        mx.random.seed(seed)
+    exact = exact_distribution(target_model, prompt, sampling)
+    counts, acceptance = sample_first_two(target_model, draft_model, prompt, sampling, samples,
+                                          num_draft_tokens, accept, prompt_lookup)
+    statistic, dof, p_value = chi_square(counts, exact)
+    return ExactnessResult(samples, statistic, dof, p_value, acceptance, alpha)
