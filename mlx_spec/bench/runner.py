@@ -54,8 +54,8 @@ def quick_config(**overrides) -> BenchConfig:
     """A few minutes on a laptop CPU: fewer k, temperatures, prompts, sizes and repeats."""
     quick = dict(
         max_tokens=48, repeats=3, ks=(1, 2, 4), temps=(0.0, 1.0), speedup_ks=(2, 4),
-        verify_lengths=(1, 2, 4, 8, 16), context_length=128, context_lengths=(64, 512),
-        target_sizes=((256, 4), (512, 8)), batch_sizes=(1, 2, 4, 8), bandwidth_mb=128,
+        verify_lengths=(1, 2, 4, 8, 16), context_length=128, context_lengths=(64, 256),
+        target_sizes=((256, 4), (512, 4)), batch_sizes=(1, 2, 4, 8), bandwidth_mb=128,
         prompts=QUICK_PROMPTS,
     )
     quick.update(overrides)
