@@ -170,5 +170,9 @@ def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_dr
         sys.exit(1)
 
 
+from .bench.cli import bench  # noqa: E402
+
+main.add_command(bench)
+
 if __name__ == "__main__":
     main()

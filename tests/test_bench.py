@@ -18,6 +18,7 @@ from mlx_spec.loading import load
 EXPECTED_KEYS = {
     "config", "models", "machine", "bandwidth", "target", "draft", "acceptance", "end_to_end",
     "speedup_vs_k", "verdicts", "context_scaling", "size_scaling", "batch_scaling", "elapsed_s",
+    "sources",
 }
 
 
@@ -48,6 +49,12 @@ def test_run_bench_measures_every_phase(tiny_result):
     assert set(r.speedup_vs_k) == set(config.speedup_ks)
     assert [v.temp for v in r.verdicts] == list(config.temps)
     assert all(v.reason for v in r.verdicts)
+    race = r.sources
+    methods = {res.method: res for res in race.results}
+    assert {"plain", "adaptive", "lookup", "lookup+draft"} <= set(methods)
+    assert methods["plain"].speedup["all"] == pytest.approx(1.0)
+    assert methods["draft k=2"].acceptance_rate == 1.0  # the target drafts for itself
+    assert race.best_fixed in methods and race.adaptive_vs_best_fixed > 0
     assert len(r.context_scaling) == len(config.context_lengths)
     assert len(r.size_scaling) == len(config.target_sizes)
     assert [p.batch for p in r.batch_scaling.points] == sorted(config.batch_sizes)

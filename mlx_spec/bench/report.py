@@ -142,10 +142,27 @@ def _scaling_sections(r: BenchResult) -> List[Section]:
     return [context, size, batch]
 
 
+def _sources_section(r: BenchResult) -> List[Section]:
+    race = r.sources
+    if race is None:
+        return []
+    kinds = [kind for kind in race.results[0].speedup if kind != "all"]
+    rows = [[res.method] + [_x(res.speedup[kind]) for kind in kinds] + [_x(res.speedup["all"])]
+            + [_pct(res.acceptance_rate), _pct(res.lookup_share),
+               "-" if res.mean_k is None else f"{res.mean_k:.1f}"]
+            for res in race.results]
+    return [Section(
+        f"Drafting sources and k policy (T={race.temp:g}, {race.max_tokens} tokens, speed-up "
+        "over plain decoding, geometric mean over prompts)",
+        ["method"] + kinds + ["all", "acceptance", "from lookup", "mean k"], rows,
+        [f"Adaptive k vs the best fixed k ({race.best_fixed}): "
+         f"{_x(race.adaptive_vs_best_fixed)} over the whole prompt set."])]
+
+
 def sections(r: BenchResult) -> List[Section]:
     return [_verdict_section(r), _machine_section(r), _models_section(r), _verify_section(r),
             _acceptance_section(r), _end_to_end_section(r), _speedup_section(r),
-            *_scaling_sections(r)]
+            *_scaling_sections(r), *_sources_section(r)]
 
 
 def render_text(r: BenchResult) -> str:

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..policy import DEFAULT_NUM_DRAFT_TOKENS
 from . import acceptance as acc
-from . import endtoend, scaling
+from . import endtoend, scaling, sources
 from .bandwidth import DEFAULT_BANDWIDTH_MB, Bandwidth, measure_bandwidth
 from .forward import DEFAULT_CONTEXT_LENGTH, DEFAULT_VERIFY_LENGTHS, ModelCost, measure_model
 from .machine import MachineInfo, machine_info
@@ -48,6 +48,7 @@ class BenchConfig:
     batch_sizes: Tuple[int, ...] = scaling.DEFAULT_BATCH_SIZES
     bandwidth_mb: int = DEFAULT_BANDWIDTH_MB
     prompts: Tuple[Prompt, ...] = PROMPTS
+    sources_ks: Tuple[int, ...] = (2, 4, 6)  # fixed k raced against adaptive and lookup
 
 
 def quick_config(**overrides) -> BenchConfig:
@@ -56,7 +57,7 @@ def quick_config(**overrides) -> BenchConfig:
         max_tokens=48, repeats=3, ks=(1, 2, 4), temps=(0.0, 1.0), speedup_ks=(2, 4),
         verify_lengths=(1, 2, 4, 8, 16), context_length=128, context_lengths=(64, 256),
         target_sizes=((256, 4), (512, 4)), batch_sizes=(1, 2, 4, 8), bandwidth_mb=128,
-        prompts=QUICK_PROMPTS,
+        prompts=QUICK_PROMPTS, sources_ks=(2, 4),
     )
     quick.update(overrides)
     return BenchConfig(**quick)
@@ -68,7 +69,7 @@ def tiny_config(**overrides) -> BenchConfig:
         max_tokens=8, repeats=1, warmup=1, num_draft_tokens=2, ks=(1, 2), temps=(0.0, 1.0),
         e2e_temps=(0.0, 1.0), speedup_ks=(1, 2), verify_lengths=(1, 2, 4), context_length=8,
         context_lengths=(4, 16), target_sizes=((32, 1), (64, 1)), batch_sizes=(1, 2),
-        bandwidth_mb=8, prompts=QUICK_PROMPTS[:2],
+        bandwidth_mb=8, prompts=QUICK_PROMPTS[:2], sources_ks=(1, 2),
     )
     tiny.update(overrides)
     return BenchConfig(**tiny)
@@ -89,6 +90,7 @@ class BenchResult:
     context_scaling: List[scaling.ContextPoint]
     size_scaling: List[scaling.SizePoint]
     batch_scaling: scaling.BatchScaling
+    sources: Optional[sources.SourcesRace] = None
     elapsed_s: float = 0.0
     notes: List[str] = field(default_factory=list)
 
@@ -104,36 +106,36 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     prompts = encode_prompts(tokenizer, config.prompts)
     k, seed, repeats = config.num_draft_tokens, config.seed, config.repeats
 
-    say("[1/8] machine")
+    say("[1/9] machine")
     machine = machine_info()
-    say("[2/8] memory bandwidth")
+    say("[2/9] memory bandwidth")
     bandwidth = measure_bandwidth(config.bandwidth_mb, repeats)
-    say("[3/8] per-model cost and verify-cost curve")
+    say("[3/9] per-model cost and verify-cost curve")
     costs = {
         role: measure_model(role, model, bandwidth.read_gbs, config.verify_lengths,
                             config.context_length, repeats, seed)
         for role, model in (("target", target_model), ("draft", draft_model))
     }
-    say("[4/8] acceptance sweep")
+    say("[4/9] acceptance sweep")
     points = acc.measure_acceptance(target_model, draft_model, prompts, config.ks, config.temps,
                                     config.max_tokens, seed, config.token_match, say)
-    say("[5/8] end to end: target alone vs mlx-lm speculative vs mlx-spec")
+    say("[5/9] end to end: target alone vs mlx-lm speculative vs mlx-spec")
     comparisons = [
         endtoend.compare(target_model, draft_model, prompts, k, temp, config.max_tokens,
                          repeats, config.warmup, seed, lambda m, t=temp: say(f"T={t}: {m}"))
         for temp in config.e2e_temps
     ]
-    say("[6/8] measured speed-up vs k (T=0)")
+    say("[6/9] measured speed-up vs k (T=0)")
     by_k = endtoend.speedup_vs_k(target_model, draft_model, prompts, config.speedup_ks, 0.0,
                                  config.max_tokens, repeats, config.warmup, seed, say)
-    say("[7/8] cost model")
+    say("[7/9] cost model")
     verdicts = []
     for temp in config.temps:
         measured = dict(by_k) if temp == 0 else {
             c.k: c.ratios["mlx-spec / target alone"] for c in comparisons if c.temp == temp}
         verdicts.append(verdict(points, costs["target"], costs["draft"], temp,
                                 sorted(set(config.ks) | set(config.speedup_ks)), measured))
-    say("[8/8] scaling: context length, target size, batch size")
+    say("[8/9] scaling: context length, target size, batch size")
     point = acc.lookup(points, k, 0.0) if 0.0 in config.temps else None
     acceptance0 = point.acceptance_rate if point else acc.pooled_rate(points, config.temps[0])
     context = scaling.context_scaling(target_model, draft_model, acceptance0, k,
@@ -143,10 +145,13 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
                                  config.target_sizes, repeats, seed, say)
     batch = scaling.batch_scaling(target_model, k, config.context_length, config.batch_sizes,
                                   repeats, seed)
+    say("[9/9] drafting sources: plain, fixed k, adaptive, prompt lookup")
+    race = sources.race(target_model, draft_model, prompts, config.sources_ks, 0.0,
+                        config.max_tokens, repeats, config.warmup, seed, say)
     return BenchResult(
         config=config, models=dict(models or {}), machine=machine, bandwidth=bandwidth,
         target=costs["target"], draft=costs["draft"], acceptance=points,
         end_to_end=comparisons, speedup_vs_k=by_k, verdicts=verdicts,
-        context_scaling=context, size_scaling=sizes, batch_scaling=batch,
+        context_scaling=context, size_scaling=sizes, batch_scaling=batch, sources=race,
         elapsed_s=time.perf_counter() - start,
     )
