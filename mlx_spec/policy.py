@@ -18,7 +18,6 @@ DEFAULT_NUM_DRAFT_TOKENS = 4
 DEFAULT_ADAPTIVE = False  # set from the benchmark: adaptive vs the best fixed k
 DEFAULT_MAX_DRAFT_TOKENS = 8
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
-PLAIN_WARMUP_STEPS = 4  # plain steps measured first (the first one holds the prefill)
 FIRST_OFF_STEPS = 16  # plain steps after speculation is switched off; doubles each time
 MAX_OFF_STEPS = 256
 PROBE_ROUNDS = 3  # speculative rounds tried after an off period
@@ -60,7 +59,8 @@ class AdaptivePolicy:
       - acceptance a: accepted / (accepted + rejections), the i.i.d. MLE;
       - seconds per round t(k) = t0 + t1 * k, least squares over the rounds seen;
       - seconds per plain step.
-    Each round k* = argmax_k E[tokens | a, k] / t(k). When even k* is slower
+    Each round k* = argmax_k E[tokens | a, k] / t(k). A plain step costs
+    t(0) until plain steps have been timed. When even k* is slower
     than plain decoding, speculation is switched off for a block of plain
     steps (16, doubling while it keeps losing, up to 256), then probed again,
     so a bad draft or a machine where verification is not cheap costs little.
@@ -78,8 +78,8 @@ class AdaptivePolicy:
         self.clock = clock
         self.accepted, self.rejected = 3.0, 1.0  # prior: a = 0.75
         self.fit = [0.0] * 5  # decayed sums of 1, k, k^2, t, k*t
-        self.plain_seconds = None
-        self.plain_left = PLAIN_WARMUP_STEPS if auto_off else 0
+        self.measured_plain_seconds = None
+        self.plain_left = 0
         self.off_steps = FIRST_OFF_STEPS
         self.probe_left = PROBE_ROUNDS  # judge speculation only after a few rounds
         self.rounds = 0
@@ -107,6 +107,17 @@ class AdaptivePolicy:
         if not seconds or seconds <= 0:
             return None
         return expected_tokens_per_round(self.acceptance, k) / seconds
+
+    @property
+    def plain_seconds(self):
+        """Seconds per plain step: measured once speculation was off, else the fit's t(0).
+
+        A round with no drafts is one target pass over one token, which is a
+        plain step, so the intercept of the round-time fit estimates it
+        before any plain step has been timed.
+        """
+        estimate = self.measured_plain_seconds or self.round_seconds(0)
+        return estimate if estimate and estimate > 0 else None
 
     def best_k(self) -> int:
         rates = {k: self.tokens_per_second(k) for k in range(1, self.k_max + 1)}
@@ -136,8 +147,9 @@ class AdaptivePolicy:
         if round_.num_drafted == 0:
             self.plain_left = max(self.plain_left - 1, 0)
             if seconds is not None:
-                self.plain_seconds = seconds if self.plain_seconds is None else (
-                    self.decay * self.plain_seconds + (1 - self.decay) * seconds)
+                old = self.measured_plain_seconds
+                self.measured_plain_seconds = seconds if old is None else (
+                    self.decay * old + (1 - self.decay) * seconds)
             return
         self.rounds += 1
         d = self.decay
@@ -149,7 +161,7 @@ class AdaptivePolicy:
         self._maybe_switch_off()
 
     def _maybe_switch_off(self) -> None:
-        if not self.auto_off or self.plain_seconds is None:
+        if not self.auto_off or not self.plain_seconds:
             return
         if self.probe_left > 0:
             self.probe_left -= 1
