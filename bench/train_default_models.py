@@ -788,7 +788,7 @@ Seed {tr['seed']}, AdamW (betas 0.9/0.95, wd 0.1), batches of {tr['batch']} x {t
 linear warmup + cosine decay to 10 %, grad clip 1.0, fp32 on CPU (2 threads).
 
 - target: {tr['target_steps']} steps, {tr['target_tokens']/1e6:.2f}M tokens, {tr['target_seconds']/60:.1f} min, peak LR {tr['target_lr']}
-- draft (`{d['variant']}`): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {tr['draft_lr']}
+- draft (`{d['variant']}`{', i.e. the ce draft fine-tuned; numbers are for the fine-tune' if d['variant'] == 'ce+distill' else ''}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {tr['draft_lr']}
 
 Draft variants trained (same budget each; `distill` = {tr['kl_weight']} x KL(target || draft) + {1-tr['kl_weight']:.1f} x CE,
 `ce` = plain next-token CE, `ce+distill` = the finished `ce` draft fine-tuned with the distillation loss
