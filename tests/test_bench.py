@@ -95,3 +95,10 @@ def test_blas_detection_returns_a_string():
 def test_knee_finds_where_cost_turns_linear():
     assert knee({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.9}) == 8
     assert knee({1: 1.0, 2: 1.1}) is None
+
+
+def test_target_sizes_flag_is_validated(model_dirs):
+    result = CliRunner().invoke(bench, ["-m", str(model_dirs["target"]), "-d",
+                                        str(model_dirs["draft"]), "--smoke",
+                                        "--target-sizes", "abc"])
+    assert result.exit_code == 2 and "HIDDENxLAYERS" in result.output

@@ -42,6 +42,16 @@ def _load_pair(model, draft_model):
     return target_model, draft, tokenizer
 
 
+def _parse_sizes(text: str):
+    try:
+        sizes = tuple(tuple(int(v) for v in part.lower().split("x")) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(len(s) != 2 or min(s) < 1 for s in sizes):
+        raise click.UsageError(f"--target-sizes wants HIDDENxLAYERS pairs such as 512x8,1024x16; got {text!r}.")
+    return sizes
+
+
 @click.command()
 @click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair).")
 @click.option("--draft-model", "-d", default=None, help="Draft model sharing the target's tokenizer.")
@@ -53,9 +63,10 @@ def _load_pair(model, draft_model):
 @click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None, help="Tokens generated per run [default: 128, quick 48].")
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per measurement [default: 5, quick 3].")
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help="k of the end-to-end comparison and scaling [default: 4].")
+@click.option("--target-sizes", default=None, metavar="HxL,...", help="Synthetic target sizes for the size scaling, e.g. 512x8,1024x16 [default: up to 3072x24, quick 512x4].")
 @click.option("--smoke", is_flag=True, hidden=True, help="Seconds on tiny test models (tests only).")
 def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max_tokens,
-          repeats, num_draft_tokens, smoke):
+          repeats, num_draft_tokens, target_sizes, smoke):
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
     from . import plots
     from .report import render_markdown, render_text
@@ -65,6 +76,8 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     overrides = {name: value for name, value in (
         ("seed", seed), ("max_tokens", max_tokens), ("repeats", repeats),
         ("num_draft_tokens", num_draft_tokens)) if value is not None}
+    if target_sizes:
+        overrides["target_sizes"] = _parse_sizes(target_sizes)
     make = tiny_config if smoke else quick_config if quick else BenchConfig
     config = make(**overrides)
 
