@@ -158,6 +158,10 @@ def stream_generate(
     if seed is not None:
         mx.random.seed(seed)
 
+    if seed is not None and not sampling.greedy and kwargs.get("adaptive") is None:
+        # The adaptive k follows timings, and the random stream follows k: a seeded
+        # sampling run is reproducible only with a fixed k (the default one here).
+        kwargs["adaptive"] = False
     rounds = speculative_generate_step(
         tokens, model, draft_model, max_tokens=max_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, **kwargs,

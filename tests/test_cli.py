@@ -93,3 +93,11 @@ def test_check_command_reports_exactness(model_dirs):
 def test_check_needs_something_to_check(model_dirs):
     result = run("check", "--model", str(model_dirs["target"]), "--samples", "200")
     assert result.exit_code != 0 and "nothing to check" in result.output
+
+
+def test_seeded_sampling_repeats_from_the_command_line(model_dirs):
+    args = ["generate", "--model", str(model_dirs["target"]), "--draft-model",
+            str(model_dirs["draft"]), "-n", "30", "--temp", "1.0", "--seed", "7", "-q"]
+    first, second = run(*args), run(*args)
+    assert first.exit_code == second.exit_code == 0
+    assert first.stdout == second.stdout
