@@ -24,6 +24,19 @@ def expected_tokens_per_round(acceptance: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def iid_acceptance(accepted: int, rounds: int, full_rounds: int) -> float:
+    """The per-draft acceptance a that best explains observed rounds (the i.i.d. MLE).
+
+    Each round accepts drafts until its first rejection; rounds that accepted
+    all k drafts saw no rejection. So a = accepted / (accepted + rejections).
+    Plain accepted / drafted underestimates a, because drafts after a
+    rejection are never judged.
+    """
+    rejections = rounds - full_rounds
+    total = accepted + rejections
+    return accepted / total if total else 0.0
+
+
 def interpolate(curve: Mapping[int, float], t: int) -> float:
     """Relative cost at T tokens from measured points (linear in between, beyond the ends)."""
     if t in curve:

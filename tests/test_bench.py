@@ -102,3 +102,20 @@ def test_target_sizes_flag_is_validated(model_dirs):
                                         str(model_dirs["draft"]), "--smoke",
                                         "--target-sizes", "abc"])
     assert result.exit_code == 2 and "HIDDENxLAYERS" in result.output
+
+
+def test_saved_json_round_trips_and_rerenders(tiny_result, tmp_path):
+    import dataclasses
+
+    from mlx_spec.bench.runner import BenchResult, recompute_predictions
+    from mlx_spec.bench.serialize import from_dict
+
+    data = json.loads(json.dumps(tiny_result.as_dict()))
+    restored = from_dict(BenchResult, data)
+    assert restored == tiny_result
+    assert dataclasses.asdict(recompute_predictions(restored)) == tiny_result.as_dict()
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(data))
+    result = CliRunner().invoke(bench, ["--rerender", str(path), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "saved.md").read_text().startswith("# mlx-spec bench")

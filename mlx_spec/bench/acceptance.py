@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from .. import costmodel
 from ..acceptance import token_match_accept
 from ..generate import speculative_generate_step
 from ..sampling import SamplingConfig
@@ -106,8 +107,12 @@ def lookup(points: Sequence[AcceptancePoint], k: int, temp: float,
     return None
 
 
-def pooled_rate(points: Sequence[AcceptancePoint], temp: float, rule: str = "exact") -> float:
-    """Acceptance at `temp` over every k measured (accepted / drafted)."""
-    chosen = [p for p in points if p.temp == temp and p.rule == rule]
-    drafted = sum(p.drafted for p in chosen)
-    return sum(p.accepted for p in chosen) / drafted if drafted else 0.0
+def iid_rate(points: Sequence[AcceptancePoint]) -> float:
+    """Per-draft acceptance a explaining these points' histograms (the cost model's input).
+
+    Rounds stop at their first rejection, so accepted / drafted underestimates
+    a; `costmodel.iid_acceptance` counts rejections instead.
+    """
+    return costmodel.iid_acceptance(sum(p.accepted for p in points),
+                                    sum(p.rounds for p in points),
+                                    sum(p.accepted_histogram[-1] for p in points))

@@ -64,14 +64,16 @@ def _parse_sizes(text: str):
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per measurement [default: 5, quick 3].")
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help="k of the end-to-end comparison and scaling [default: 4].")
 @click.option("--target-sizes", default=None, metavar="HxL,...", help="Synthetic target sizes for the size scaling, e.g. 512x8,1024x16 [default: up to 3072x24, quick 512x4].")
+@click.option("--rerender", "rerender_path", type=click.Path(exists=True, dir_okay=False), default=None, help="Measure nothing: re-derive the cost model's figures from a saved JSON and rewrite it, its report and plots.")
 @click.option("--smoke", is_flag=True, hidden=True, help="Seconds on tiny test models (tests only).")
 def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max_tokens,
-          repeats, num_draft_tokens, target_sizes, smoke):
+          repeats, num_draft_tokens, target_sizes, rerender_path, smoke):
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
-    from . import plots
-    from .report import render_markdown, render_text
     from .runner import BenchConfig, quick_config, run_bench, tiny_config
 
+    if rerender_path:
+        _write(_rerender(rerender_path), rerender_path, report_path, no_plots, click.echo)
+        return
     model, draft_model = _resolve(model, draft_model)
     overrides = {name: value for name, value in (
         ("seed", seed), ("max_tokens", max_tokens), ("repeats", repeats),
@@ -93,6 +95,25 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
                            models={"target": model, "draft": draft_model}, progress=say)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+    _write(result, json_path, report_path, no_plots, say)
+
+
+def _rerender(json_path):
+    from .runner import BenchResult, recompute_predictions
+    from .serialize import from_dict
+
+    try:
+        saved = from_dict(BenchResult, json.loads(Path(json_path).read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.UsageError(f"{json_path} is not a bench result JSON ({exc}).") from None
+    return recompute_predictions(saved)
+
+
+def _write(result, json_path, report_path, no_plots, say):
+    """Write the JSON, the Markdown report and plots; print the summary."""
+    from . import plots
+    from .report import render_markdown, render_text
 
     json_path = Path(json_path)
     json_path.parent.mkdir(parents=True, exist_ok=True)

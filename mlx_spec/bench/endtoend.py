@@ -74,16 +74,17 @@ def run_target_alone(target_model, ids, temp, max_tokens) -> RunResult:
 def run_mlx_lm(target_model, draft_model, ids, temp, k, max_tokens) -> RunResult:
     cache = _prefilled(target_model, ids) + _prefilled(draft_model, ids)
     sampler = make_sampler(temp)
-    start, n, accepted, rounds = time.perf_counter(), 0, 0, 0
+    start, n, accepted, drafted, round_starts = time.perf_counter(), 0, 0, 0, True
     for _token, _, from_draft in mlx_lm_speculative_generate_step(
         mx.array(ids[-1:], mx.uint32), target_model, draft_model, num_draft_tokens=k,
         max_tokens=max_tokens, sampler=sampler, prompt_cache=cache,
     ):
+        if round_starts:  # mlx-lm drafts min(k, tokens still wanted) each round
+            drafted += min(k, max_tokens - n)
         n += 1
         accepted += from_draft
-        rounds += not from_draft  # every round ends with one target token
-    # The last round may be cut short by max_tokens: rounds * k slightly over-counts drafts.
-    return RunResult(time.perf_counter() - start, n, rounds * k, accepted)
+        round_starts = not from_draft  # every round ends with one target token
+    return RunResult(time.perf_counter() - start, n, drafted, accepted)
 
 
 def run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens, accept=None) -> RunResult:

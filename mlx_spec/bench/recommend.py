@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Sequence
 
 from .. import costmodel
-from .acceptance import AcceptancePoint, lookup, pooled_rate
+from .acceptance import AcceptancePoint, iid_rate, lookup
 from .forward import ModelCost
 
 PAYS_THRESHOLD = 1.05  # below this predicted speed-up, speculation is not worth the memory
@@ -24,7 +24,7 @@ LOW_ACCEPTANCE = 0.4  # below this the draft rarely predicts the target
 @dataclass(frozen=True)
 class Verdict:
     temp: float
-    acceptance: float  # pooled over k
+    acceptance: float  # per-draft acceptance a (i.i.d. estimate), pooled over k
     draft_cost: float  # one draft step in target decoding steps
     best_k: int  # 0 = do not speculate
     predicted_best: float
@@ -37,7 +37,7 @@ class Verdict:
 def _reason(pays: bool, k: int, acceptance: float, draft_cost: float,
             verify_cost: Mapping[int, float], predicted: float) -> str:
     if pays:
-        return (f"Speculate with k={k}: acceptance {acceptance:.0%}, a draft step costs "
+        return (f"Speculate with k={k}: per-draft acceptance {acceptance:.0%}, a draft step costs "
                 f"{draft_cost:.2f} target steps and verifying {k + 1} tokens costs "
                 f"{costmodel.interpolate(verify_cost, k + 1):.2f}, so about "
                 f"{predicted:.2f}x is expected.")
@@ -55,7 +55,7 @@ def _reason(pays: bool, k: int, acceptance: float, draft_cost: float,
         why.append(f"acceptance is too low ({acceptance:.0%}: the draft rarely predicts the "
                    "target; use a draft of the same family, trained on similar text)")
     if not why:
-        why.append(f"acceptance {acceptance:.0%}, draft cost {draft_cost:.2f} and verify cost "
+        why.append(f"per-draft acceptance {acceptance:.0%}, draft cost {draft_cost:.2f} and verify cost "
                    f"{costmodel.interpolate(verify_cost, 2):.2f} at T=2 together leave at most "
                    f"{predicted:.2f}x")
     return "Speculation does not pay here: " + "; and ".join(why) + "."
@@ -64,13 +64,14 @@ def _reason(pays: bool, k: int, acceptance: float, draft_cost: float,
 def verdict(points: Sequence[AcceptancePoint], target: ModelCost, draft: ModelCost,
             temp: float, ks: Sequence[int],
             measured_by_k: Optional[Mapping[int, float]] = None) -> Verdict:
-    acceptance = pooled_rate(points, temp)
+    exact = [p for p in points if p.temp == temp and p.rule == "exact"]
+    acceptance = iid_rate(exact)
     draft_cost = draft.decode_s / target.decode_s if target.decode_s else 0.0
     curve = target.verify_cost
     predicted = {}
     for k in ks:
         point = lookup(points, k, temp)
-        a = point.acceptance_rate if point is not None else acceptance
+        a = iid_rate([point]) if point is not None else acceptance
         predicted[k] = costmodel.predicted_speedup(a, k, draft_cost, curve)
     k_best, s_best = costmodel.best_k(acceptance, draft_cost, curve, k_max=max(ks, default=8))
     pays = k_best > 0 and s_best >= PAYS_THRESHOLD

@@ -129,15 +129,10 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     by_k = endtoend.speedup_vs_k(target_model, draft_model, prompts, config.speedup_ks, 0.0,
                                  config.max_tokens, repeats, config.warmup, seed, say)
     say("[7/9] cost model")
-    verdicts = []
-    for temp in config.temps:
-        measured = dict(by_k) if temp == 0 else {
-            c.k: c.ratios["mlx-spec / target alone"] for c in comparisons if c.temp == temp}
-        verdicts.append(verdict(points, costs["target"], costs["draft"], temp,
-                                sorted(set(config.ks) | set(config.speedup_ks)), measured))
+    verdicts = cost_model_verdicts(config, points, costs["target"], costs["draft"], comparisons,
+                                   by_k)
     say("[8/9] scaling: context length, target size, batch size")
-    point = acc.lookup(points, k, 0.0) if 0.0 in config.temps else None
-    acceptance0 = point.acceptance_rate if point else acc.pooled_rate(points, config.temps[0])
+    acceptance0 = scaling_acceptance(config, points)
     context = scaling.context_scaling(target_model, draft_model, acceptance0, k,
                                       config.context_lengths, repeats, seed, say)
     sizes = scaling.size_scaling(draft_model, target_model, costs["draft"].decode_s, acceptance0,
@@ -154,4 +149,44 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
         end_to_end=comparisons, speedup_vs_k=by_k, verdicts=verdicts,
         context_scaling=context, size_scaling=sizes, batch_scaling=batch, sources=race,
         elapsed_s=time.perf_counter() - start,
+    )
+
+
+def cost_model_verdicts(config: BenchConfig, points, target: ModelCost, draft: ModelCost,
+                        comparisons, by_k) -> List[Verdict]:
+    """One verdict per temperature: predicted speed-up per k next to the measured one."""
+    verdicts = []
+    for temp in config.temps:
+        measured = dict(by_k) if temp == 0 else {
+            c.k: c.ratios["mlx-spec / target alone"] for c in comparisons if c.temp == temp}
+        verdicts.append(verdict(points, target, draft, temp,
+                                sorted(set(config.ks) | set(config.speedup_ks)), measured))
+    return verdicts
+
+
+def scaling_acceptance(config: BenchConfig, points) -> float:
+    """Per-draft acceptance used to predict the scaling figures (k of the comparison, T=0)."""
+    point = acc.lookup(points, config.num_draft_tokens, 0.0) if 0.0 in config.temps else None
+    return acc.iid_rate([point] if point else
+                        [p for p in points if p.temp == config.temps[0] and p.rule == "exact"])
+
+
+def recompute_predictions(result: BenchResult) -> BenchResult:
+    """Re-derive every cost-model figure of a saved result from its measurements."""
+    from .. import costmodel
+
+    config = result.config
+    k, a = config.num_draft_tokens, scaling_acceptance(config, result.acceptance)
+
+    def predicted(point):
+        curve = {1: 1.0, k + 1: point.verify_cost}
+        return dataclasses.replace(
+            point, predicted_speedup=costmodel.predicted_speedup(a, k, point.draft_cost, curve))
+
+    return dataclasses.replace(
+        result,
+        verdicts=cost_model_verdicts(config, result.acceptance, result.target, result.draft,
+                                     result.end_to_end, result.speedup_vs_k),
+        context_scaling=[predicted(p) for p in result.context_scaling],
+        size_scaling=[predicted(p) for p in result.size_scaling],
     )
