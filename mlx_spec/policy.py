@@ -18,9 +18,10 @@ DEFAULT_NUM_DRAFT_TOKENS = 4
 DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the prompt set
 DEFAULT_MAX_DRAFT_TOKENS = 8
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
-FIRST_OFF_STEPS = 16  # plain steps after speculation is switched off; doubles each time
+FIRST_OFF_STEPS = 32  # plain steps after speculation is switched off; doubles each time
 MAX_OFF_STEPS = 256
-PROBE_ROUNDS = 3  # speculative rounds tried after an off period
+FIRST_ROUNDS = 3  # speculative rounds (k, k/2, 3k/2) before speculation is judged
+PROBE_ROUNDS = 1  # speculative rounds tried after an off period
 EXPLORE_EVERY = 6  # every so often try k +/- 1 to keep the cost fit honest
 
 
@@ -62,7 +63,7 @@ class AdaptivePolicy:
     Each round k* = argmax_k E[tokens | a, k] / t(k). A plain step costs
     t(0) until plain steps have been timed. When even k* is slower
     than plain decoding, speculation is switched off for a block of plain
-    steps (16, doubling while it keeps losing, up to 256), then probed again,
+    steps (32, doubling while it keeps losing, up to 256), then probed again,
     so a bad draft or a machine where verification is not cheap costs little.
     """
 
@@ -81,7 +82,7 @@ class AdaptivePolicy:
         self.measured_plain_seconds = None
         self.plain_left = 0
         self.off_steps = FIRST_OFF_STEPS
-        self.probe_left = PROBE_ROUNDS  # judge speculation only after a few rounds
+        self.probe_left = FIRST_ROUNDS - 1  # rounds to run before speculation is judged
         self.rounds = 0
         self.switched_off = 0
         self._last = None
@@ -170,7 +171,7 @@ class AdaptivePolicy:
         if best is not None and best < 1.0 / self.plain_seconds:
             self.plain_left = self.off_steps
             self.off_steps = min(2 * self.off_steps, MAX_OFF_STEPS)
-            self.probe_left = PROBE_ROUNDS
+            self.probe_left = PROBE_ROUNDS - 1
             self.switched_off += 1
         else:
             self.off_steps = FIRST_OFF_STEPS
