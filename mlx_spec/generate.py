@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Union
 
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper

@@ -82,10 +82,11 @@ def check_pair(target_model, draft_model, target_tokenizer=None, draft_tokenizer
             f"The draft model's vocabulary ({draft_size} tokens) is larger than the "
             f"target's ({target_size}); the two models do not share a tokenizer."
         )
-    if target_tokenizer is not None and draft_size < len(_vocab(target_tokenizer)):
+    tokenizer_size = len(_vocab(target_tokenizer)) if target_tokenizer is not None else 0
+    if draft_size < tokenizer_size:
         raise ValueError(
             f"The draft model's vocabulary ({draft_size} tokens) does not cover the "
-            f"tokenizer's {len(_vocab(target_tokenizer))} tokens (mismatched vocabularies)."
+            f"tokenizer's {tokenizer_size} tokens (mismatched vocabularies)."
         )
     if target_tokenizer is None and draft_size != target_size:
         raise ValueError(

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import llama
 
