@@ -85,18 +85,9 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              ignore_chat_template, color, quiet):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from .generate import stream_generate
-    from .loading import check_pair
 
     prompt = _read_prompt(prompt)
-    model, draft_model = _resolve_models(model, draft_model, no_draft)
-    target_model, tokenizer = _load(model, "target")
-    draft = None
-    if draft_model is not None:
-        draft, draft_tokenizer = _load(draft_model, "draft")
-        try:
-            check_pair(target_model, draft, tokenizer, draft_tokenizer)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
+    target_model, tokenizer, draft = _load_pair(model, draft_model, no_draft)
     if not ignore_chat_template:
         prompt = _apply_chat_template(tokenizer, prompt)
 
@@ -119,6 +110,22 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     if response is not None and not quiet:
         click.echo("=" * 10, err=True)
         click.echo(response.stats.summary(), err=True)
+
+
+def _load_pair(model, draft_model, no_draft):
+    """Load the target (and the draft unless there is none); refuse mismatched pairs."""
+    from .loading import check_pair
+
+    model, draft_model = _resolve_models(model, draft_model, no_draft)
+    target_model, tokenizer = _load(model, "target")
+    if draft_model is None:
+        return target_model, tokenizer, None
+    draft, draft_tokenizer = _load(draft_model, "draft")
+    try:
+        check_pair(target_model, draft, tokenizer, draft_tokenizer)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return target_model, tokenizer, draft
 
 
 @main.command()
@@ -146,9 +153,7 @@ def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_dr
     from .sampling import SamplingConfig
 
     prompt = _read_prompt(prompt)
-    model, draft_model = _resolve_models(model, draft_model, False)
-    target_model, tokenizer = _load(model, "target")
-    draft = _load(draft_model, "draft")[0] if draft_model is not None else None
+    target_model, tokenizer, draft = _load_pair(model, draft_model, False)
     if draft is None and not prompt_lookup:
         raise click.UsageError("Give --draft-model or --prompt-lookup: there is nothing to check.")
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
@@ -159,9 +164,12 @@ def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_dr
     failed = False
     for name, accept in runs:
         click.echo(f"{name}: sampling {samples} times ...", err=True)
-        result = check_exactness(target_model, draft, ids, sampling, samples=samples,
-                                 num_draft_tokens=num_draft_tokens, accept=accept,
-                                 prompt_lookup=prompt_lookup, seed=seed)
+        try:
+            result = check_exactness(target_model, draft, ids, sampling, samples=samples,
+                                     num_draft_tokens=num_draft_tokens, accept=accept,
+                                     prompt_lookup=prompt_lookup, seed=seed)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
         verdict = "indistinguishable from the target" if result.passed else "DIFFERS from the target"
         click.echo(f"{name}: chi2 = {result.statistic:.1f} on {result.dof} dof, "
                    f"p = {result.p_value:.3g}, acceptance {result.acceptance_rate:.1%} -> {verdict}")

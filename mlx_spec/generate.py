@@ -14,9 +14,9 @@ from typing import Iterator, List, Optional, Union
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .cache import check_rewindable, make_cache
+from .cache import check_rewindable, make_cache, rewind
 from .drafters import DraftModelDrafter, PromptLookupDrafter
-from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM
+from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM, PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
 from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
 from .memory import wired_limit
@@ -25,6 +25,14 @@ from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
 
 DEFAULT_MAX_TOKENS = 256
+MLX_LM_ONLY_ARGS = {
+    "sampler": "pass temp, top_p, top_k and min_p instead, so that the draft is sampled "
+               "through the same transform as the target.",
+    "logits_processors": "they would change the target's distribution without changing the "
+                         "draft's, which breaks exact acceptance.",
+    "kv_bits": "quantized KV caches are not supported while speculating.",
+    "max_kv_size": "a rotating cache cannot be rewound once it wraps; pass a prompt_cache instead.",
+}
 
 
 @dataclass(frozen=True)
@@ -47,13 +55,16 @@ class GenerationResponse:
 
 def _as_tokens(tokenizer, prompt) -> List[int]:
     if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("speculative_generate_step takes token ids; use stream_generate "
+                             "or generate for a text prompt.")
         if not prompt:
             raise ValueError("The prompt is empty; give some text to continue.")
         bos = getattr(tokenizer, "bos_token", None)
         add_special = bos is None or not prompt.startswith(bos)
         tokens = tokenizer.encode(prompt, add_special_tokens=add_special)
     elif isinstance(prompt, mx.array):
-        tokens = prompt.tolist()
+        tokens = [int(t) for t in prompt.reshape(-1).tolist()]
     else:
         tokens = [int(t) for t in prompt]
     if len(tokens) == 0:
@@ -61,11 +72,42 @@ def _as_tokens(tokenizer, prompt) -> List[int]:
     return tokens
 
 
+def _check_token_ids(tokens: List[int], model) -> None:
+    size = vocab_size(model)
+    bad = [t for t in tokens if not 0 <= t < size]
+    if bad:
+        raise ValueError(f"Token id {bad[0]} is outside the model's vocabulary (0..{size - 1}).")
+
+
 def _split_prompt_cache(prompt_cache, target_model, draft_model):
     if prompt_cache is None:
         return make_cache(target_model), None
     n = len(target_model.layers)
+    if draft_model is not None and len(prompt_cache) == n:
+        raise ValueError("prompt_cache holds only the target's layers; with a draft model pass "
+                         "make_cache(target_model) + make_cache(draft_model).")
     return prompt_cache[:n], (prompt_cache[n:] or None) if draft_model is not None else None
+
+
+def _settle_prompt_cache(prompt_cache, target_model, draft_model, tokens: List[int],
+                         start_offset: int) -> None:
+    """Leave a reused prompt cache holding `tokens[:-1]` after `start_offset`.
+
+    `tokens` is the prompt plus what the caller was given; as in mlx-lm, the
+    last token is not in the cache. Drafts beyond an EOS or beyond max_tokens
+    are rewound, and a draft cache that trails (it catches up lazily while
+    generating) is fed the missing tokens, so the next turn starts aligned.
+    """
+    target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
+    keep = start_offset + len(tokens) - 1
+    rewind(target_cache, target_cache[0].offset - keep)
+    if draft_cache:
+        offset = draft_cache[0].offset
+        rewind(draft_cache, offset - keep)
+        if offset < keep:
+            missing = mx.array(tokens[offset - start_offset: len(tokens) - 1], mx.uint32)
+            draft_model(missing[None], cache=draft_cache)
+            mx.eval([c.state for c in draft_cache])
 
 
 def speculative_generate_step(
@@ -103,12 +145,19 @@ def speculative_generate_step(
         raise ValueError(f"draft_confidence must be in [0, 1), got {draft_confidence}.")
     if prefill_step_size < 1:
         raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
+    prompt = _as_tokens(None, prompt)
+    _check_token_ids(prompt, model)
+    if draft_model is not None:
+        check_pair(model, draft_model)
     target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
     target_vocab = vocab_size(model)
     drafters = []
     if prompt_lookup:
+        # In front of a draft model a single-token match is too weak a signal:
+        # in code the last token has nearly always occurred before.
+        min_ngram = min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram) if draft_model is not None else 1
         drafters.append(PromptLookupDrafter(target_vocab, sampling.greedy,
-                                            max_ngram=prompt_lookup_max_ngram))
+                                            max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram))
     if draft_model is not None:
         drafters.append(DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
                                           confidence=draft_confidence))
@@ -147,6 +196,8 @@ def stream_generate(
     (adaptive, auto_off, draft_confidence, prompt_lookup, prompt_cache,
     prefill_step_size, ...).
     """
+    for name in MLX_LM_ONLY_ARGS.keys() & kwargs.keys():
+        raise ValueError(f"mlx-spec does not take mlx-lm's `{name}` argument: {MLX_LM_ONLY_ARGS[name]}")
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     if num_draft_tokens is not None and num_draft_tokens < 1:
@@ -171,32 +222,44 @@ def stream_generate(
     detokenizer.reset()
     eos = set(tokenizer.eos_token_ids)
     emitted = 0
+    prompt_cache = kwargs.get("prompt_cache")
+    start_offset = prompt_cache[0].offset if prompt_cache else 0
+    seen = list(tokens)  # the prompt, then every token the caller is given
     with wired_limit(model, draft_model):
-        for round_ in rounds:
-            recorder.prompt_done()
-            finish = None
-            wanted = round_.tokens[: max_tokens - emitted]
-            for i, token in enumerate(wanted):
-                if token in eos:
-                    wanted, finish = wanted[:i], "stop"
-                    break
-            if finish is None and emitted + len(wanted) >= max_tokens:
-                finish = "length"
-            recorder.record(round_, len(wanted))
-            for i, token in enumerate(wanted):
-                emitted += 1
-                detokenizer.add_token(token)
-                last = finish is not None and i == len(wanted) - 1
-                if last:
+        try:
+            for round_ in rounds:
+                recorder.prompt_done()
+                wanted, finish = _cut_round(round_.tokens, eos, max_tokens - emitted)
+                recorder.record(round_, len(wanted))
+                for i, token in enumerate(wanted):
+                    emitted += 1
+                    seen.append(token)
+                    detokenizer.add_token(token)
+                    last = finish == "length" and i == len(wanted) - 1
+                    if last:
+                        detokenizer.finalize()
+                    yield _response(detokenizer.last_segment, token, round_, i, recorder,
+                                    finish if last else None)
+                if finish == "stop":  # as in mlx-lm, the last response carries the EOS token
+                    eos_token = round_.tokens[len(wanted)]
+                    seen.append(eos_token)
                     detokenizer.finalize()
-                yield _response(detokenizer.last_segment, token, round_, i, recorder,
-                                finish if last else None)
-            if finish is not None:
-                if not wanted:  # EOS first: still report the finish with stats
-                    detokenizer.finalize()
-                    yield _response(detokenizer.last_segment, round_.tokens[0], round_, 0,
+                    yield _response(detokenizer.last_segment, eos_token, round_, len(wanted),
                                     recorder, finish)
-                break
+                if finish is not None:
+                    break
+        finally:
+            if prompt_cache:
+                _settle_prompt_cache(prompt_cache, model, draft_model, seen, start_offset)
+
+
+def _cut_round(tokens: List[int], eos: set, remaining: int):
+    """The part of a round the caller gets: up to `remaining` tokens, stopping before EOS."""
+    wanted = tokens[:remaining]
+    for i, token in enumerate(wanted):
+        if token in eos:
+            return wanted[:i], "stop"
+    return wanted, ("length" if len(wanted) >= remaining else None)
 
 
 def _response(text, token, round_: Round, i, recorder, finish) -> GenerationResponse:

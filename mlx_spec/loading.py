@@ -69,7 +69,11 @@ def vocab_size(model) -> int:
 
 
 def check_pair(target_model, draft_model, target_tokenizer=None, draft_tokenizer=None) -> None:
-    """Raise ValueError unless the draft speaks the target's vocabulary."""
+    """Raise ValueError unless the draft speaks the target's vocabulary.
+
+    A draft's embedding may be padded shorter than the target's (as in the
+    Qwen2.5 family); with tokenizers given it must still cover every token.
+    """
     if draft_tokenizer is not None and target_tokenizer is not None:
         if _vocab(draft_tokenizer) != _vocab(target_tokenizer):
             raise ValueError(
@@ -87,11 +91,6 @@ def check_pair(target_model, draft_model, target_tokenizer=None, draft_tokenizer
         raise ValueError(
             f"The draft model's vocabulary ({draft_size} tokens) does not cover the "
             f"tokenizer's {tokenizer_size} tokens (mismatched vocabularies)."
-        )
-    if target_tokenizer is None and draft_size != target_size:
-        raise ValueError(
-            f"Mismatched vocabularies: target has {target_size} tokens, draft has "
-            f"{draft_size}; pass models that share a tokenizer."
         )
 
 

@@ -17,7 +17,7 @@ import mlx.core as mx
 from .acceptance import AcceptanceRule, rule_for
 from .cache import rewind
 from .policy import DraftPolicy
-from .sampling import SamplingConfig, logprobs_from_logits, sample
+from .sampling import SamplingConfig, logprobs_from_logits, model_logprobs, sample
 
 DEFAULT_PREFILL_STEP_SIZE = 512
 
@@ -30,7 +30,7 @@ class Round:
     num_drafted: int
     num_accepted: int
     source: str  # "draft", "lookup" or "target" (a plain decoding step)
-    logprobs: mx.array  # (len(tokens), V) target log-probabilities, lazy
+    logprobs: mx.array  # (len(tokens), V) the target's own log-probabilities (as mlx-lm), lazy
 
 
 @dataclass
@@ -82,7 +82,13 @@ def speculative_round(decoder: Decoder, k: int) -> Round:
     proposal.drafter.commit(n)
     tokens = drafted[:n] + [token]
     decoder.history.extend(tokens)
-    return Round(tokens, len(drafted), n, proposal.source, target_logprobs[: n + 1])
+    return Round(tokens, len(drafted), n, proposal.source,
+                 _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling))
+
+
+def _reported(target_logits, target_logprobs, sampling: SamplingConfig) -> mx.array:
+    """Log-probabilities to report: the model's own; at temp 0 they are the same array."""
+    return target_logprobs if sampling.greedy else model_logprobs(target_logits)
 
 
 def plain_rounds(decoder: Decoder, count: int) -> Iterator[Round]:
@@ -93,7 +99,7 @@ def plain_rounds(decoder: Decoder, count: int) -> Iterator[Round]:
         target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (V,)
         token = sample(target_logprobs, decoder.sampling)
         mx.async_eval(token)
-        return token, target_logprobs
+        return token, _reported(target_logits, target_logprobs, decoder.sampling)
 
     token, logprobs = step(mx.array(decoder.history[-1:], mx.uint32))
     for i in range(count):

@@ -97,10 +97,11 @@ class AdaptivePolicy:
         if n < 1e-9:
             return None
         var = skk / n - (sk / n) ** 2
-        slope = (skt / n - sk * st / n**2) / var if var > 1e-9 else None
-        if slope is None or slope <= 0:  # one k seen so far: assume cost proportional to k + 1
-            mean_k = sk / n
-            return (st / n) * (k + 1) / (mean_k + 1)
+        if var <= 1e-9:  # one k seen so far: assume cost proportional to k + 1
+            return (st / n) * (k + 1) / (sk / n + 1)
+        # A slope <= 0 is noise around a flat cost (a GPU's verify pass): use a
+        # flat t(k), never one that makes a plain step look cheaper than it is.
+        slope = max((skt / n - sk * st / n**2) / var, 0.0)
         return st / n + slope * (k - sk / n)
 
     def tokens_per_second(self, k: int):

@@ -43,16 +43,22 @@ class SamplingConfig:
         return self.temp == 0
 
 
+def model_logprobs(logits: mx.array) -> mx.array:
+    """The model's own normalised log-probabilities, before any sampling transform
+    (what mlx-lm reports as `logprobs`)."""
+    logits = logits.astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
 def logprobs_from_logits(logits: mx.array, config: SamplingConfig) -> mx.array:
     """Normalised log-probabilities of the distribution sampled from.
 
     Filtered-out tokens get -inf. With temp == 0 this is the plain
     log-softmax (greedy decoding takes its argmax).
     """
-    logits = logits.astype(mx.float32)
     if config.greedy:
-        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    logits = logits / config.temp
+        return model_logprobs(logits)
+    logits = logits.astype(mx.float32) / config.temp
     vocab_size = logits.shape[-1]
     if 0 < config.top_k < vocab_size:
         kth = mx.sort(logits, axis=-1)[..., -config.top_k][..., None]

@@ -89,3 +89,73 @@ def test_mismatched_vocabulary_raises(pair, model_dirs):
 def test_missing_model_raises_value_error(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load(str(tmp_path / "nope"))
+
+
+def _first_tokens(target_model, tokenizer, prompt, n):
+    return [r.token for r in stream_generate(target_model, tokenizer, prompt, max_tokens=n)]
+
+
+@pytest.mark.parametrize("stop", ["eos", "length"])
+def test_reused_prompt_cache_holds_what_the_caller_saw(pair, stop):
+    """After EOS in the middle of a round (or max_tokens), a reused prompt cache
+    holds the prompt and the returned tokens (not the last), in both models, so
+    a second turn continues exactly like a fresh run over the whole text."""
+    from mlx_spec.cache import make_cache
+
+    target_model, draft_model, tokenizer = pair
+    prompt = "def f(x):"
+    plain = _first_tokens(target_model, tokenizer, prompt, 12)
+    ids = tokenizer.encode(prompt)
+    cache = make_cache(target_model) + make_cache(draft_model)
+    n = len(target_model.layers)
+    if stop == "eos":  # make the 4th greedy token an EOS: mid-round with k = 6
+        saved = set(tokenizer.eos_token_ids)
+        tokenizer.eos_token_ids = saved | {plain[3]}
+    try:
+        out = list(stream_generate(target_model, tokenizer, ids, draft_model=draft_model,
+                                   max_tokens=8, num_draft_tokens=6, prompt_cache=cache))
+    finally:
+        if stop == "eos":
+            tokenizer.eos_token_ids = saved
+    got = [r.token for r in out]
+    seen = plain[:4] if stop == "eos" else plain[:8]
+    assert got == seen and out[-1].finish_reason == ("stop" if stop == "eos" else "length")
+    assert cache[0].offset == len(ids) + len(seen) - 1
+    assert cache[n].offset == cache[0].offset
+    follow = list(stream_generate(target_model, tokenizer, seen[-1:] + plain[len(seen):len(seen) + 2],
+                                  draft_model=draft_model, max_tokens=4, num_draft_tokens=3,
+                                  prompt_cache=cache))
+    fresh = _first_tokens(target_model, tokenizer, ids + seen + plain[len(seen):len(seen) + 2], 4)
+    assert [r.token for r in follow] == fresh
+
+
+def test_token_ids_are_checked(pair):
+    from mlx_spec.generate import speculative_generate_step
+
+    target_model, draft_model, _ = pair
+    for bad in ([], [1, -2], [1, 10**6]):
+        with pytest.raises(ValueError):
+            list(speculative_generate_step(bad, target_model, draft_model, max_tokens=3))
+    with pytest.raises(ValueError, match="token ids"):
+        list(speculative_generate_step("text", target_model, draft_model, max_tokens=3))
+
+
+def test_mlx_lm_only_arguments_get_a_sentence(pair):
+    target_model, draft_model, tokenizer = pair
+    with pytest.raises(ValueError, match="sampler"):
+        list(stream_generate(target_model, tokenizer, "x = 1", draft_model=draft_model,
+                             sampler=lambda x: x))
+
+
+def test_logprobs_are_the_models_own_as_in_mlx_lm(pair):
+    """Reported logprobs are the target's log-softmax, not the temperature/top-k
+    transformed distribution used for sampling."""
+    import mlx.core as mx
+
+    target_model, draft_model, tokenizer = pair
+    ids = tokenizer.encode("def f(x):")
+    first = next(iter(stream_generate(target_model, tokenizer, ids, draft_model=draft_model,
+                                      max_tokens=4, temp=0.7, top_k=3, seed=1)))
+    logits = target_model(mx.array([ids]))[0, -1].astype(mx.float32)
+    want = logits - mx.logsumexp(logits)
+    assert mx.allclose(first.logprobs, want, atol=1e-4).item()

@@ -28,6 +28,7 @@ def test_continuing_after_rewind_matches_a_clean_cache(target_model, rejected):
 
 def test_sliding_window_that_can_wrap_is_refused(target_model, drafts):
     cache = [RotatingKVCache(max_size=16) for _ in target_model.layers]
+    cache += make_cache(drafts["related"])
     with pytest.raises(ValueError, match="RotatingKVCache"):
         list(speculative_generate_step([1, 2, 3], target_model, drafts["related"],
                                        max_tokens=50, prompt_cache=cache))
@@ -35,6 +36,7 @@ def test_sliding_window_that_can_wrap_is_refused(target_model, drafts):
 
 def test_sliding_window_that_never_wraps_is_allowed(target_model, drafts):
     cache = [RotatingKVCache(max_size=4096) for _ in target_model.layers]
+    cache += make_cache(drafts["related"])
     rounds = list(speculative_generate_step([1, 2, 3], target_model, drafts["related"],
                                             max_tokens=10, prompt_cache=cache))
     assert sum(len(r.tokens) for r in rounds) >= 10
@@ -53,3 +55,9 @@ def test_draft_cache_is_checked_too(target_model, drafts):
     with pytest.raises(ValueError, match="draft model's cache"):
         list(speculative_generate_step([1, 2, 3], target_model, drafts["unrelated"],
                                        max_tokens=50, prompt_cache=cache))
+
+
+def test_target_only_prompt_cache_with_a_draft_is_refused(target_model, drafts):
+    with pytest.raises(ValueError, match="make_cache"):
+        list(speculative_generate_step([1, 2, 3], target_model, drafts["related"],
+                                       max_tokens=5, prompt_cache=make_cache(target_model)))

@@ -57,8 +57,9 @@ def test_bad_input_is_one_clear_error(model_dirs, args, fragment):
     assert "Traceback" not in result.output
 
 
-def test_mismatched_vocabularies_exit_nonzero(model_dirs):
-    result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
+@pytest.mark.parametrize("command", ["generate", "check"])
+def test_mismatched_vocabularies_exit_nonzero(model_dirs, command):
+    result = run(command, "--model", str(model_dirs["target"]), "--draft-model",
                  str(model_dirs["foreign"]))
     assert result.exit_code != 0
     assert "vocabular" in result.output and "Traceback" not in result.output

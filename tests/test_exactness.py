@@ -89,3 +89,11 @@ def test_rule_alone_is_exact(q_name, q):
 def test_rule_alone_negative_control():
     counts = first_token_counts(resample_from_target_accept, Q)
     assert stats.chisquare(counts, P / P.sum() * counts.sum()).pvalue < ALPHA
+
+
+def test_a_pair_the_target_never_produces_fails_the_check():
+    from mlx_spec.exactness import chi_square
+
+    exact = {(1, 2): 0.5, (1, 3): 0.5}
+    statistic, _, p_value = chi_square({(1, 2): 40, (1, 3): 50, (1, 4): 1}, exact)
+    assert p_value == 0.0 and statistic == float("inf")

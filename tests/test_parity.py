@@ -75,6 +75,6 @@ def test_target_cache_holds_history_minus_last(target_model, drafts):
     seen = len(prompt)
     for round_ in speculative_generate_step(prompt, target_model, drafts["related"],
                                             max_tokens=30, num_draft_tokens=4,
-                                            prompt_cache=target_cache):
+                                            prompt_cache=target_cache + make_cache(drafts["related"])):
         seen += len(round_.tokens)
         assert target_cache[0].offset == seen - 1

@@ -109,3 +109,21 @@ def test_confidence_stop_keeps_greedy_parity(target_model, drafts):
     got, ks = run(draft_model=drafts["related"], num_draft_tokens=6, draft_confidence=0.5)
     assert got == plain
     assert min(k for k in ks if k) < 6  # the stop did cut some drafts short
+
+
+
+def test_flat_noisy_round_times_keep_speculation_on():
+    """A GPU-like flat verify cost with noise (fitted slopes <= 0) must not make a
+    plain step look cheaper than a round and switch a 6x-winning speculation off."""
+    rng = random.Random(0)
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    for _ in range(300):
+        k = policy.num_draft_tokens()
+        assert k > 0, "speculation was switched off"
+        n = 0
+        while n < k and rng.random() < 0.94:
+            n += 1
+        clock.now += 0.050 + 0.0005 * k + rng.uniform(-0.002, 0.002)
+        policy.observe(Round([0] * (n + 1), k, n, "draft", None))
+    assert policy.switched_off == 0

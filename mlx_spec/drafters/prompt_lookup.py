@@ -16,6 +16,7 @@ from . import Proposal
 
 DEFAULT_MAX_NGRAM = 3
 DEFAULT_MIN_NGRAM = 1
+PAIRED_MIN_NGRAM = 2  # when a draft model is asked next
 
 
 class PromptLookupDrafter:
