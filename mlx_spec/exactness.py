@@ -8,7 +8,8 @@ over the whole vocabulary, and p(t2 | t1) for the most likely first tokens
 exactly, so nothing is approximated).
 
 The prompt is prefilled once; after each sample both caches are rewound to
-the prompt, so a sample costs one or two rounds.
+the prompt, so a sample costs one or two rounds. Prompt lookup needs the
+prompt as its history, so with it each sample re-runs the (short) prompt.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
                      prompt_lookup: bool = False) -> Tuple[Dict[Tuple[int, int], int], float]:
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
     target_cache = make_cache(target_model)
-    draft_cache = make_cache(draft_model) if draft_model is not None else []
+    draft_cache = make_cache(draft_model) if draft_model is not None and not prompt_lookup else []
     prefill(target_model, target_cache, prompt[:-1], 512)
-    if draft_model is not None:
+    if draft_cache:
         prefill(draft_model, draft_cache, prompt[:-1], 512)
     base = len(prompt) - 1
     counts: Dict[Tuple[int, int], int] = {}
