@@ -57,6 +57,8 @@ EXCLUDED_DIRS = {
     "__pycache__", "lib2to3", "ensurepip", "venv", "pydoc_data",
 }
 MAX_FILE_BYTES = 100_000
+SAMPLE_HEADERS = ("def fibonacci(n):", "def is_prime(n):", "def read_lines(path):",
+                  "def add(a, b):", "def flatten(items):", "class Stack:")
 VAL_PERCENT = 5
 
 
@@ -87,6 +89,32 @@ def module_key(rel: Path) -> str:
 def is_val(rel: Path) -> bool:
     h = int(hashlib.sha1(module_key(rel).encode()).hexdigest()[:8], 16)
     return h % 100 < VAL_PERCENT
+
+
+def select_test_files(root: Path, val_modules: list[str]) -> list[Path]:
+    """Sorted *.py files of the stdlib's own test suite (``test/``), at most
+    MAX_FILE_BYTES each, minus tests of held-out modules (``test_<val module>*``
+    files and directories), so no validation module leaks into training."""
+    out = []
+    for p in sorted((root / "test").rglob("*.py")):
+        rel = p.relative_to(root / "test")
+        if "__pycache__" in rel.parts or p.stat().st_size > MAX_FILE_BYTES:
+            continue
+        names = [n[:-3] if n.endswith(".py") else n for n in rel.parts]
+        if any(n.startswith("test_") and n[5:].startswith(m) for n in names for m in val_modules):
+            continue
+        out.append(p)
+    return out
+
+
+def load_test_corpus(root: Path, val_modules: list[str]):
+    docs = []
+    for p in select_test_files(root, val_modules):
+        try:
+            docs.append((str(p.relative_to(root)), p.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue
+    return docs
 
 
 def load_corpus():
@@ -250,7 +278,13 @@ def n_params(model):
 
 # ----------------------------------------------------------------------- training
 def get_batch(data, step, seed, batch, seq):
+    """``data`` is a token array, or a (core, extended, from_step) triple: batches of
+    steps >= from_step are drawn from the extended array (curriculum, see --tests-from-step)."""
     import torch
+
+    if isinstance(data, tuple):
+        core, extended, from_step = data
+        data = extended if step >= from_step else core
 
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     ix = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
@@ -386,7 +420,7 @@ def spec_simulate(target, draft, prompts, k, gen, temperature, seed):
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    acc_tot, draft_tot, rounds = 0, 0, 0
+    acc_tot, draft_tot, rounds, rejections = 0, 0, 0, 0
     with torch.inference_mode():
         for p in prompts:
             ctx = torch.from_numpy(p)[None]
@@ -433,11 +467,14 @@ def spec_simulate(target, draft, prompts, k, gen, temperature, seed):
                         new = int(torch.multinomial(torch.softmax(tl[kk] / temperature, -1), 1, generator=g))
                 acc_tot += n_acc
                 draft_tot += kk
+                rejections += n_acc < kk
                 rounds += 1
                 ctx = torch.cat([ctx, torch.tensor([toks[:n_acc] + [new]])], 1)
                 produced += n_acc + 1
     return {
         "acceptance_rate": round(acc_tot / draft_tot, 4),
+        # per-token acceptance probability (Leviathan et al.'s alpha), i.i.d. MLE
+        "alpha": round(acc_tot / (acc_tot + rejections), 4),
         "mean_accepted_per_round": round(acc_tot / rounds, 4),
         "tokens_per_round": round((acc_tot + rounds) / rounds, 4),
         "rounds": rounds,
@@ -554,6 +591,11 @@ def main():
     ap.add_argument("--finetune-steps", type=int, default=0)
     ap.add_argument("--finetune-lr", type=float, default=1.5e-3)
     ap.add_argument("--kl-weight", type=float, default=0.8)
+    ap.add_argument("--tests-from-step", type=int, default=-1,
+                    help="target step from which batches also come from the stdlib test suite (test/*.py, "
+                         "minus tests of held-out modules); -1: never")
+    ap.add_argument("--draft-tests-from-step", type=int, default=-1,
+                    help="the same for every draft stage")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--note", default="", help="free text recorded in metrics.json/README.md")
     ap.add_argument("--log-every", type=int, default=20)
@@ -598,6 +640,21 @@ def main():
     print(f"stdlib {stdlib}: {len(train_docs)} train files ({len(train_ids)/1e6:.2f}M tokens), "
           f"{len(val_docs)} val files ({len(val_ids)/1e6:.3f}M tokens); val modules: {', '.join(val_modules)}", flush=True)
 
+    test_docs, test_ids = [], np.zeros(0, dtype=np.uint16)
+    if args.tests_from_step >= 0 or args.draft_tests_from_step >= 0:
+        test_docs = load_test_corpus(stdlib, val_modules)
+        tests_path = work / "data_tests.npz"
+        if tests_path.exists():
+            test_ids = np.load(tests_path)["train"]
+        else:
+            test_ids = encode_stream(tok, [t for _, t in test_docs], eos_id)
+            np.savez(tests_path, train=test_ids)
+        print(f"stdlib test suite: {len(test_docs)} files ({len(test_ids)/1e6:.2f}M tokens)", flush=True)
+    extended_ids = np.concatenate([train_ids, test_ids])
+
+    def curriculum(from_step):
+        return train_ids if from_step < 0 else (train_ids, extended_ids, from_step)
+
     # ---- target
     tcfg = LlamaConfig(args.vocab, args.target_dim, args.target_layers, args.target_heads, args.target_ffn)
     dcfg = LlamaConfig(args.vocab, args.draft_dim, args.draft_layers, args.draft_heads, args.draft_ffn)
@@ -610,7 +667,7 @@ def main():
     assert dp * 8 <= tp, "draft must be at most 1/8 of the target"
 
     target.train()
-    tstate = train_stage("target", target, train_ids, args, work / "target.ckpt", args.target_minutes,
+    tstate = train_stage("target", target, curriculum(args.tests_from_step), args, work / "target.ckpt", args.target_minutes,
                          args.target_steps, args.target_lr)
     target.eval()
     for p in target.parameters():
@@ -631,7 +688,7 @@ def main():
             minutes, steps, lr = args.finetune_minutes, args.finetune_steps, args.finetune_lr
         distill = v in ("distill", "ce+distill")
         dm.train()
-        st = train_stage(f"draft-{v}", dm, train_ids, args, work / f"draft_{v}.ckpt", minutes,
+        st = train_stage(f"draft-{v}", dm, curriculum(args.draft_tests_from_step), args, work / f"draft_{v}.ckpt", minutes,
                          steps, lr, teacher=target if distill else None,
                          kl_weight=args.kl_weight if distill else 0.0)
         dm.eval()
@@ -663,6 +720,11 @@ def main():
     import mlx_lm
     sample_prompt = "def fibonacci(n):"
     sample = mlx_lm.generate(mt, mtok, sample_prompt, max_tokens=80)
+    samples = []
+    for header in SAMPLE_HEADERS:
+        text = mlx_lm.generate(mt, mtok, header, max_tokens=80)
+        samples.append({"prompt": header, "greedy_continuation_mlx": text,
+                        "has_return": "return" in text, "indented": "\n    " in text})
 
     # ---- metrics
     print("evaluating ...", flush=True)
@@ -683,11 +745,12 @@ def main():
     other = {v: {"selection_acceptance_k4": r["selection_acceptance_k4"], "val_loss": round(r["val_loss"], 4),
                  "steps": r["state"]["total"], "tokens": r["state"]["tokens"],
                  "train_seconds": round(r["state"]["seconds"], 1)} for v, r in variants.items()}
-    vs = list(variants)
     repro = (f"nice -n 10 python bench/train_default_models.py --target-steps {tstate['total']}"
              + (f" --draft-steps {variants['ce']['state']['total'] if best == 'ce+distill' else variants[best]['state']['total']}")
              + (f" --draft-variants ce,ce+distill --finetune-steps {variants[best]['state']['total']}"
-                if best == "ce+distill" else f" --draft-variants {best}"))
+                if best == "ce+distill" else f" --draft-variants {best}")
+             + (f" --tests-from-step {args.tests_from_step}" if args.tests_from_step >= 0 else "")
+             + (f" --draft-tests-from-step {args.draft_tests_from_step}" if args.draft_tests_from_step >= 0 else ""))
     metrics = {
         "reproduce": repro,
         "notes": args.note,
@@ -701,6 +764,12 @@ def main():
             "val_modules": val_modules,
             "selection": f"sorted *.py; excluded dirs {sorted(EXCLUDED_DIRS)} and dirs starting with 'test'; "
                          f"files test_*.py; files > {MAX_FILE_BYTES} bytes; split: sha1(top-level module name) % 100 < {VAL_PERCENT} -> val",
+            "test_suite": {
+                "files": len(test_docs), "tokens": int(len(test_ids)),
+                "target_from_step": args.tests_from_step, "drafts_from_step": args.draft_tests_from_step,
+                "selection": f"sorted test/**/*.py <= {MAX_FILE_BYTES} bytes, minus test_<val module>* files and dirs; "
+                             "training only (the tokenizer is trained on the core train split)",
+            },
         },
         "tokenizer": {"type": "byte-level BPE", "vocab_size": tok.get_vocab_size(), "eos_token": EOS,
                       "eos_token_id": eos_id, "bos_token_id": eos_id, "roundtrip_ok": rt_ok},
@@ -721,6 +790,7 @@ def main():
         "acceptance": {"prompts": len(prompts), "prompt_tokens": args.prompt_len, "generated_tokens": args.gen_len,
                        "source": "held-out (val) modules", **accept},
         "sample": {"prompt": sample_prompt, "greedy_continuation_mlx": sample},
+        "function_headers": samples,
         "eval_seconds": round(time.time() - t_eval, 1),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -733,15 +803,26 @@ def write_readme(out: Path, m, args):
     tc, dc = t["config"], d["config"]
     g = a["greedy"]
     rows = "\n".join(
-        f"| greedy, k={k} | {g[f'k={k}']['acceptance_rate']:.3f} | {g[f'k={k}']['mean_accepted_per_round']:.2f} | {g[f'k={k}']['tokens_per_round']:.2f} |"
+        f"| greedy, k={k} | {g[f'k={k}']['acceptance_rate']:.3f} | {g[f'k={k}'].get('alpha', float('nan')):.3f} | {g[f'k={k}']['mean_accepted_per_round']:.2f} | {g[f'k={k}']['tokens_per_round']:.2f} |"
         for k in (2, 4, 8))
     for T in ("0.7", "1.0"):
         r = a[f"temperature_{T}"]["k=4"]
-        rows += f"\n| T={T}, k=4 | {r['acceptance_rate']:.3f} | {r['mean_accepted_per_round']:.2f} | {r['tokens_per_round']:.2f} |"
+        rows += f"\n| T={T}, k=4 | {r['acceptance_rate']:.3f} | {r.get('alpha', float('nan')):.3f} | {r['mean_accepted_per_round']:.2f} | {r['tokens_per_round']:.2f} |"
     tr = m["training"]
     variants = "\n".join(f"- `{v}`: val loss {r['val_loss']}, greedy acceptance k=4 on train-split prompts "
                          f"{r['selection_acceptance_k4']:.3f} ({r['steps']} steps, {r['tokens']/1e6:.2f}M tokens)"
                          for v, r in m["draft_variants"].items())
+    heads = m.get("function_headers", [])
+    headers = "\n".join(f"- `{h['prompt']}`: indented {'yes' if h['indented'] else 'no'}, "
+                         f"`return` {'yes' if h['has_return'] else 'no'}" for h in heads)
+    if heads:
+        headers += "\n\n" + "\n".join(f"```python\n{h['prompt']}{h['greedy_continuation_mlx']}\n```" for h in heads[1:])
+    ts = m["data"].get("test_suite")
+    tests_text = ""
+    if ts and ts["files"]:
+        tests_text = (f"\nExtra training data: the stdlib's own test suite, {ts['files']} files, {ts['tokens']:,} tokens "
+                      f"({ts['selection']}), mixed in from target step {ts['target_from_step']} and draft "
+                      f"(fine-tune) step {ts['drafts_from_step']}.\n")
     text = f"""# Default models
 
 A tiny **target / draft pair of Llama models** trained from scratch on Python source
@@ -781,16 +862,16 @@ Whole top-level modules/packages are held out, so validation code is never seen 
 Train: {m['data']['train_files']} files, {m['data']['train_tokens']:,} tokens.
 Validation: {m['data']['val_files']} files, {m['data']['val_tokens']:,} tokens
 (modules: {', '.join(m['data']['val_modules'])}). Files are concatenated with `<|endoftext|>`.
-
+{tests_text}
 ## Training
 
 Seed {tr['seed']}, AdamW (betas 0.9/0.95, wd 0.1), batches of {tr['batch']} x {tr['seq']} tokens,
 linear warmup + cosine decay to 10 %, grad clip 1.0, fp32 on CPU (2 threads).
 
 - target: {tr['target_steps']} steps, {tr['target_tokens']/1e6:.2f}M tokens, {tr['target_seconds']/60:.1f} min, peak LR {tr['target_lr']}
-- draft (`{d['variant']}`{', i.e. the ce draft fine-tuned; numbers are for the fine-tune' if d['variant'] == 'ce+distill' else ''}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {tr['draft_lr']}
+- draft (`{d['variant']}`{', i.e. the ce draft fine-tuned; numbers are for the fine-tune' if d['variant'] == 'ce+distill' else ''}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {args.finetune_lr if d['variant'] == 'ce+distill' else tr['draft_lr']}
 
-Draft variants trained (same budget each; `distill` = {tr['kl_weight']} x KL(target || draft) + {1-tr['kl_weight']:.1f} x CE,
+Draft variants trained (`distill` = {tr['kl_weight']} x KL(target || draft) + {1-tr['kl_weight']:.1f} x CE,
 `ce` = plain next-token CE, `ce+distill` = the finished `ce` draft fine-tuned with the distillation loss
 at peak LR {args.finetune_lr}); the one with the best greedy acceptance on training-split prompts is shipped:
 {variants}
@@ -801,10 +882,11 @@ Simulated exactly in PyTorch on {a['prompts']} held-out prompts of {a['prompt_to
 generating {a['generated_tokens']} tokens each. Greedy: the draft proposes k tokens, the target
 accepts while they equal its argmax. Sampling: standard speculative sampling
 (accept with prob min(1, p/q), residual resampling). Acceptance rate = accepted / drafted;
-tokens per round = accepted + 1.
+alpha = per-token acceptance probability (Leviathan et al.), estimated as
+accepted / (accepted + rejections); tokens per round = accepted + 1.
 
-| setting | acceptance rate | mean accepted / round | tokens / round |
-|---|---|---|---|
+| setting | acceptance rate (accepted / drafted) | alpha | mean accepted / round | tokens / round |
+|---|---|---|---|---|
 {rows}
 
 MLX check: `mlx_lm.load` reproduces the PyTorch logits (max abs diff vs fp16-rounded weights
@@ -818,6 +900,9 @@ Target, greedy, `mlx_lm.generate(model, tokenizer, "def fibonacci(n):", max_toke
 ```python
 {m['sample']['prompt']}{m['sample']['greedy_continuation_mlx']}
 ```
+
+Greedy continuations (80 tokens) of several headers:
+{headers}
 
 ## Reproduce
 
