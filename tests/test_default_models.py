@@ -44,6 +44,10 @@ def test_target_writes_python(pair):
     target_model, _, tokenizer = pair
     text = generate(target_model, tokenizer, "def fibonacci(n):", max_tokens=60)
     assert "\n    " in text  # indented body
+    bodies = [generate(target_model, tokenizer, header, max_tokens=60)
+              for header in ("def is_prime(n):", "def add(a, b):", "class Stack:")]
+    assert all("\n    " in body for body in bodies)
+    assert sum("return" in body for body in bodies) >= 2
 
 
 def test_cli_runs_with_no_model_flags():
