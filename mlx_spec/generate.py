@@ -72,8 +72,7 @@ def _as_tokens(tokenizer, prompt) -> List[int]:
     return tokens
 
 
-def _check_token_ids(tokens: List[int], model) -> None:
-    size = vocab_size(model)
+def _check_token_ids(tokens: List[int], size: int) -> None:
     bad = [t for t in tokens if not 0 <= t < size]
     if bad:
         raise ValueError(f"Token id {bad[0]} is outside the model's vocabulary (0..{size - 1}).")
@@ -146,11 +145,11 @@ def speculative_generate_step(
     if prefill_step_size < 1:
         raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
     prompt = _as_tokens(None, prompt)
-    _check_token_ids(prompt, model)
+    target_vocab = vocab_size(model)
+    _check_token_ids(prompt, target_vocab)
     if draft_model is not None:
         check_pair(model, draft_model)
     target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
-    target_vocab = vocab_size(model)
     drafters = []
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
@@ -196,7 +195,9 @@ def stream_generate(
     (adaptive, auto_off, draft_confidence, prompt_lookup, prompt_cache,
     prefill_step_size, ...).
     """
-    for name in MLX_LM_ONLY_ARGS.keys() & kwargs.keys():
+    unsupported = sorted(MLX_LM_ONLY_ARGS.keys() & kwargs.keys())
+    if unsupported:
+        name = unsupported[0]
         raise ValueError(f"mlx-spec does not take mlx-lm's `{name}` argument: {MLX_LM_ONLY_ARGS[name]}")
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
@@ -225,9 +226,11 @@ def stream_generate(
     prompt_cache = kwargs.get("prompt_cache")
     start_offset = prompt_cache[0].offset if prompt_cache else 0
     seen = list(tokens)  # the prompt, then every token the caller is given
+    started = False  # caches are only settled once generation got going
     with wired_limit(model, draft_model):
         try:
             for round_ in rounds:
+                started = True
                 recorder.prompt_done()
                 wanted, finish = _cut_round(round_.tokens, eos, max_tokens - emitted)
                 recorder.record(round_, len(wanted))
@@ -249,7 +252,7 @@ def stream_generate(
                 if finish is not None:
                     break
         finally:
-            if prompt_cache:
+            if prompt_cache and started:
                 _settle_prompt_cache(prompt_cache, model, draft_model, seen, start_offset)
 
 
