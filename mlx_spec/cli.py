@@ -74,7 +74,7 @@ def _resolve_models(model, draft_model, no_draft):
 @click.option("--draft-confidence", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True, help="Stop drafting when the draft's top probability falls below this.")
 @click.option("--seed", type=int, default=None, help="Random seed for reproducible sampling.")
 @click.option("--no-draft", is_flag=True, help="Decode with the target alone (the baseline).")
-@click.option("--prompt-lookup", is_flag=True, help="Draft by n-gram lookup in the prompt and output so far.")
+@click.option("--prompt-lookup/--no-prompt-lookup", default=None, help="Draft by n-gram lookup in the prompt and output so far (default: on in front of a draft model at --temp 0; off otherwise).")
 @click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True)
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, cyan = prompt lookup.")

@@ -121,7 +121,7 @@ def speculative_generate_step(
     max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
     auto_off: bool = True,
     draft_confidence: float = 0.0,
-    prompt_lookup: bool = False,
+    prompt_lookup: Optional[bool] = None,
     prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM,
     prompt_cache=None,
     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
@@ -136,7 +136,10 @@ def speculative_generate_step(
     (`adaptive=True`: k chosen each round from measured acceptance and cost,
     with an automatic fall-back to plain decoding when speculation loses).
     `draft_confidence` stops drafting when the draft's top probability falls
-    below it (costs one host sync per draft step).
+    below it (costs one host sync per draft step). `prompt_lookup` puts n-gram
+    proposals from the context in front of the draft model; None (the default)
+    turns it on when a draft model is given and decoding is greedy, where the
+    benchmark measured it fastest.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}.")
@@ -151,6 +154,8 @@ def speculative_generate_step(
         check_pair(model, draft_model)
     target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
     drafters = []
+    if prompt_lookup is None:
+        prompt_lookup = draft_model is not None and sampling.greedy
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
         # in code the last token has nearly always occurred before.

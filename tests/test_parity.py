@@ -3,6 +3,7 @@
 import pytest
 
 from mlx_spec.generate import speculative_generate_step
+from mlx_spec.sampling import SamplingConfig
 
 PROMPTS = {
     "one-token": [5],
@@ -39,7 +40,8 @@ def reference(target_model):
 def test_draft_model_greedy_parity(target_model, drafts, reference, prompt_name,
                                    max_tokens, draft_name, k):
     got = tokens_of(PROMPTS[prompt_name], target_model, drafts[draft_name],
-                    max_tokens=max_tokens, num_draft_tokens=k, prefill_step_size=256)
+                    max_tokens=max_tokens, num_draft_tokens=k, prefill_step_size=256,
+                    prompt_lookup=False)
     assert got == reference(prompt_name, max_tokens)
 
 
@@ -54,12 +56,26 @@ def test_prompt_lookup_greedy_parity(target_model, drafts, reference, prompt_nam
     assert got == reference(prompt_name, 37)
 
 
+def test_prompt_lookup_is_on_by_default_only_for_greedy_with_a_draft(target_model, drafts):
+    prompt = [1, 2, 3, 4, 5] * 6  # the context ends in a repeated 2-gram
+
+    def sources(draft, **kwargs):
+        return {r.source for r in speculative_generate_step(prompt, target_model, draft,
+                                                            max_tokens=30, **kwargs)}
+
+    assert "lookup" in sources(drafts["related"])
+    assert "lookup" not in sources(drafts["related"], prompt_lookup=False)
+    assert "lookup" not in sources(drafts["related"], sampling=SamplingConfig(temp=1.0))
+    assert "lookup" not in sources(None)  # no draft: plain decoding unless asked
+
+
 def test_acceptance_tracks_draft_quality(target_model, drafts):
     """The identical draft is always accepted; worse drafts less often."""
     rates = {}
     for name, draft in drafts.items():
         rounds = list(speculative_generate_step([1, 2, 3], target_model, draft,
-                                                max_tokens=60, num_draft_tokens=4))
+                                                max_tokens=60, num_draft_tokens=4,
+                                                prompt_lookup=False))
         drafted = sum(r.num_drafted for r in rounds)
         rates[name] = sum(r.num_accepted for r in rounds) / drafted
     assert rates["identical"] == 1.0

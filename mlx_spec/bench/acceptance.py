@@ -48,7 +48,7 @@ def _run(prompt_ids, target_model, draft_model, k, temp, max_tokens, accept):
     histogram: Counter = Counter()
     for round_ in speculative_generate_step(
         prompt_ids, target_model, draft_model, max_tokens=max_tokens + k + 1, num_draft_tokens=k,
-        sampling=SamplingConfig(temp=temp), accept=accept,
+        sampling=SamplingConfig(temp=temp), accept=accept, prompt_lookup=False,
     ):
         if round_.num_drafted:
             drafted += round_.num_drafted

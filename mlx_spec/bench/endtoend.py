@@ -93,6 +93,7 @@ def run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens, accept=Non
     for round_ in speculative_generate_step(
         ids[-1:], target_model, draft_model, max_tokens=max_tokens, num_draft_tokens=k,
         sampling=SamplingConfig(temp=temp), prompt_cache=cache, accept=accept,
+        prompt_lookup=False,
     ):
         n += len(round_.tokens)
         drafted, accepted = drafted + round_.num_drafted, accepted + round_.num_accepted
