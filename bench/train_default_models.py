@@ -277,11 +277,25 @@ def n_params(model):
 
 
 # ----------------------------------------------------------------------- training
+@dataclass
+class KDMix:
+    """Batches whose rows are ``kd_fraction`` target-generated text, the rest ``real`` data."""
+
+    real: object
+    generated: np.ndarray
+    kd_fraction: float
+
+
 def get_batch(data, step, seed, batch, seq):
     """``data`` is a token array, or a (core, extended, from_step) triple: batches of
     steps >= from_step are drawn from the extended array (curriculum, see --tests-from-step)."""
     import torch
 
+    if isinstance(data, KDMix):
+        n_kd = round(batch * data.kd_fraction)
+        x1, y1 = get_batch(data.real, step, seed, batch - n_kd, seq)
+        x2, y2 = get_batch(data.generated, step, seed + 1, n_kd, seq)
+        return torch.cat([x1, x2]), torch.cat([y1, y2])
     if isinstance(data, tuple):
         core, extended, from_step = data
         data = extended if step >= from_step else core
@@ -481,6 +495,66 @@ def spec_simulate(target, draft, prompts, k, gen, temperature, seed):
     }
 
 
+def target_generate(target, prompts, gen, temperature, seed, batch=128):
+    """Continue each prompt row (np [N, P]) by ``gen`` tokens sampled from ``target``
+    (greedy when temperature is 0), with a KV cache.  Returns np [N, P + gen]."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(seed)
+    inner = target.model
+
+    def forward(ids, kv, offset):
+        T = ids.shape[1]
+        freqs = torch.outer(torch.arange(offset, offset + T, dtype=torch.float32), target.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        x = inner.embed_tokens(ids)
+        for i, blk in enumerate(inner.layers):
+            a, h = blk.self_attn, blk.input_layernorm(x)
+            B = h.shape[0]
+            q, k, v = (proj(h).view(B, T, a.h, a.hd).transpose(1, 2) for proj in (a.q_proj, a.k_proj, a.v_proj))
+            q = q * cos + torch.cat((-q[..., a.hd // 2:], q[..., : a.hd // 2]), -1) * sin
+            k = k * cos + torch.cat((-k[..., a.hd // 2:], k[..., : a.hd // 2]), -1) * sin
+            if kv[i] is not None:
+                k, v = torch.cat([kv[i][0], k], 2), torch.cat([kv[i][1], v], 2)
+            kv[i] = (k, v)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=offset == 0)
+            x = x + a.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+            x = x + blk.mlp(blk.post_attention_layernorm(x))
+        return target.lm_head(inner.norm(x[:, -1]))
+
+    rows = []
+    with torch.inference_mode():
+        for i in range(0, len(prompts), batch):
+            ids = torch.from_numpy(prompts[i : i + batch].astype(np.int64))
+            kv, out, offset = [None] * len(inner.layers), [ids], 0
+            nxt = ids
+            for _ in range(gen):
+                logits = forward(nxt, kv, offset).float()
+                offset += nxt.shape[1]
+                if temperature == 0:
+                    nxt = logits.argmax(-1, keepdim=True)
+                else:
+                    nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)
+                out.append(nxt)
+            rows.append(torch.cat(out, 1).numpy())
+            print(f"[kd-data] {i + len(ids)}/{len(prompts)} rows (T={temperature})", flush=True)
+    return np.concatenate(rows)
+
+
+def kd_stream(target, data, rows, plen, gen, temperatures, seed, eos_id):
+    """Target continuations of ``rows`` training-split prompts, one temperature per
+    equal share of the rows, flattened into an EOS-separated token stream."""
+    prompts = np.stack(make_prompts(data, rows, plen, seed, eos_id, gen))
+    parts = []
+    for j, temp in enumerate(temperatures):
+        share = prompts[j :: len(temperatures)]
+        gen_rows = target_generate(target, share, gen, temp, seed + j)
+        parts.append(np.concatenate([gen_rows, np.full((len(gen_rows), 1), eos_id)], 1).reshape(-1))
+    return np.concatenate(parts).astype(np.uint16)
+
+
 # ------------------------------------------------------------------------- export
 def export_hf(model, cfg: LlamaConfig, tok_dir: Path, out: Path, eos_id: int):
     import torch
@@ -596,6 +670,14 @@ def main():
                          "minus tests of held-out modules); -1: never")
     ap.add_argument("--draft-tests-from-step", type=int, default=-1,
                     help="the same for every draft stage")
+    ap.add_argument("--kd-rows", type=int, default=8192,
+                    help="target continuations generated for the 'kd' draft variant (sequence-level distillation)")
+    ap.add_argument("--kd-gen", type=int, default=96, help="tokens generated per kd row (after a --prompt-len prompt)")
+    ap.add_argument("--kd-temps", default="0,1.0", help="sampling temperatures of the kd rows, equal shares")
+    ap.add_argument("--kd-fraction", type=float, default=0.5, help="share of each kd batch drawn from generated rows")
+    ap.add_argument("--kd-minutes", type=float, default=15)
+    ap.add_argument("--kd-steps", type=int, default=0)
+    ap.add_argument("--kd-lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--note", default="", help="free text recorded in metrics.json/README.md")
     ap.add_argument("--log-every", type=int, default=20)
@@ -677,20 +759,37 @@ def main():
     sel_prompts = make_prompts(train_ids, 16, args.prompt_len, args.seed + 7, eos_id, args.gen_len)
     variants = {}
     for v in [s.strip() for s in args.draft_variants.split(",") if s.strip()]:
-        assert v in ("ce", "distill", "ce+distill"), v
+        assert v in ("ce", "distill", "ce+distill", "kd"), v
         torch.manual_seed(args.seed + 1)
         dm = build_model(dcfg)
         minutes, steps, lr = args.draft_minutes, args.draft_steps, args.draft_lr
+        data, kl_weight = curriculum(args.draft_tests_from_step), args.kl_weight
+        if v == "kd":
+            # sequence-level distillation: start from the ce+distill draft, then pure KL to
+            # the target on a mix of real text and the target's own continuations
+            assert "ce+distill" in variants, "list 'ce+distill' before 'kd' in --draft-variants"
+            dm.load_state_dict(variants["ce+distill"]["model"].state_dict())
+            minutes, steps, lr, kl_weight = args.kd_minutes, args.kd_steps, args.kd_lr, 1.0
+            temps = [float(t) for t in args.kd_temps.split(",")]
+            kd_path = work / f"kd_{args.kd_rows}x{args.prompt_len}+{args.kd_gen}_{args.kd_temps}.npz"
+            if kd_path.exists():
+                kd_ids = np.load(kd_path)["ids"]
+            else:
+                kd_ids = kd_stream(target, train_ids, args.kd_rows, args.prompt_len, args.kd_gen, temps,
+                                   args.seed + 11, eos_id)
+                np.savez(kd_path, ids=kd_ids)
+            print(f"[draft-kd] {len(kd_ids)/1e6:.2f}M tokens of target continuations ({kd_path.name})", flush=True)
+            data = KDMix(curriculum(0 if args.draft_tests_from_step >= 0 else -1), kd_ids, args.kd_fraction)
         if v == "ce+distill":
             # start from the finished CE draft, then distil from the target
             assert "ce" in variants, "list 'ce' before 'ce+distill' in --draft-variants"
             dm.load_state_dict(variants["ce"]["model"].state_dict())
             minutes, steps, lr = args.finetune_minutes, args.finetune_steps, args.finetune_lr
-        distill = v in ("distill", "ce+distill")
+        distill = v in ("distill", "ce+distill", "kd")
         dm.train()
-        st = train_stage(f"draft-{v}", dm, curriculum(args.draft_tests_from_step), args, work / f"draft_{v}.ckpt", minutes,
+        st = train_stage(f"draft-{v}", dm, data, args, work / f"draft_{v}.ckpt", minutes,
                          steps, lr, teacher=target if distill else None,
-                         kl_weight=args.kl_weight if distill else 0.0)
+                         kl_weight=kl_weight if distill else 0.0)
         dm.eval()
         sel = spec_simulate(target, dm, sel_prompts, 4, 32, 0.0, args.seed)
         vl = eval_loss(dm, val_ids, args.seq)
