@@ -119,3 +119,22 @@ def test_saved_json_round_trips_and_rerenders(tiny_result, tmp_path):
     result = CliRunner().invoke(bench, ["--rerender", str(path), "--no-plots"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "saved.md").read_text().startswith("# mlx-spec bench")
+
+
+def test_cost_model_acceptance_counts_only_the_timed_prompts():
+    """The verdict compares predictions with runs over a few prompts; its acceptance
+    must come from those prompts, not the average over every prompt kind."""
+    from mlx_spec.bench.acceptance import AcceptancePoint, iid_rate
+    from mlx_spec.bench.endtoend import timed_prompts
+    from mlx_spec.bench.prompts import PROMPTS
+
+    point = AcceptancePoint(k=2, temp=0.0, rule="exact", rounds=20, drafted=40, accepted=20,
+                            acceptance_rate=0.5, mean_accepted=1.0, accepted_histogram=(10, 0, 10),
+                            by_prompt={"easy": (10, 20, 10), "hard": (10, 0, 0)})
+    assert iid_rate([point], ["easy"]) == pytest.approx(1.0)
+    assert iid_rate([point], ["hard"]) == pytest.approx(0.0)
+    assert iid_rate([point]) == pytest.approx(20 / 30)
+    assert iid_rate([point], ["unrecorded"]) == pytest.approx(20 / 30)  # old results: all prompts
+    names = [p.name for p in PROMPTS]
+    assert timed_prompts([(p, None) for p in PROMPTS], repeats=3, warmup=1) == names[1:4]
+    assert timed_prompts([(p, None) for p in PROMPTS], repeats=8, warmup=0) == names + names[:1]

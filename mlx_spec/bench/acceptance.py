@@ -36,6 +36,8 @@ class AcceptancePoint:
     mean_accepted: float  # accepted drafts per round
     accepted_histogram: Tuple[int, ...]  # [n] = rounds that accepted n drafts
     by_kind: Dict[str, float] = field(default_factory=dict)  # prompt kind -> acceptance rate
+    # prompt name -> (rounds, accepted, rounds that accepted all k): the iid fit per prompt
+    by_prompt: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)
 
 
 def _run(prompt_ids, target_model, draft_model, k, temp, max_tokens, accept):
@@ -66,11 +68,13 @@ def measure_point(target_model, draft_model, prompts: Sequence[Tuple[Prompt, Lis
     drafted = accepted = 0
     histogram: Counter = Counter()
     kind_counts: Dict[str, List[int]] = {}
+    by_prompt: Dict[str, Tuple[int, int, int]] = {}
     for i, (prompt, ids) in enumerate(prompts):
         mx.random.seed(seed + i)
         d, a, h = _run(ids, target_model, draft_model, k, temp, max_tokens, RULES[rule])
         drafted, accepted = drafted + d, accepted + a
         histogram.update(h)
+        by_prompt[prompt.name] = (sum(h.values()), a, h[k])
         counts = kind_counts.setdefault(prompt.kind, [0, 0])
         counts[0], counts[1] = counts[0] + d, counts[1] + a
     rounds = sum(histogram.values())
@@ -80,6 +84,7 @@ def measure_point(target_model, draft_model, prompts: Sequence[Tuple[Prompt, Lis
         mean_accepted=accepted / rounds if rounds else 0.0,
         accepted_histogram=tuple(histogram[n] for n in range(k + 1)),
         by_kind={kind: a / d if d else 0.0 for kind, (d, a) in kind_counts.items()},
+        by_prompt=by_prompt,
     )
 
 
@@ -107,12 +112,17 @@ def lookup(points: Sequence[AcceptancePoint], k: int, temp: float,
     return None
 
 
-def iid_rate(points: Sequence[AcceptancePoint]) -> float:
+def iid_rate(points: Sequence[AcceptancePoint], prompt_names: Optional[Sequence[str]] = None) -> float:
     """Per-draft acceptance a explaining these points' histograms (the cost model's input).
 
     Rounds stop at their first rejection, so accepted / drafted underestimates
-    a; `costmodel.iid_acceptance` counts rejections instead.
+    a; `costmodel.iid_acceptance` counts rejections instead. With
+    `prompt_names`, only those prompts count (where the points recorded them).
     """
+    if prompt_names and all(set(prompt_names) <= p.by_prompt.keys() for p in points):
+        rows = [p.by_prompt[name] for p in points for name in prompt_names]
+        return costmodel.iid_acceptance(sum(r[1] for r in rows), sum(r[0] for r in rows),
+                                        sum(r[2] for r in rows))
     return costmodel.iid_acceptance(sum(p.accepted for p in points),
                                     sum(p.rounds for p in points),
                                     sum(p.accepted_histogram[-1] for p in points))

@@ -102,6 +102,16 @@ def run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens, accept=Non
     return RunResult(time.perf_counter() - start, min(n, max_tokens), drafted, accepted)
 
 
+def prompt_index(r: int, n_prompts: int) -> int:
+    """The prompt of repeat r (warm-up repeats included)."""
+    return r % n_prompts
+
+
+def timed_prompts(prompts, repeats: int, warmup: int) -> List[str]:
+    """Names of the prompts whose runs `interleave` times (the cost model compares on these)."""
+    return [prompts[prompt_index(r, len(prompts))][0].name for r in range(warmup, warmup + repeats)]
+
+
 def interleave(methods: Dict[str, Callable[[List[int]], RunResult]], prompts,
                repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
                progress: Optional[Callable[[str], None]] = None) -> Dict[str, MethodResult]:
@@ -109,7 +119,7 @@ def interleave(methods: Dict[str, Callable[[List[int]], RunResult]], prompts,
     tps: Dict[str, List[float]] = {name: [] for name in methods}
     counts = {name: [0, 0] for name in methods}
     for r in range(warmup + repeats):
-        ids = prompts[r % len(prompts)][1]
+        ids = prompts[prompt_index(r, len(prompts))][1]
         if progress:
             progress(f"repeat {r + 1 - warmup}/{repeats}" if r >= warmup else "warm-up")
         for name, run in methods.items():

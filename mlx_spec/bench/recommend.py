@@ -63,15 +63,18 @@ def _reason(pays: bool, k: int, acceptance: float, draft_cost: float,
 
 def verdict(points: Sequence[AcceptancePoint], target: ModelCost, draft: ModelCost,
             temp: float, ks: Sequence[int],
-            measured_by_k: Optional[Mapping[int, float]] = None) -> Verdict:
+            measured_by_k: Optional[Mapping[int, float]] = None,
+            prompt_names: Optional[Sequence[str]] = None) -> Verdict:
+    """Predicted speed-up per k next to the measured one; `prompt_names` restricts the
+    acceptance to the prompts the measured runs used, so both sides see the same text."""
     exact = [p for p in points if p.temp == temp and p.rule == "exact"]
-    acceptance = iid_rate(exact)
+    acceptance = iid_rate(exact, prompt_names)
     draft_cost = draft.decode_s / target.decode_s if target.decode_s else 0.0
     curve = target.verify_cost
     predicted = {}
     for k in ks:
         point = lookup(points, k, temp)
-        a = iid_rate([point]) if point is not None else acceptance
+        a = iid_rate([point], prompt_names) if point is not None else acceptance
         predicted[k] = costmodel.predicted_speedup(a, k, draft_cost, curve)
     k_best, s_best = costmodel.best_k(acceptance, draft_cost, curve, k_max=max(ks, default=8))
     pays = k_best > 0 and s_best >= PAYS_THRESHOLD

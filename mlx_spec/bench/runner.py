@@ -156,11 +156,14 @@ def cost_model_verdicts(config: BenchConfig, points, target: ModelCost, draft: M
                         comparisons, by_k) -> List[Verdict]:
     """One verdict per temperature: predicted speed-up per k next to the measured one."""
     verdicts = []
+    timed = endtoend.timed_prompts([(p, None) for p in config.prompts], config.repeats,
+                                   config.warmup)
     for temp in config.temps:
         measured = dict(by_k) if temp == 0 else {
             c.k: c.ratios["mlx-spec / target alone"] for c in comparisons if c.temp == temp}
         verdicts.append(verdict(points, target, draft, temp,
-                                sorted(set(config.ks) | set(config.speedup_ks)), measured))
+                                sorted(set(config.ks) | set(config.speedup_ks)), measured,
+                                timed))
     return verdicts
 
 
