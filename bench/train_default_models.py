@@ -166,6 +166,7 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
 
     @property
     def head_dim(self):
@@ -245,6 +246,8 @@ def build_model(cfg: LlamaConfig):
             super().__init__()
             self.model = Inner()
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            if cfg.tie_word_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
             inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
             self.register_buffer("inv_freq", inv, persistent=False)
             self.apply(self._init)
@@ -393,7 +396,8 @@ def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, tea
         if time.time() - last_save > args.ckpt_every:
             save()
             last_save = time.time()
-    save()
+    if tok_run:  # a finished stage that was only resumed is left as it is on disk
+        save()
     return state
 
 
@@ -561,7 +565,8 @@ def export_hf(model, cfg: LlamaConfig, tok_dir: Path, out: Path, eos_id: int):
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()
+          if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)
     config = {
@@ -581,7 +586,7 @@ def export_hf(model, cfg: LlamaConfig, tok_dir: Path, out: Path, eos_id: int):
         "rope_scaling": None,
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
         "bos_token_id": eos_id,
         "eos_token_id": eos_id,
         "torch_dtype": "float16",
@@ -653,6 +658,8 @@ def main():
     ap.add_argument("--draft-heads", type=int, default=2)
     ap.add_argument("--draft-ffn", type=int, default=192)
     ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--draft-tie", action="store_true",
+                    help="share the draft's input embedding and output head (frees bytes for width)")
     ap.add_argument("--draft-lr", type=float, default=4e-3)
     ap.add_argument("--target-minutes", type=float, default=30)
     ap.add_argument("--draft-minutes", type=float, default=6, help="per draft variant")
@@ -739,7 +746,10 @@ def main():
 
     # ---- target
     tcfg = LlamaConfig(args.vocab, args.target_dim, args.target_layers, args.target_heads, args.target_ffn)
-    dcfg = LlamaConfig(args.vocab, args.draft_dim, args.draft_layers, args.draft_heads, args.draft_ffn)
+    dcfg = LlamaConfig(args.vocab, args.draft_dim, args.draft_layers, args.draft_heads, args.draft_ffn,
+                       tie_word_embeddings=args.draft_tie)
+    # checkpoints of a tied draft are kept apart from the untied ones
+    draft_tag = f"_tied{args.draft_dim}x{args.draft_layers}" if args.draft_tie else ""
     torch.manual_seed(args.seed)
     target = build_model(tcfg)
     torch.manual_seed(args.seed + 1)
@@ -765,10 +775,11 @@ def main():
         minutes, steps, lr = args.draft_minutes, args.draft_steps, args.draft_lr
         data, kl_weight = curriculum(args.draft_tests_from_step), args.kl_weight
         if v == "kd":
-            # sequence-level distillation: start from the ce+distill draft, then pure KL to
-            # the target on a mix of real text and the target's own continuations
-            assert "ce+distill" in variants, "list 'ce+distill' before 'kd' in --draft-variants"
-            dm.load_state_dict(variants["ce+distill"]["model"].state_dict())
+            # sequence-level distillation: start from the ce+distill (else ce) draft, then pure
+            # KL to the target on a mix of real text and the target's own continuations
+            start = "ce+distill" if "ce+distill" in variants else "ce"
+            assert start in variants, "list 'ce' (and optionally 'ce+distill') before 'kd' in --draft-variants"
+            dm.load_state_dict(variants[start]["model"].state_dict())
             minutes, steps, lr, kl_weight = args.kd_minutes, args.kd_steps, args.kd_lr, 1.0
             temps = [float(t) for t in args.kd_temps.split(",")]
             kd_path = work / f"kd_{args.kd_rows}x{args.prompt_len}+{args.kd_gen}_{args.kd_temps}.npz"
@@ -787,7 +798,7 @@ def main():
             minutes, steps, lr = args.finetune_minutes, args.finetune_steps, args.finetune_lr
         distill = v in ("distill", "ce+distill", "kd")
         dm.train()
-        st = train_stage(f"draft-{v}", dm, data, args, work / f"draft_{v}.ckpt", minutes,
+        st = train_stage(f"draft-{v}", dm, data, args, work / f"draft_{v}{draft_tag}.ckpt", minutes,
                          steps, lr, teacher=target if distill else None,
                          kl_weight=kl_weight if distill else 0.0)
         dm.eval()
@@ -844,10 +855,17 @@ def main():
     other = {v: {"selection_acceptance_k4": r["selection_acceptance_k4"], "val_loss": round(r["val_loss"], 4),
                  "steps": r["state"]["total"], "tokens": r["state"]["tokens"],
                  "train_seconds": round(r["state"]["seconds"], 1)} for v, r in variants.items()}
+    order = list(variants)
+    used = order[: order.index(best) + 1]
+    steps_of = {v: variants[v]["state"]["total"] for v in used}
     repro = (f"nice -n 10 python bench/train_default_models.py --target-steps {tstate['total']}"
-             + (f" --draft-steps {variants['ce']['state']['total'] if best == 'ce+distill' else variants[best]['state']['total']}")
-             + (f" --draft-variants ce,ce+distill --finetune-steps {variants[best]['state']['total']}"
-                if best == "ce+distill" else f" --draft-variants {best}")
+             f" --draft-dim {args.draft_dim} --draft-layers {args.draft_layers} --draft-heads {args.draft_heads}"
+             f" --draft-ffn {args.draft_ffn}" + (" --draft-tie" if args.draft_tie else "")
+             + f" --draft-variants {','.join(used)}"
+             + (f" --draft-steps {steps_of['ce']}" if "ce" in steps_of else "")
+             + (f" --finetune-steps {steps_of['ce+distill']} --kl-weight {args.kl_weight}" if "ce+distill" in steps_of else "")
+             + (f" --kd-steps {steps_of['kd']} --kd-rows {args.kd_rows} --kd-gen {args.kd_gen} --kd-temps {args.kd_temps}"
+                f" --kd-fraction {args.kd_fraction} --kd-lr {args.kd_lr}" if "kd" in steps_of else "")
              + (f" --tests-from-step {args.tests_from_step}" if args.tests_from_step >= 0 else "")
              + (f" --draft-tests-from-step {args.draft_tests_from_step}" if args.draft_tests_from_step >= 0 else ""))
     metrics = {
@@ -885,7 +903,11 @@ def main():
                      "draft_steps": variants[best]["state"]["total"],
                      "draft_tokens": variants[best]["state"]["tokens"],
                      "draft_seconds": round(variants[best]["state"]["seconds"], 1),
-                     "target_loss_curve": tstate["log"][:: max(1, len(tstate["log"]) // 40)]},
+                     "target_loss_curve": tstate["log"][:: max(1, len(tstate["log"]) // 40)],
+                     **({"kd": {"rows": args.kd_rows, "prompt_tokens": args.prompt_len, "generated_tokens": args.kd_gen,
+                                "temperatures": args.kd_temps, "generated_fraction": args.kd_fraction,
+                                "lr": args.kd_lr, "steps": variants["kd"]["state"]["total"]}}
+                        if "kd" in variants else {})},
         "acceptance": {"prompts": len(prompts), "prompt_tokens": args.prompt_len, "generated_tokens": args.gen_len,
                        "source": "held-out (val) modules", **accept},
         "sample": {"prompt": sample_prompt, "greedy_continuation_mlx": sample},
@@ -895,6 +917,10 @@ def main():
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_readme(out, metrics, args)
     print(f"done in {(time.time()-T0)/60:.1f} min; wrote {out}", flush=True)
+
+
+VARIANT_NOTES = {"ce+distill": ", i.e. the ce draft fine-tuned; numbers are for the fine-tune",
+                 "kd": ", i.e. the ce+distill (or ce) draft fine-tuned on target continuations; numbers are for that stage"}
 
 
 def write_readme(out: Path, m, args):
@@ -908,6 +934,17 @@ def write_readme(out: Path, m, args):
         r = a[f"temperature_{T}"]["k=4"]
         rows += f"\n| T={T}, k=4 | {r['acceptance_rate']:.3f} | {r.get('alpha', float('nan')):.3f} | {r['mean_accepted_per_round']:.2f} | {r['tokens_per_round']:.2f} |"
     tr = m["training"]
+    kd = tr.get("kd")
+    kd_text = ""
+    if kd:
+        kd_text = (f"\n\n`kd` = sequence-level distillation: the finished `ce+distill` draft (or `ce`, when "
+                   f"`ce+distill` was not trained) fine-tuned "
+                   f"({kd['steps']} steps, peak LR {kd['lr']}) with pure KL(target || draft) on batches that are "
+                   f"{kd['generated_fraction']:.0%} the target's own continuations and the rest real training text. "
+                   f"The continuations: {kd['rows']:,} training-split prompts of {kd['prompt_tokens']} tokens, each "
+                   f"continued by {kd['generated_tokens']} tokens from the target (temperatures {kd['temperatures']}, "
+                   f"equal shares; 0 = greedy). Speculation verifies exactly such text, so this is the text the "
+                   f"draft should predict best.")
     variants = "\n".join(f"- `{v}`: val loss {r['val_loss']}, greedy acceptance k=4 on train-split prompts "
                          f"{r['selection_acceptance_k4']:.3f} ({r['steps']} steps, {r['tokens']/1e6:.2f}M tokens)"
                          for v, r in m["draft_variants"].items())
@@ -947,7 +984,8 @@ with Hugging Face `LlamaForCausalLM` key names). All numbers below come from `me
 | held-out perplexity | {t['val_ppl']:.2f} | {d['val_ppl']:.2f} |
 
 RoPE theta 10000 (non-traditional / HF rotate-half), RMSNorm eps 1e-5, no biases,
-untied `lm_head`, context trained at {args.seq} tokens.
+{"draft: `lm_head` tied to the input embedding (more width for the same bytes); target: untied `lm_head`"
+   if dc.get("tie_word_embeddings") else "untied `lm_head`"}, context trained at {args.seq} tokens.
 
 Tokenizer: byte-level BPE, vocab {m['tokenizer']['vocab_size']}, `<|endoftext|>` = id
 {m['tokenizer']['eos_token_id']} is EOS (also declared as BOS; no BOS is prepended when encoding).
@@ -968,11 +1006,13 @@ Seed {tr['seed']}, AdamW (betas 0.9/0.95, wd 0.1), batches of {tr['batch']} x {t
 linear warmup + cosine decay to 10 %, grad clip 1.0, fp32 on CPU (2 threads).
 
 - target: {tr['target_steps']} steps, {tr['target_tokens']/1e6:.2f}M tokens, {tr['target_seconds']/60:.1f} min, peak LR {tr['target_lr']}
-- draft (`{d['variant']}`{', i.e. the ce draft fine-tuned; numbers are for the fine-tune' if d['variant'] == 'ce+distill' else ''}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {args.finetune_lr if d['variant'] == 'ce+distill' else tr['draft_lr']}
+- draft (`{d['variant']}`{VARIANT_NOTES.get(d['variant'], '')}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {kd['lr'] if d['variant'] == 'kd' else args.finetune_lr if d['variant'] == 'ce+distill' else tr['draft_lr']}
 
 Draft variants trained (`distill` = {tr['kl_weight']} x KL(target || draft) + {1-tr['kl_weight']:.1f} x CE,
 `ce` = plain next-token CE, `ce+distill` = the finished `ce` draft fine-tuned with the distillation loss
-at peak LR {args.finetune_lr}); the one with the best greedy acceptance on training-split prompts is shipped:
+at peak LR {args.finetune_lr}){kd_text}
+
+The variant with the best greedy acceptance on training-split prompts is shipped:
 {variants}
 
 ## Speculative-decoding acceptance (held-out code)

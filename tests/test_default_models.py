@@ -35,9 +35,10 @@ def test_greedy_parity_on_the_default_pair(pair):
     prompt = "def fibonacci(n):"
     plain = generate(target_model, tokenizer, prompt, max_tokens=48)
     for k in (2, 5):
-        spec = generate(target_model, tokenizer, prompt, draft_model=draft_model,
-                        max_tokens=48, num_draft_tokens=k)
-        assert spec == plain
+        for lookup in (False, True):  # the draft model alone, and behind prompt lookup
+            spec = generate(target_model, tokenizer, prompt, draft_model=draft_model,
+                            max_tokens=48, num_draft_tokens=k, prompt_lookup=lookup)
+            assert spec == plain
 
 
 def test_target_writes_python(pair):
