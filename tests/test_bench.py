@@ -136,5 +136,5 @@ def test_cost_model_acceptance_counts_only_the_timed_prompts():
     assert iid_rate([point]) == pytest.approx(20 / 30)
     assert iid_rate([point], ["unrecorded"]) == pytest.approx(20 / 30)  # old results: all prompts
     names = [p.name for p in PROMPTS]
-    assert timed_prompts([(p, None) for p in PROMPTS], repeats=3, warmup=1) == names[1:4]
-    assert timed_prompts([(p, None) for p in PROMPTS], repeats=8, warmup=0) == names + names[:1]
+    assert timed_prompts(PROMPTS, repeats=3, warmup=1) == names[1:4]
+    assert timed_prompts(PROMPTS, repeats=8, warmup=0) == names + names[:1]

@@ -22,6 +22,7 @@ from ..cache import make_cache
 from ..generate import speculative_generate_step
 from ..memory import wired_limit
 from ..sampling import SamplingConfig
+from .prompts import Prompt
 from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, median, ratio
 
 TARGET, MLX_LM, MLX_SPEC = "target alone", "mlx-lm speculative", "mlx-spec"
@@ -107,9 +108,9 @@ def prompt_index(r: int, n_prompts: int) -> int:
     return r % n_prompts
 
 
-def timed_prompts(prompts, repeats: int, warmup: int) -> List[str]:
+def timed_prompts(prompts: Sequence[Prompt], repeats: int, warmup: int) -> List[str]:
     """Names of the prompts whose runs `interleave` times (the cost model compares on these)."""
-    return [prompts[prompt_index(r, len(prompts))][0].name for r in range(warmup, warmup + repeats)]
+    return [prompts[prompt_index(r, len(prompts))].name for r in range(warmup, warmup + repeats)]
 
 
 def interleave(methods: Dict[str, Callable[[List[int]], RunResult]], prompts,

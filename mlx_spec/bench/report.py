@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import List, Sequence
 
 from .acceptance import lookup
-from .endtoend import MLX_LM, MLX_SPEC, TARGET, timed_prompts
+from .endtoend import MLX_LM, MLX_SPEC, TARGET
 from .runner import BenchResult
 
 
@@ -115,7 +115,7 @@ def _speedup_section(r: BenchResult) -> Section:
     headers = ["k"] + [f"predicted T={v.temp:g}" for v in r.verdicts] + ["measured T=0"]
     rows = [[str(k)] + [_x(v.predicted_by_k.get(k)) for v in r.verdicts]
             + [_x(r.speedup_vs_k.get(k))] for k in ks]
-    timed = timed_prompts([(p, None) for p in r.config.prompts], r.config.repeats, r.config.warmup)
+    timed = r.config.timed_prompt_names()
     return Section("Speed-up vs k over the target alone (cost model vs measured)", headers, rows,
                    notes=[f"Both use the prompts the timed runs cycled through: {', '.join(timed)}."])
 

@@ -50,6 +50,10 @@ class BenchConfig:
     prompts: Tuple[Prompt, ...] = PROMPTS
     sources_ks: Tuple[int, ...] = (2, 4, 6)  # fixed k raced against adaptive and lookup
 
+    def timed_prompt_names(self) -> List[str]:
+        """The prompts the end-to-end and speed-up-vs-k timings cycle through."""
+        return endtoend.timed_prompts(self.prompts, self.repeats, self.warmup)
+
 
 def quick_config(**overrides) -> BenchConfig:
     """A few minutes on a laptop CPU: fewer k, temperatures, prompts, sizes and repeats."""
@@ -156,8 +160,7 @@ def cost_model_verdicts(config: BenchConfig, points, target: ModelCost, draft: M
                         comparisons, by_k) -> List[Verdict]:
     """One verdict per temperature: predicted speed-up per k next to the measured one."""
     verdicts = []
-    timed = endtoend.timed_prompts([(p, None) for p in config.prompts], config.repeats,
-                                   config.warmup)
+    timed = config.timed_prompt_names()
     for temp in config.temps:
         measured = dict(by_k) if temp == 0 else {
             c.k: c.ratios["mlx-spec / target alone"] for c in comparisons if c.temp == temp}
