@@ -296,8 +296,10 @@ def get_batch(data, step, seed, batch, seq):
 
     if isinstance(data, KDMix):
         n_kd = round(batch * data.kd_fraction)
-        x1, y1 = get_batch(data.real, step, seed, batch - n_kd, seq)
         x2, y2 = get_batch(data.generated, step, seed + 1, n_kd, seq)
+        if n_kd == batch:
+            return x2, y2
+        x1, y1 = get_batch(data.real, step, seed, batch - n_kd, seq)
         return torch.cat([x1, x2]), torch.cat([y1, y2])
     if isinstance(data, tuple):
         core, extended, from_step = data
@@ -316,9 +318,11 @@ def lr_at(step, total, peak, warmup, floor=0.1):
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, teacher=None, kl_weight=0.0):
+def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, teacher=None, kl_weight=0.0,
+                hard_weight=0.0):
     """Train ``model`` on ``data``; resumable from ``ckpt_path``.  With a teacher,
-    loss = kl_weight * KL(teacher || model) + (1 - kl_weight) * CE."""
+    loss = kl_weight * KL(teacher || model) + hard_weight * CE(teacher's argmax)
+           + (1 - kl_weight - hard_weight) * CE(next token)."""
     import torch
     import torch.nn.functional as F
 
@@ -338,12 +342,13 @@ def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, tea
         logits = model(x)
         ce = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
         loss = ce
-        if teacher is not None and kl_weight > 0:
+        if teacher is not None and kl_weight + hard_weight > 0:
             with torch.no_grad():
                 tlogp = F.log_softmax(teacher(x), dim=-1)
             logq = F.log_softmax(logits, dim=-1)
             kl = (tlogp.exp() * (tlogp - logq)).sum(-1).mean()
-            loss = kl_weight * kl + (1 - kl_weight) * ce
+            hard = F.nll_loss(logq.view(-1, logq.size(-1)), tlogp.argmax(-1).view(-1))
+            loss = kl_weight * kl + hard_weight * hard + (1 - kl_weight - hard_weight) * ce
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -667,7 +672,9 @@ def main():
     ap.add_argument("--draft-steps", type=int, default=0, help="fixed step count per variant")
     ap.add_argument("--draft-variants", default="ce,distill,ce+distill",
                     help="comma list of: ce (plain CE), distill (KL to target from scratch), "
-                         "ce+distill (the finished ce draft fine-tuned with KL to the target)")
+                         "ce+distill (the finished ce draft fine-tuned with KL to the target), "
+                         "kd (fine-tuned on the target's continuations), "
+                         "greedy (fine-tuned towards the target's argmax on its greedy continuations)")
     ap.add_argument("--finetune-minutes", type=float, default=10, help="budget of the ce+distill fine-tune")
     ap.add_argument("--finetune-steps", type=int, default=0)
     ap.add_argument("--finetune-lr", type=float, default=1.5e-3)
@@ -685,6 +692,14 @@ def main():
     ap.add_argument("--kd-minutes", type=float, default=15)
     ap.add_argument("--kd-steps", type=int, default=0)
     ap.add_argument("--kd-lr", type=float, default=1e-3)
+    ap.add_argument("--greedy-rows", type=int, default=8192,
+                    help="greedy variant: training-split prompts continued greedily by the target (--kd-gen tokens)")
+    ap.add_argument("--greedy-fraction", type=float, default=1.0, help="share of each greedy batch from those rows")
+    ap.add_argument("--greedy-kl", type=float, default=0.5,
+                    help="greedy variant loss: this x KL(target || draft) + the rest x CE(target's argmax)")
+    ap.add_argument("--greedy-minutes", type=float, default=15)
+    ap.add_argument("--greedy-steps", type=int, default=0)
+    ap.add_argument("--greedy-lr", type=float, default=5e-4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--note", default="", help="free text recorded in metrics.json/README.md")
     ap.add_argument("--log-every", type=int, default=20)
@@ -769,11 +784,30 @@ def main():
     sel_prompts = make_prompts(train_ids, 16, args.prompt_len, args.seed + 7, eos_id, args.gen_len)
     variants = {}
     for v in [s.strip() for s in args.draft_variants.split(",") if s.strip()]:
-        assert v in ("ce", "distill", "ce+distill", "kd"), v
+        assert v in ("ce", "distill", "ce+distill", "kd", "greedy"), v
         torch.manual_seed(args.seed + 1)
         dm = build_model(dcfg)
         minutes, steps, lr = args.draft_minutes, args.draft_steps, args.draft_lr
-        data, kl_weight = curriculum(args.draft_tests_from_step), args.kl_weight
+        data, kl_weight, hard_weight = curriculum(args.draft_tests_from_step), args.kl_weight, 0.0
+        if v == "greedy":
+            # greedy acceptance only needs the draft's argmax to be the target's: start from the
+            # most distilled draft, then mix KL (keeps the sampling distribution) with CE on the
+            # target's argmax, on the target's own greedy continuations
+            start = next((s for s in ("kd", "ce+distill", "ce") if s in variants), None)
+            assert start, "list 'ce' (and optionally 'ce+distill', 'kd') before 'greedy' in --draft-variants"
+            dm.load_state_dict(variants[start]["model"].state_dict())
+            minutes, steps, lr = args.greedy_minutes, args.greedy_steps, args.greedy_lr
+            kl_weight, hard_weight = args.greedy_kl, 1.0 - args.greedy_kl
+            g_path = work / f"greedy_{args.greedy_rows}x{args.prompt_len}+{args.kd_gen}.npz"
+            if g_path.exists():
+                g_ids = np.load(g_path)["ids"]
+            else:
+                g_ids = kd_stream(target, train_ids, args.greedy_rows, args.prompt_len, args.kd_gen, [0.0],
+                                  args.seed + 13, eos_id)
+                np.savez(g_path, ids=g_ids)
+            print(f"[draft-greedy] {len(g_ids)/1e6:.2f}M tokens of greedy target continuations ({g_path.name}), "
+                  f"starting from the {start} draft", flush=True)
+            data = KDMix(curriculum(0 if args.draft_tests_from_step >= 0 else -1), g_ids, args.greedy_fraction)
         if v == "kd":
             # sequence-level distillation: start from the ce+distill (else ce) draft, then pure
             # KL to the target on a mix of real text and the target's own continuations
@@ -796,11 +830,11 @@ def main():
             assert "ce" in variants, "list 'ce' before 'ce+distill' in --draft-variants"
             dm.load_state_dict(variants["ce"]["model"].state_dict())
             minutes, steps, lr = args.finetune_minutes, args.finetune_steps, args.finetune_lr
-        distill = v in ("distill", "ce+distill", "kd")
+        distill = v in ("distill", "ce+distill", "kd", "greedy")
         dm.train()
         st = train_stage(f"draft-{v}", dm, data, args, work / f"draft_{v}{draft_tag}.ckpt", minutes,
                          steps, lr, teacher=target if distill else None,
-                         kl_weight=kl_weight if distill else 0.0)
+                         kl_weight=kl_weight if distill else 0.0, hard_weight=hard_weight)
         dm.eval()
         sel = spec_simulate(target, dm, sel_prompts, 4, 32, 0.0, args.seed)
         vl = eval_loss(dm, val_ids, args.seq)
@@ -866,6 +900,9 @@ def main():
              + (f" --finetune-steps {steps_of['ce+distill']} --kl-weight {args.kl_weight}" if "ce+distill" in steps_of else "")
              + (f" --kd-steps {steps_of['kd']} --kd-rows {args.kd_rows} --kd-gen {args.kd_gen} --kd-temps {args.kd_temps}"
                 f" --kd-fraction {args.kd_fraction} --kd-lr {args.kd_lr}" if "kd" in steps_of else "")
+             + (f" --greedy-steps {steps_of['greedy']} --greedy-rows {args.greedy_rows} --greedy-fraction"
+                f" {args.greedy_fraction} --greedy-kl {args.greedy_kl} --greedy-lr {args.greedy_lr}"
+                if "greedy" in steps_of else "")
              + (f" --tests-from-step {args.tests_from_step}" if args.tests_from_step >= 0 else "")
              + (f" --draft-tests-from-step {args.draft_tests_from_step}" if args.draft_tests_from_step >= 0 else ""))
     metrics = {
@@ -907,7 +944,12 @@ def main():
                      **({"kd": {"rows": args.kd_rows, "prompt_tokens": args.prompt_len, "generated_tokens": args.kd_gen,
                                 "temperatures": args.kd_temps, "generated_fraction": args.kd_fraction,
                                 "lr": args.kd_lr, "steps": variants["kd"]["state"]["total"]}}
-                        if "kd" in variants else {})},
+                        if "kd" in variants else {}),
+                     **({"greedy": {"rows": args.greedy_rows, "prompt_tokens": args.prompt_len,
+                                    "generated_tokens": args.kd_gen, "generated_fraction": args.greedy_fraction,
+                                    "kl_weight": args.greedy_kl, "lr": args.greedy_lr,
+                                    "steps": variants["greedy"]["state"]["total"]}}
+                        if "greedy" in variants else {})},
         "acceptance": {"prompts": len(prompts), "prompt_tokens": args.prompt_len, "generated_tokens": args.gen_len,
                        "source": "held-out (val) modules", **accept},
         "sample": {"prompt": sample_prompt, "greedy_continuation_mlx": sample},
@@ -920,7 +962,8 @@ def main():
 
 
 VARIANT_NOTES = {"ce+distill": ", i.e. the ce draft fine-tuned; numbers are for the fine-tune",
-                 "kd": ", i.e. the ce+distill (or ce) draft fine-tuned on target continuations; numbers are for that stage"}
+                 "kd": ", i.e. the ce+distill (or ce) draft fine-tuned on target continuations; numbers are for that stage",
+                 "greedy": ", i.e. the kd (or earlier) draft fine-tuned towards the target's argmax; numbers are for that stage"}
 
 
 def write_readme(out: Path, m, args):
@@ -945,6 +988,15 @@ def write_readme(out: Path, m, args):
                    f"continued by {kd['generated_tokens']} tokens from the target (temperatures {kd['temperatures']}, "
                    f"equal shares; 0 = greedy). Speculation verifies exactly such text, so this is the text the "
                    f"draft should predict best.")
+    gr = tr.get("greedy")
+    if gr:
+        kd_text += (f"\n\n`greedy` = the last of the drafts above fine-tuned ({gr['steps']} steps, peak LR {gr['lr']}) "
+                    f"with {gr['kl_weight']} x KL(target || draft) + {1 - gr['kl_weight']:.2f} x CE(target's argmax) "
+                    f"on batches that are {gr['generated_fraction']:.0%} the target's greedy continuations of "
+                    f"{gr['rows']:,} other training-split prompts ({gr['prompt_tokens']} + {gr['generated_tokens']} "
+                    f"tokens). Greedy speculation accepts a drafted token exactly when it is the target's argmax, "
+                    f"so the CE term spends the draft's few parameters on the argmax rather than on the tail of "
+                    f"the distribution; the KL term keeps the sampling acceptance from collapsing.")
     variants = "\n".join(f"- `{v}`: val loss {r['val_loss']}, greedy acceptance k=4 on train-split prompts "
                          f"{r['selection_acceptance_k4']:.3f} ({r['steps']} steps, {r['tokens']/1e6:.2f}M tokens)"
                          for v, r in m["draft_variants"].items())
@@ -1006,7 +1058,7 @@ Seed {tr['seed']}, AdamW (betas 0.9/0.95, wd 0.1), batches of {tr['batch']} x {t
 linear warmup + cosine decay to 10 %, grad clip 1.0, fp32 on CPU (2 threads).
 
 - target: {tr['target_steps']} steps, {tr['target_tokens']/1e6:.2f}M tokens, {tr['target_seconds']/60:.1f} min, peak LR {tr['target_lr']}
-- draft (`{d['variant']}`{VARIANT_NOTES.get(d['variant'], '')}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {kd['lr'] if d['variant'] == 'kd' else args.finetune_lr if d['variant'] == 'ce+distill' else tr['draft_lr']}
+- draft (`{d['variant']}`{VARIANT_NOTES.get(d['variant'], '')}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {tr['greedy']['lr'] if d['variant'] == 'greedy' else kd['lr'] if d['variant'] == 'kd' else args.finetune_lr if d['variant'] == 'ce+distill' else tr['draft_lr']}
 
 Draft variants trained (`distill` = {tr['kl_weight']} x KL(target || draft) + {1-tr['kl_weight']:.1f} x CE,
 `ce` = plain next-token CE, `ce+distill` = the finished `ce` draft fine-tuned with the distillation loss
