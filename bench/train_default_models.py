@@ -201,14 +201,22 @@ def build_model(cfg: LlamaConfig):
             self.v_proj = nn.Linear(d, h * self.hd, bias=False)
             self.o_proj = nn.Linear(h * self.hd, d, bias=False)
 
-        def forward(self, x, cos, sin):
+        def forward(self, x, cos, sin, cache=None):
+            """``cache``: None (training), or a one-item list holding this layer's (k, v) so
+            far (None before the first call); it is extended in place."""
             B, T, _ = x.shape
             q = self.q_proj(x).view(B, T, self.h, self.hd).transpose(1, 2)
             k = self.k_proj(x).view(B, T, self.h, self.hd).transpose(1, 2)
             v = self.v_proj(x).view(B, T, self.h, self.hd).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            first = cache is None or cache[0] is None
+            if cache is not None:
+                if not first:
+                    k, v = torch.cat([cache[0][0], k], 2), torch.cat([cache[0][1], v], 2)
+                cache[0] = (k, v)
+            # later calls feed one token, which sees every cached position
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=first)
             return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
     class MLP(nn.Module):
@@ -230,8 +238,8 @@ def build_model(cfg: LlamaConfig):
             self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-        def forward(self, x, cos, sin):
-            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        def forward(self, x, cos, sin, cache=None):
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
             return x + self.mlp(self.post_attention_layernorm(x))
 
     class Inner(nn.Module):
@@ -261,15 +269,17 @@ def build_model(cfg: LlamaConfig):
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
 
-        def forward(self, ids):
+        def forward(self, ids, caches=None, offset=0):
+            """Logits of every position.  ``caches`` (one [None] list per layer, filled in
+            place) and ``offset`` (tokens already cached) give KV-cached decoding."""
             T = ids.shape[1]
-            t = torch.arange(T, dtype=torch.float32)
+            t = torch.arange(offset, offset + T, dtype=torch.float32)
             freqs = torch.outer(t, self.inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos()[None, None], emb.sin()[None, None]
             x = self.model.embed_tokens(ids)
-            for blk in self.model.layers:
-                x = blk(x, cos, sin)
+            for i, blk in enumerate(self.model.layers):
+                x = blk(x, cos, sin, None if caches is None else caches[i])
             return self.lm_head(self.model.norm(x))
 
     return LlamaForCausalLM()
@@ -508,39 +518,16 @@ def target_generate(target, prompts, gen, temperature, seed, batch=128):
     """Continue each prompt row (np [N, P]) by ``gen`` tokens sampled from ``target``
     (greedy when temperature is 0), with a KV cache.  Returns np [N, P + gen]."""
     import torch
-    import torch.nn.functional as F
 
     g = torch.Generator().manual_seed(seed)
-    inner = target.model
-
-    def forward(ids, kv, offset):
-        T = ids.shape[1]
-        freqs = torch.outer(torch.arange(offset, offset + T, dtype=torch.float32), target.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
-        x = inner.embed_tokens(ids)
-        for i, blk in enumerate(inner.layers):
-            a, h = blk.self_attn, blk.input_layernorm(x)
-            B = h.shape[0]
-            q, k, v = (proj(h).view(B, T, a.h, a.hd).transpose(1, 2) for proj in (a.q_proj, a.k_proj, a.v_proj))
-            q = q * cos + torch.cat((-q[..., a.hd // 2:], q[..., : a.hd // 2]), -1) * sin
-            k = k * cos + torch.cat((-k[..., a.hd // 2:], k[..., : a.hd // 2]), -1) * sin
-            if kv[i] is not None:
-                k, v = torch.cat([kv[i][0], k], 2), torch.cat([kv[i][1], v], 2)
-            kv[i] = (k, v)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=offset == 0)
-            x = x + a.o_proj(y.transpose(1, 2).reshape(B, T, -1))
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
-        return target.lm_head(inner.norm(x[:, -1]))
-
     rows = []
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):
             ids = torch.from_numpy(prompts[i : i + batch].astype(np.int64))
-            kv, out, offset = [None] * len(inner.layers), [ids], 0
+            caches, out, offset = [[None] for _ in target.model.layers], [ids], 0
             nxt = ids
             for _ in range(gen):
-                logits = forward(nxt, kv, offset).float()
+                logits = target(nxt, caches, offset)[:, -1].float()
                 offset += nxt.shape[1]
                 if temperature == 0:
                     nxt = logits.argmax(-1, keepdim=True)
