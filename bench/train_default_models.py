@@ -539,16 +539,20 @@ def target_generate(target, prompts, gen, temperature, seed, batch=128):
     return np.concatenate(rows)
 
 
-def kd_stream(target, data, rows, plen, gen, temperatures, seed, eos_id):
+def kd_stream(target, data, rows, plen, gen, temperatures, seed, eos_id, path: Path):
     """Target continuations of ``rows`` training-split prompts, one temperature per
-    equal share of the rows, flattened into an EOS-separated token stream."""
+    equal share of the rows, flattened into an EOS-separated token stream; cached in ``path``."""
+    if path.exists():
+        return np.load(path)["ids"]
     prompts = np.stack(make_prompts(data, rows, plen, seed, eos_id, gen))
     parts = []
     for j, temp in enumerate(temperatures):
         share = prompts[j :: len(temperatures)]
         gen_rows = target_generate(target, share, gen, temp, seed + j)
         parts.append(np.concatenate([gen_rows, np.full((len(gen_rows), 1), eos_id)], 1).reshape(-1))
-    return np.concatenate(parts).astype(np.uint16)
+    ids = np.concatenate(parts).astype(np.uint16)
+    np.savez(path, ids=ids)
+    return ids
 
 
 # ------------------------------------------------------------------------- export
@@ -786,12 +790,8 @@ def main():
             minutes, steps, lr = args.greedy_minutes, args.greedy_steps, args.greedy_lr
             kl_weight, hard_weight = args.greedy_kl, 1.0 - args.greedy_kl
             g_path = work / f"greedy_{args.greedy_rows}x{args.prompt_len}+{args.kd_gen}.npz"
-            if g_path.exists():
-                g_ids = np.load(g_path)["ids"]
-            else:
-                g_ids = kd_stream(target, train_ids, args.greedy_rows, args.prompt_len, args.kd_gen, [0.0],
-                                  args.seed + 13, eos_id)
-                np.savez(g_path, ids=g_ids)
+            g_ids = kd_stream(target, train_ids, args.greedy_rows, args.prompt_len, args.kd_gen, [0.0],
+                              args.seed + 13, eos_id, g_path)
             print(f"[draft-greedy] {len(g_ids)/1e6:.2f}M tokens of greedy target continuations ({g_path.name}), "
                   f"starting from the {start} draft", flush=True)
             data = KDMix(curriculum(0 if args.draft_tests_from_step >= 0 else -1), g_ids, args.greedy_fraction)
@@ -804,12 +804,8 @@ def main():
             minutes, steps, lr, kl_weight = args.kd_minutes, args.kd_steps, args.kd_lr, 1.0
             temps = [float(t) for t in args.kd_temps.split(",")]
             kd_path = work / f"kd_{args.kd_rows}x{args.prompt_len}+{args.kd_gen}_{args.kd_temps}.npz"
-            if kd_path.exists():
-                kd_ids = np.load(kd_path)["ids"]
-            else:
-                kd_ids = kd_stream(target, train_ids, args.kd_rows, args.prompt_len, args.kd_gen, temps,
-                                   args.seed + 11, eos_id)
-                np.savez(kd_path, ids=kd_ids)
+            kd_ids = kd_stream(target, train_ids, args.kd_rows, args.prompt_len, args.kd_gen, temps,
+                               args.seed + 11, eos_id, kd_path)
             print(f"[draft-kd] {len(kd_ids)/1e6:.2f}M tokens of target continuations ({kd_path.name})", flush=True)
             data = KDMix(curriculum(0 if args.draft_tests_from_step >= 0 else -1), kd_ids, args.kd_fraction)
         if v == "ce+distill":
