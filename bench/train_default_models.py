@@ -699,6 +699,9 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=64)
     args = ap.parse_args()
+    for name in ("kl_weight", "kd_fraction", "greedy_fraction", "greedy_kl"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            ap.error(f"--{name.replace('_', '-')} must be between 0 and 1, got {getattr(args, name)}")
 
     import torch
 
@@ -750,6 +753,9 @@ def main():
     def curriculum(from_step):
         return train_ids if from_step < 0 else (train_ids, extended_ids, from_step)
 
+    # real text mixed into the kd and greedy batches: the drafts' data from their first step
+    kd_real = curriculum(0 if args.draft_tests_from_step >= 0 else -1)
+
     # ---- target
     tcfg = LlamaConfig(args.vocab, args.target_dim, args.target_layers, args.target_heads, args.target_ffn)
     dcfg = LlamaConfig(args.vocab, args.draft_dim, args.draft_layers, args.draft_heads, args.draft_ffn,
@@ -794,7 +800,7 @@ def main():
                               args.seed + 13, eos_id, g_path)
             print(f"[draft-greedy] {len(g_ids)/1e6:.2f}M tokens of greedy target continuations ({g_path.name}), "
                   f"starting from the {start} draft", flush=True)
-            data = KDMix(curriculum(0 if args.draft_tests_from_step >= 0 else -1), g_ids, args.greedy_fraction)
+            data = KDMix(kd_real, g_ids, args.greedy_fraction)
         if v == "kd":
             # sequence-level distillation: start from the ce+distill (else ce) draft, then pure
             # KL to the target on a mix of real text and the target's own continuations
@@ -807,7 +813,7 @@ def main():
             kd_ids = kd_stream(target, train_ids, args.kd_rows, args.prompt_len, args.kd_gen, temps,
                                args.seed + 11, eos_id, kd_path)
             print(f"[draft-kd] {len(kd_ids)/1e6:.2f}M tokens of target continuations ({kd_path.name})", flush=True)
-            data = KDMix(curriculum(0 if args.draft_tests_from_step >= 0 else -1), kd_ids, args.kd_fraction)
+            data = KDMix(kd_real, kd_ids, args.kd_fraction)
         if v == "ce+distill":
             # start from the finished CE draft, then distil from the target
             assert "ce" in variants, "list 'ce' before 'ce+distill' in --draft-variants"
