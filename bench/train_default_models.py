@@ -357,8 +357,9 @@ def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, tea
                 tlogp = F.log_softmax(teacher(x), dim=-1)
             logq = F.log_softmax(logits, dim=-1)
             kl = (tlogp.exp() * (tlogp - logq)).sum(-1).mean()
-            hard = F.nll_loss(logq.view(-1, logq.size(-1)), tlogp.argmax(-1).view(-1))
-            loss = kl_weight * kl + hard_weight * hard + (1 - kl_weight - hard_weight) * ce
+            loss = kl_weight * kl + (1 - kl_weight - hard_weight) * ce
+            if hard_weight:  # only the greedy stage trains on the teacher's argmax
+                loss = loss + hard_weight * F.nll_loss(logq.view(-1, logq.size(-1)), tlogp.argmax(-1).view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -986,6 +987,8 @@ def write_readme(out: Path, m, args):
                     f"tokens). Greedy speculation accepts a drafted token exactly when it is the target's argmax, "
                     f"so the CE term spends the draft's few parameters on the argmax rather than on the tail of "
                     f"the distribution; the KL term keeps the sampling acceptance from collapsing.")
+    stage_lr = {"greedy": gr and gr["lr"], "kd": kd and kd["lr"], "ce+distill": args.finetune_lr}
+    draft_lr = stage_lr.get(d["variant"]) or tr["draft_lr"]
     variants = "\n".join(f"- `{v}`: val loss {r['val_loss']}, greedy acceptance k=4 on train-split prompts "
                          f"{r['selection_acceptance_k4']:.3f} ({r['steps']} steps, {r['tokens']/1e6:.2f}M tokens)"
                          for v, r in m["draft_variants"].items())
@@ -1047,7 +1050,7 @@ Seed {tr['seed']}, AdamW (betas 0.9/0.95, wd 0.1), batches of {tr['batch']} x {t
 linear warmup + cosine decay to 10 %, grad clip 1.0, fp32 on CPU (2 threads).
 
 - target: {tr['target_steps']} steps, {tr['target_tokens']/1e6:.2f}M tokens, {tr['target_seconds']/60:.1f} min, peak LR {tr['target_lr']}
-- draft (`{d['variant']}`{VARIANT_NOTES.get(d['variant'], '')}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {tr['greedy']['lr'] if d['variant'] == 'greedy' else kd['lr'] if d['variant'] == 'kd' else args.finetune_lr if d['variant'] == 'ce+distill' else tr['draft_lr']}
+- draft (`{d['variant']}`{VARIANT_NOTES.get(d['variant'], '')}): {tr['draft_steps']} steps, {tr['draft_tokens']/1e6:.2f}M tokens, {tr['draft_seconds']/60:.1f} min, peak LR {draft_lr}
 
 Draft variants trained (`distill` = {tr['kl_weight']} x KL(target || draft) + {1-tr['kl_weight']:.1f} x CE,
 `ce` = plain next-token CE, `ce+distill` = the finished `ce` draft fine-tuned with the distillation loss
