@@ -21,7 +21,9 @@ DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 FIRST_OFF_STEPS = 32  # plain steps after speculation is switched off; doubles each time
 MAX_OFF_STEPS = 256
 FIRST_ROUNDS = 3  # speculative rounds (k, k/2, 3k/2) before speculation is judged
-PROBE_ROUNDS = 1  # speculative rounds tried after an off period
+PROBE_ROUNDS = 3  # speculative rounds tried after an off period before it is judged again
+PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
+OFF_MARGIN = 0.05  # switch off only when predicted >5% slower: estimates are noisy, ties cost little
 EXPLORE_EVERY = 6  # every so often try k +/- 1 to keep the cost fit honest
 
 
@@ -62,9 +64,11 @@ class AdaptivePolicy:
       - seconds per plain step.
     Each round k* = argmax_k E[tokens | a, k] / t(k). A plain step costs
     t(0) until plain steps have been timed. When even k* is slower
-    than plain decoding, speculation is switched off for a block of plain
-    steps (32, doubling while it keeps losing, up to 256), then probed again,
-    so a bad draft or a machine where verification is not cheap costs little.
+    than plain decoding (by more than OFF_MARGIN), speculation is switched off
+    for a block of plain steps (32, doubling while it keeps losing, up to 256),
+    then probed again for PROBE_ROUNDS rounds, with the acceptance memory aged
+    by the text decoded plainly, so a bad draft or a machine where verification
+    is not cheap costs little and a hard opening does not keep a good draft off.
     """
 
     def __init__(self, max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
@@ -79,10 +83,11 @@ class AdaptivePolicy:
         self.clock = clock
         self.accepted, self.rejected = 3.0, 1.0  # prior: a = 0.75
         self.fit = [0.0] * 5  # decayed sums of 1, k, k^2, t, k*t
-        self.measured_plain_seconds = None
+        self.plain_time = [0.0, 0.0]  # decayed sums of 1 and seconds over timed plain steps
         self.plain_left = 0
         self.off_steps = FIRST_OFF_STEPS
         self.probe_left = FIRST_ROUNDS - 1  # rounds to run before speculation is judged
+        self.plain_run = 0  # plain steps since the last speculative round
         self.rounds = 0
         self.switched_off = 0
         self._last = None
@@ -109,6 +114,11 @@ class AdaptivePolicy:
         if not seconds or seconds <= 0:
             return None
         return expected_tokens_per_round(self.acceptance, k) / seconds
+
+    @property
+    def measured_plain_seconds(self):
+        n, seconds = self.plain_time
+        return seconds / n if n > 0 else None
 
     @property
     def plain_seconds(self):
@@ -148,12 +158,12 @@ class AdaptivePolicy:
         seconds, self._last = (None if self._last is None else now - self._last), now
         if round_.num_drafted == 0:
             self.plain_left = max(self.plain_left - 1, 0)
+            self.plain_run += 1
             if seconds is not None:
-                old = self.measured_plain_seconds
-                self.measured_plain_seconds = seconds if old is None else (
-                    self.decay * old + (1 - self.decay) * seconds)
+                self.plain_time = [self.decay * s + x for s, x in zip(self.plain_time, (1.0, seconds))]
             return
         self.rounds += 1
+        self._forget_plain_run(round_.num_drafted)
         d = self.decay
         self.accepted = d * self.accepted + round_.num_accepted
         self.rejected = d * self.rejected + (round_.num_accepted < round_.num_drafted)
@@ -162,6 +172,22 @@ class AdaptivePolicy:
             self.fit = [d * s + x for s, x in zip(self.fit, (1.0, k, k * k, seconds, k * seconds))]
         self._maybe_switch_off()
 
+    def _forget_plain_run(self, k: int) -> None:
+        """Age the acceptance memory by the text decoded plainly since the last round.
+
+        The memory decays per round; a plain run of n tokens is as much text as
+        n / E[tokens per round] rounds, so it decays as if those had run. Without
+        this, a hard opening (say a docstring the draft cannot guess) outvoted
+        the probes that follow an off period, and speculation stayed off on text
+        where it wins. The ratio accepted : rejected is kept and only its weight
+        shrinks, so the probe rounds decide, and a useless draft is still judged useless.
+        """
+        if self.plain_run:
+            rounds = self.plain_run / expected_tokens_per_round(self.acceptance, k)
+            self.accepted *= self.decay ** rounds
+            self.rejected *= self.decay ** rounds
+            self.plain_run = 0
+
     def _maybe_switch_off(self) -> None:
         if not self.auto_off or not self.plain_seconds:
             return
@@ -169,13 +195,17 @@ class AdaptivePolicy:
             self.probe_left -= 1
             return
         best = self.tokens_per_second(self.best_k())
-        if best is not None and best < 1.0 / self.plain_seconds:
+        if best is None or best >= (1.0 - OFF_MARGIN) / self.plain_seconds:
+            self.off_steps = FIRST_OFF_STEPS
+        elif self.measured_plain_seconds is None:
+            # The verdict rests on the fit's extrapolated t(0), which timing noise
+            # easily halves: time a few real plain steps, then judge again.
+            self.plain_left = PLAIN_TRIAL_STEPS
+        else:
             self.plain_left = self.off_steps
             self.off_steps = min(2 * self.off_steps, MAX_OFF_STEPS)
             self.probe_left = PROBE_ROUNDS - 1
             self.switched_off += 1
-        else:
-            self.off_steps = FIRST_OFF_STEPS
 
     def describe(self) -> dict:
         return {
