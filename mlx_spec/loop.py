@@ -15,6 +15,7 @@ from typing import Callable, Iterator, List, Optional, Sequence
 import mlx.core as mx
 
 from .acceptance import AcceptanceRule, rule_for
+from .attention import round_attention
 from .cache import rewind
 from .policy import DraftPolicy
 from .sampling import SamplingConfig, logprobs_from_logits, model_logprobs, sample
@@ -71,7 +72,8 @@ def speculative_round(decoder: Decoder, k: int) -> Round:
         return next(plain_rounds(decoder, 1))
     y = mx.array(decoder.history[-1:], mx.uint32)
     verify_input = mx.concatenate([y, proposal.tokens])  # (k+1,) lazy on the drafts
-    target_logits = decoder.target_model(verify_input[None], cache=decoder.target_cache)[0]
+    with round_attention():
+        target_logits = decoder.target_model(verify_input[None], cache=decoder.target_cache)[0]
     target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (k+1, V)
     num_accepted, next_token = decoder.accept(proposal.tokens, proposal.probs, target_logprobs)
     summary = mx.concatenate(

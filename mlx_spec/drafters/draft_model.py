@@ -12,6 +12,7 @@ from typing import List
 
 import mlx.core as mx
 
+from ..attention import round_attention
 from ..cache import make_cache, rewind
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from . import Proposal
@@ -41,7 +42,8 @@ class DraftModelDrafter:
         y = mx.array(history[self.cached:], mx.uint32)  # tokens the draft has not seen
         draft_tokens, draft_probs = [], []
         for i in range(k):
-            draft_logits = self.draft_model(y[None], cache=self.draft_cache)[0, -1]  # (V_d,)
+            with round_attention():  # the first pass catches up on 1..k+1 tokens
+                draft_logits = self.draft_model(y[None], cache=self.draft_cache)[0, -1]  # (V_d,)
             draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)
             y = sample(draft_logprobs, self.sampling)[None]  # (1,)
             if self.sampling.greedy:
