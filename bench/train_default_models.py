@@ -329,20 +329,24 @@ def lr_at(step, total, peak, warmup, floor=0.1):
 
 
 def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, teacher=None, kl_weight=0.0,
-                hard_weight=0.0):
+                hard_weight=0.0, lr_floor=0.1, ema_decay=0.0):
     """Train ``model`` on ``data``; resumable from ``ckpt_path``.  With a teacher,
     loss = kl_weight * KL(teacher || model) + hard_weight * CE(teacher's argmax)
-           + (1 - kl_weight - hard_weight) * CE(next token)."""
+           + (1 - kl_weight - hard_weight) * CE(next token).
+    The LR warms up, then decays by cosine to ``lr_floor`` x peak (1.0 = constant).
+    With ``ema_decay`` the model ends as the moving average of its weights."""
     import torch
     import torch.nn.functional as F
 
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     state = {"step": 0, "total": None, "tokens": 0, "seconds": 0.0, "log": []}
+    ema = {k: v.detach().clone() for k, v in model.state_dict().items()} if ema_decay else None
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
+        ema = ck.get("ema", ema)
         print(f"[{name}] resumed from {ckpt_path} at step {state['step']}/{state['total']}", flush=True)
     if steps:
         state["total"] = steps  # explicit steps override (also extends a finished run)
@@ -364,11 +368,16 @@ def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, tea
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if ema is not None:
+            with torch.no_grad():
+                for k, v in model.state_dict().items():
+                    ema[k].mul_(ema_decay).add_(v, alpha=1 - ema_decay)
         return loss.item(), ce.item()
 
     def save():
         tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
+                    **({"ema": ema} if ema is not None else {})}, tmp)
         os.replace(tmp, ckpt_path)
 
     if state["total"] is None:
@@ -393,7 +402,7 @@ def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, tea
     sec0, tok_run, loss_ema = state["seconds"], 0, None
     while state["step"] < total:
         s = state["step"]
-        lr = lr_at(s, total, peak_lr, args.warmup)
+        lr = lr_at(s, total, peak_lr, args.warmup, lr_floor)
         for g in opt.param_groups:
             g["lr"] = lr
         loss, ce = step_fn(s)
@@ -414,6 +423,8 @@ def train_stage(name, model, data, args, ckpt_path, minutes, steps, peak_lr, tea
             last_save = time.time()
     if tok_run:  # a finished stage that was only resumed is left as it is on disk
         save()
+    if ema is not None:
+        model.load_state_dict(ema)
     return state
 
 
@@ -666,7 +677,8 @@ def main():
                     help="comma list of: ce (plain CE), distill (KL to target from scratch), "
                          "ce+distill (the finished ce draft fine-tuned with KL to the target), "
                          "kd (fine-tuned on the target's continuations), "
-                         "greedy (fine-tuned towards the target's argmax on its greedy continuations)")
+                         "greedy (fine-tuned towards the target's argmax on its greedy continuations), "
+                         "polish (the greedy draft further on fresh greedy continuations, weights averaged)")
     ap.add_argument("--finetune-minutes", type=float, default=10, help="budget of the ce+distill fine-tune")
     ap.add_argument("--finetune-steps", type=int, default=0)
     ap.add_argument("--finetune-lr", type=float, default=1.5e-3)
@@ -692,6 +704,14 @@ def main():
     ap.add_argument("--greedy-minutes", type=float, default=15)
     ap.add_argument("--greedy-steps", type=int, default=0)
     ap.add_argument("--greedy-lr", type=float, default=5e-4)
+    ap.add_argument("--polish-rows", type=int, default=12288,
+                    help="polish variant: further training-split prompts continued greedily by the target")
+    ap.add_argument("--polish-kl", type=float, default=0.0,
+                    help="polish variant loss: this x KL(target || draft) + the rest x CE(target's argmax)")
+    ap.add_argument("--polish-ema", type=float, default=0.995, help="polish variant: decay of the weights' moving average")
+    ap.add_argument("--polish-minutes", type=float, default=5)
+    ap.add_argument("--polish-steps", type=int, default=0)
+    ap.add_argument("--polish-lr", type=float, default=3e-4, help="polish variant: constant LR after warmup")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--note", default="", help="free text recorded in metrics.json/README.md")
     ap.add_argument("--log-every", type=int, default=20)
@@ -700,7 +720,7 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=64)
     args = ap.parse_args()
-    for name in ("kl_weight", "kd_fraction", "greedy_fraction", "greedy_kl"):
+    for name in ("kl_weight", "kd_fraction", "greedy_fraction", "greedy_kl", "polish_kl", "polish_ema"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             ap.error(f"--{name.replace('_', '-')} must be between 0 and 1, got {getattr(args, name)}")
 
@@ -782,11 +802,26 @@ def main():
     sel_prompts = make_prompts(train_ids, 16, args.prompt_len, args.seed + 7, eos_id, args.gen_len)
     variants = {}
     for v in [s.strip() for s in args.draft_variants.split(",") if s.strip()]:
-        assert v in ("ce", "distill", "ce+distill", "kd", "greedy"), v
+        assert v in ("ce", "distill", "ce+distill", "kd", "greedy", "polish"), v
         torch.manual_seed(args.seed + 1)
         dm = build_model(dcfg)
         minutes, steps, lr = args.draft_minutes, args.draft_steps, args.draft_lr
         data, kl_weight, hard_weight = curriculum(args.draft_tests_from_step), args.kl_weight, 0.0
+        lr_floor, ema_decay = 0.1, 0.0
+        if v == "polish":
+            # the greedy draft, further towards the target's argmax on fresh greedy continuations,
+            # at a constant LR, keeping the moving average of the weights (it generalised better)
+            assert "greedy" in variants, "list 'greedy' before 'polish' in --draft-variants"
+            dm.load_state_dict(variants["greedy"]["model"].state_dict())
+            minutes, steps, lr = args.polish_minutes, args.polish_steps, args.polish_lr
+            kl_weight, hard_weight = args.polish_kl, 1.0 - args.polish_kl
+            lr_floor, ema_decay = 1.0, args.polish_ema
+            p_path = work / f"polish_{args.polish_rows}x{args.prompt_len}+{args.kd_gen}.npz"
+            p_ids = kd_stream(target, train_ids, args.polish_rows, args.prompt_len, args.kd_gen, [0.0],
+                              args.seed + 17, eos_id, p_path)
+            print(f"[draft-polish] {len(p_ids)/1e6:.2f}M tokens of greedy target continuations ({p_path.name})",
+                  flush=True)
+            data = KDMix(kd_real, p_ids, 1.0)
         if v == "greedy":
             # greedy acceptance only needs the draft's argmax to be the target's: start from the
             # most distilled draft, then mix KL (keeps the sampling distribution) with CE on the
@@ -820,11 +855,12 @@ def main():
             assert "ce" in variants, "list 'ce' before 'ce+distill' in --draft-variants"
             dm.load_state_dict(variants["ce"]["model"].state_dict())
             minutes, steps, lr = args.finetune_minutes, args.finetune_steps, args.finetune_lr
-        distill = v in ("distill", "ce+distill", "kd", "greedy")
+        distill = v in ("distill", "ce+distill", "kd", "greedy", "polish")
         dm.train()
         st = train_stage(f"draft-{v}", dm, data, args, work / f"draft_{v}{draft_tag}.ckpt", minutes,
                          steps, lr, teacher=target if distill else None,
-                         kl_weight=kl_weight if distill else 0.0, hard_weight=hard_weight)
+                         kl_weight=kl_weight if distill else 0.0, hard_weight=hard_weight,
+                         lr_floor=lr_floor, ema_decay=ema_decay)
         dm.eval()
         sel = spec_simulate(target, dm, sel_prompts, 4, 32, 0.0, args.seed)
         vl = eval_loss(dm, val_ids, args.seq)
@@ -893,6 +929,8 @@ def main():
              + (f" --greedy-steps {steps_of['greedy']} --greedy-rows {args.greedy_rows} --greedy-fraction"
                 f" {args.greedy_fraction} --greedy-kl {args.greedy_kl} --greedy-lr {args.greedy_lr}"
                 if "greedy" in steps_of else "")
+             + (f" --polish-steps {steps_of['polish']} --polish-rows {args.polish_rows} --polish-kl {args.polish_kl}"
+                f" --polish-ema {args.polish_ema} --polish-lr {args.polish_lr}" if "polish" in steps_of else "")
              + (f" --tests-from-step {args.tests_from_step}" if args.tests_from_step >= 0 else "")
              + (f" --draft-tests-from-step {args.draft_tests_from_step}" if args.draft_tests_from_step >= 0 else ""))
     metrics = {
@@ -939,7 +977,12 @@ def main():
                                     "generated_tokens": args.kd_gen, "generated_fraction": args.greedy_fraction,
                                     "kl_weight": args.greedy_kl, "lr": args.greedy_lr,
                                     "steps": variants["greedy"]["state"]["total"]}}
-                        if "greedy" in variants else {})},
+                        if "greedy" in variants else {}),
+                     **({"polish": {"rows": args.polish_rows, "prompt_tokens": args.prompt_len,
+                                    "generated_tokens": args.kd_gen, "kl_weight": args.polish_kl,
+                                    "ema_decay": args.polish_ema, "lr": args.polish_lr,
+                                    "steps": variants["polish"]["state"]["total"]}}
+                        if "polish" in variants else {})},
         "acceptance": {"prompts": len(prompts), "prompt_tokens": args.prompt_len, "generated_tokens": args.gen_len,
                        "source": "held-out (val) modules", **accept},
         "sample": {"prompt": sample_prompt, "greedy_continuation_mlx": sample},
@@ -953,7 +996,8 @@ def main():
 
 VARIANT_NOTES = {"ce+distill": ", i.e. the ce draft fine-tuned; numbers are for the fine-tune",
                  "kd": ", i.e. the ce+distill (or ce) draft fine-tuned on target continuations; numbers are for that stage",
-                 "greedy": ", i.e. the kd (or earlier) draft fine-tuned towards the target's argmax; numbers are for that stage"}
+                 "greedy": ", i.e. the kd (or earlier) draft fine-tuned towards the target's argmax; numbers are for that stage",
+                 "polish": ", i.e. the greedy draft fine-tuned further, weights averaged; numbers are for that stage"}
 
 
 def write_readme(out: Path, m, args):
@@ -987,7 +1031,15 @@ def write_readme(out: Path, m, args):
                     f"tokens). Greedy speculation accepts a drafted token exactly when it is the target's argmax, "
                     f"so the CE term spends the draft's few parameters on the argmax rather than on the tail of "
                     f"the distribution; the KL term keeps the sampling acceptance from collapsing.")
-    stage_lr = {"greedy": gr and gr["lr"], "kd": kd and kd["lr"], "ce+distill": args.finetune_lr}
+    po = tr.get("polish")
+    if po:
+        kd_text += (f"\n\n`polish` = the `greedy` draft fine-tuned further ({po['steps']} steps, LR {po['lr']} constant "
+                    f"after the warmup) with {po['kl_weight']} x KL(target || draft) + {1 - po['kl_weight']:.2f} x "
+                    f"CE(target's argmax) on the target's greedy continuations of {po['rows']:,} further "
+                    f"training-split prompts ({po['prompt_tokens']} + {po['generated_tokens']} tokens); the shipped "
+                    f"weights are the moving average of the weights over those steps (decay {po['ema_decay']}).")
+    stage_lr = {"polish": po and po["lr"], "greedy": gr and gr["lr"], "kd": kd and kd["lr"],
+                "ce+distill": args.finetune_lr}
     draft_lr = stage_lr.get(d["variant"]) or tr["draft_lr"]
     variants = "\n".join(f"- `{v}`: val loss {r['val_loss']}, greedy acceptance k=4 on train-split prompts "
                          f"{r['selection_acceptance_k4']:.3f} ({r['steps']} steps, {r['tokens']/1e6:.2f}M tokens)"
@@ -1028,7 +1080,7 @@ with Hugging Face `LlamaForCausalLM` key names). All numbers below come from `me
 | held-out perplexity | {t['val_ppl']:.2f} | {d['val_ppl']:.2f} |
 
 RoPE theta 10000 (non-traditional / HF rotate-half), RMSNorm eps 1e-5, no biases,
-{"draft: `lm_head` tied to the input embedding (more width for the same bytes); target: untied `lm_head`"
+{"draft: `lm_head` tied to the input embedding (the bytes saved buy width or depth); target: untied `lm_head`"
    if dc.get("tie_word_embeddings") else "untied `lm_head`"}, context trained at {args.seq} tokens.
 
 Tokenizer: byte-level BPE, vocab {m['tokenizer']['vocab_size']}, `<|endoftext|>` = id

@@ -22,7 +22,9 @@ def test_files_in_hugging_face_layout():
             assert (path / name).exists(), f"{path / name} missing"
         config = json.loads((path / "config.json").read_text())
         assert config["model_type"] == "llama"
-        assert config.get("tie_word_embeddings") is False
+    # the draft ties its embeddings (depth for the same bytes); the target does not
+    assert json.loads((DEFAULT_TARGET_PATH / "config.json").read_text())["tie_word_embeddings"] is False
+    assert json.loads((DEFAULT_DRAFT_PATH / "config.json").read_text())["tie_word_embeddings"] is True
 
 
 def test_draft_is_at_most_an_eighth_of_the_target(pair):
