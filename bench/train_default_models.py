@@ -706,7 +706,7 @@ def main():
     ap.add_argument("--greedy-lr", type=float, default=5e-4)
     ap.add_argument("--polish-rows", type=int, default=12288,
                     help="polish variant: further training-split prompts continued greedily by the target")
-    ap.add_argument("--polish-kl", type=float, default=0.0,
+    ap.add_argument("--polish-kl", type=float, default=0.5,
                     help="polish variant loss: this x KL(target || draft) + the rest x CE(target's argmax)")
     ap.add_argument("--polish-ema", type=float, default=0.995, help="polish variant: decay of the weights' moving average")
     ap.add_argument("--polish-minutes", type=float, default=5)
