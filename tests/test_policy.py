@@ -17,27 +17,41 @@ class FakeClock:
         return self.now
 
 
-def simulate(policy, clock, acceptance, draft_step, verify, plain_step, tokens=600, seed=0):
-    """Drive a policy through synthetic rounds; return tokens emitted per simulated second."""
+def drive(policy, clock, acceptance, round_cost, plain_step, tokens, seed=0, noise=0.0):
+    """Drive a policy through synthetic rounds.
+
+    acceptance: a per-draft probability, or a function of the tokens emitted so far;
+    round_cost(k): seconds of a round drafting k; noise: +-fraction on every timing.
+    Returns tokens per simulated second (after the first round) and the positions
+    of the tokens that were decoded plainly.
+    """
     rng = random.Random(seed)
-    emitted, start = 0, None
+    emitted, start, plain_at = 0, None, []
     while emitted < tokens:
         k = policy.num_draft_tokens()
+        scale = rng.uniform(1 - noise, 1 + noise) if noise else 1.0
         if k == 0:
-            for _ in range(policy.plain_steps()):
-                clock.now += plain_step
-                policy.observe(Round([0], 0, 0, "target", None))
-                emitted += 1
+            clock.now += plain_step * scale
+            policy.observe(Round([0], 0, 0, "target", None))
+            plain_at.append(emitted)
+            emitted += 1
         else:
+            a = acceptance(emitted) if callable(acceptance) else acceptance
             n = 0
-            while n < k and rng.random() < acceptance:
+            while n < k and rng.random() < a:
                 n += 1
-            clock.now += k * draft_step + verify(k + 1)
+            clock.now += round_cost(k) * scale
             policy.observe(Round([0] * (n + 1), k, n, "draft", None))
             emitted += n + 1
         if start is None:
             start = clock.now
-    return emitted / (clock.now - start)
+    return emitted / (clock.now - start), plain_at
+
+
+def simulate(policy, clock, acceptance, draft_step, verify, plain_step, tokens=600, seed=0):
+    """Tokens per simulated second; a round costs k draft steps plus verifying k + 1 tokens."""
+    return drive(policy, clock, acceptance, lambda k: k * draft_step + verify(k + 1),
+                 plain_step, tokens, seed)[0]
 
 
 def test_flat_verify_cost_and_good_draft_drafts_long():
@@ -132,26 +146,12 @@ def test_flat_noisy_round_times_keep_speculation_on():
 
 def hard_opening_plain_steps(seed, opening=12, tokens=240):
     """Plain steps taken after a hard opening, in a simulated run where speculation wins."""
-    rng = random.Random(seed)
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
-    emitted = plain = 0
-    while emitted < tokens:
-        k = policy.num_draft_tokens()
-        noise = rng.uniform(0.8, 1.2)  # +-20% timing noise, as on a shared machine
-        if k == 0:
-            clock.now += 1.0 * noise
-            policy.observe(Round([0], 0, 0, "target", None))
-            emitted, plain = emitted + 1, plain + (emitted >= opening)
-            continue
-        acceptance = 0.05 if emitted < opening else 0.75
-        n = 0
-        while n < k and rng.random() < acceptance:
-            n += 1
-        clock.now += (0.15 * k + 1.0 + 0.1 * (k + 1)) * noise
-        policy.observe(Round([0] * (n + 1), k, n, "draft", None))
-        emitted += n + 1
-    return plain
+    _, plain_at = drive(AdaptivePolicy(clock=clock), clock,
+                        acceptance=lambda emitted: 0.05 if emitted < opening else 0.75,
+                        round_cost=lambda k: 0.15 * k + 1.0 + 0.1 * (k + 1), plain_step=1.0,
+                        tokens=tokens, seed=seed, noise=0.2)  # +-20%, as on a shared machine
+    return sum(position >= opening for position in plain_at)
 
 
 def test_hard_opening_does_not_keep_a_winning_draft_switched_off():

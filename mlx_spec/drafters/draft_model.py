@@ -41,19 +41,19 @@ class DraftModelDrafter:
     def propose(self, history: List[int], k: int) -> Proposal:
         y = mx.array(history[self.cached:], mx.uint32)  # tokens the draft has not seen
         draft_tokens, draft_probs = [], []
-        for i in range(k):
-            with round_attention():  # the first pass catches up on 1..k+1 tokens
+        with round_attention():  # once per proposal: the first pass catches up on 1..k+1 tokens
+            for i in range(k):
                 draft_logits = self.draft_model(y[None], cache=self.draft_cache)[0, -1]  # (V_d,)
-            draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)
-            y = sample(draft_logprobs, self.sampling)[None]  # (1,)
-            if self.sampling.greedy:
-                mx.async_eval(y)
-            else:
-                draft_probs.append(mx.exp(draft_logprobs))
-                mx.async_eval(y, draft_probs[-1])
-            draft_tokens.append(y)
-            if self.confidence and i + 1 < k and self._unsure(draft_logprobs):
-                break
+                draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)
+                y = sample(draft_logprobs, self.sampling)[None]  # (1,)
+                if self.sampling.greedy:
+                    mx.async_eval(y)
+                else:
+                    draft_probs.append(mx.exp(draft_logprobs))
+                    mx.async_eval(y, draft_probs[-1])
+                draft_tokens.append(y)
+                if self.confidence and i + 1 < k and self._unsure(draft_logprobs):
+                    break
         # The cache now holds history + all drafts but the last (which is unseen).
         self._proposed_at = len(history)
         self.cached = len(history) + len(draft_tokens) - 1
