@@ -1,27 +1,47 @@
-"""The `mlx-spec` command line: parses flags, calls the Python API, prints. No maths here."""
+"""The `mlx-spec` command line: parses flags, calls the Python API, prints. No maths here.
+
+Importing it imports no MLX (the commands import the API when they run), so
+`--help` and `--version` answer at once. Every bad input is one line and a
+non-zero exit; `console.main`, the installed script, adds Ctrl-C handling.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM
-from .generate import DEFAULT_MAX_TOKENS
-from .policy import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_NUM_DRAFT_TOKENS
+from . import __version__
+from .arguments import SEED_LIMIT
+from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS,
+                       DEFAULT_NUM_DRAFT_TOKENS)
 
 SOURCE_COLORS = {"draft": "green", "lookup": "cyan"}
+SEED = click.IntRange(0, SEED_LIMIT - 1)  # what mx.random.seed accepts
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="mlx-spec")
+@click.version_option(__version__, package_name="mlx-spec")
 def main():
     """Exact speculative decoding on MLX: a draft proposes, the target verifies."""
 
 
 def _read_prompt(prompt: str) -> str:
+    """The prompt text; bytes that are not UTF-8 become U+FFFD, with a one-line warning."""
     if prompt == "-":
-        prompt = sys.stdin.read()
+        raw = sys.stdin.buffer.read()
+    else:  # on Linux, undecodable bytes in argv arrive as surrogate escapes
+        try:
+            raw = os.fsencode(prompt)
+        except UnicodeEncodeError:  # a lone surrogate that no byte produced
+            raw = prompt.encode("utf-8", "surrogatepass")
+    try:
+        prompt = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        prompt = raw.decode("utf-8", "replace")
+        click.echo("Warning: the prompt is not valid UTF-8; undecodable bytes were replaced "
+                   "with U+FFFD.", err=True)
     if not prompt.strip():
         raise click.UsageError("The prompt is empty; pass --prompt TEXT (or --prompt - for stdin).")
     return prompt
@@ -72,7 +92,7 @@ def _resolve_models(model, draft_model, no_draft):
 @click.option("--max-draft-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_DRAFT_TOKENS, show_default=True, help="Largest k the adaptive policy may choose.")
 @click.option("--no-auto-off", is_flag=True, help="Adaptive policy: never fall back to plain decoding.")
 @click.option("--draft-confidence", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True, help="Stop drafting when the draft's top probability falls below this.")
-@click.option("--seed", type=int, default=None, help="Random seed for reproducible sampling.")
+@click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
 @click.option("--no-draft", is_flag=True, help="Decode with the target alone (the baseline).")
 @click.option("--prompt-lookup/--no-prompt-lookup", default=None, help="Draft by n-gram lookup in the prompt and output so far (default: on in front of a draft model at --temp 0; off otherwise).")
 @click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True)
@@ -140,7 +160,7 @@ def _load_pair(model, draft_model, no_draft):
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--prompt-lookup", is_flag=True, help="Check n-gram drafting instead of (or before) the draft model.")
 @click.option("--negative-control", is_flag=True, help="Also run a deliberately broken rule, to show the check can fail.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_draft_tokens,
           prompt_lookup, negative_control, seed):
     """Statistically check that speculation leaves the output distribution unchanged.
@@ -183,4 +203,6 @@ from .bench.cli import bench  # noqa: E402
 main.add_command(bench)
 
 if __name__ == "__main__":
-    main()
+    from .console import main as console_main
+
+    console_main()

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
+from .arguments import check_arguments
 from .cache import make_cache, rewind
 from .generate import speculative_generate_step
 from .loop import prefill
@@ -166,10 +167,14 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
                     alpha: float = DEFAULT_ALPHA, accept=None, prompt_lookup: bool = False,
                     seed: Optional[int] = 0) -> ExactnessResult:
     """Run the whole check; `result.passed` is False when speculation changed the output."""
+    check_arguments(target_model=target_model, draft_model=draft_model, prompt=prompt,
+                    sampling=sampling, samples=samples, num_draft_tokens=num_draft_tokens,
+                    alpha=alpha, accept=accept, prompt_lookup=prompt_lookup, seed=seed)
+    if isinstance(prompt, str):
+        raise ValueError("prompt must be token ids here; encode the text with the tokenizer first.")
+    prompt = [int(t) for t in prompt]
     if sampling.greedy:
         raise ValueError("The exactness check samples; use a temperature > 0.")
-    if samples < 100:
-        raise ValueError(f"Use at least 100 samples, got {samples}.")
     if len(prompt) == 0:
         raise ValueError("The prompt is empty; give some text to continue.")
     if seed is not None:

@@ -14,9 +14,11 @@ from typing import Iterator, List, Optional, Union
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .arguments import check_arguments
 from .cache import check_rewindable, make_cache, rewind
 from .drafters import DraftModelDrafter, PromptLookupDrafter
-from .drafters.prompt_lookup import DEFAULT_MAX_NGRAM, PAIRED_MIN_NGRAM
+from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
+from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
 from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
 from .memory import wired_limit
@@ -24,7 +26,6 @@ from .policy import DEFAULT_MAX_DRAFT_TOKENS, make_policy
 from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
 
-DEFAULT_MAX_TOKENS = 256
 MLX_LM_ONLY_ARGS = {
     "sampler": "pass temp, top_p, top_k and min_p instead, so that the draft is sampled "
                "through the same transform as the target.",
@@ -64,7 +65,7 @@ def _as_tokens(tokenizer, prompt) -> List[int]:
         add_special = bos is None or not prompt.startswith(bos)
         tokens = tokenizer.encode(prompt, add_special_tokens=add_special)
     elif isinstance(prompt, mx.array):
-        tokens = [int(t) for t in prompt.reshape(-1).tolist()]
+        tokens = prompt.tolist()  # 1-D and integer: check_prompt saw to it
     else:
         tokens = [int(t) for t in prompt]
     if len(tokens) == 0:
@@ -75,7 +76,8 @@ def _as_tokens(tokenizer, prompt) -> List[int]:
 def _check_token_ids(tokens: List[int], size: int) -> None:
     bad = [t for t in tokens if not 0 <= t < size]
     if bad:
-        raise ValueError(f"Token id {bad[0]} is outside the model's vocabulary (0..{size - 1}).")
+        raise ValueError(f"prompt holds token id {bad[0]}, outside the target model's "
+                         f"vocabulary (0..{size - 1}).")
 
 
 def _split_prompt_cache(prompt_cache, target_model, draft_model):
@@ -141,12 +143,7 @@ def speculative_generate_step(
     turns it on when a draft model is given and decoding is greedy, where the
     benchmark measured it fastest.
     """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}.")
-    if not 0.0 <= draft_confidence < 1.0:
-        raise ValueError(f"draft_confidence must be in [0, 1), got {draft_confidence}.")
-    if prefill_step_size < 1:
-        raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
+    check_arguments(**locals())  # every parameter, by name
     prompt = _as_tokens(None, prompt)
     target_vocab = vocab_size(model)
     _check_token_ids(prompt, target_vocab)
@@ -204,10 +201,11 @@ def stream_generate(
     if unsupported:
         name = unsupported[0]
         raise ValueError(f"mlx-spec does not take mlx-lm's `{name}` argument: {MLX_LM_ONLY_ARGS[name]}")
+    check_arguments(model=model, tokenizer=tokenizer, prompt=prompt, draft_model=draft_model,
+                    max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temp=temp,
+                    top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, **kwargs)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    if num_draft_tokens is not None and num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}.")
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     if draft_model is not None:
         check_pair(model, draft_model, tokenizer)
@@ -284,6 +282,7 @@ def _response(text, token, round_: Round, i, recorder, finish) -> GenerationResp
 
 def generate(model, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
     """Return the whole generated text; `verbose=True` prints it and the stats."""
+    check_arguments(verbose=verbose)
     text = ""
     response = None
     if verbose:

@@ -13,10 +13,9 @@ import time
 from typing import Protocol
 
 from .costmodel import expected_tokens_per_round
+from .defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_NUM_DRAFT_TOKENS
 
-DEFAULT_NUM_DRAFT_TOKENS = 4
 DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the prompt set (README)
-DEFAULT_MAX_DRAFT_TOKENS = 8
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 FIRST_OFF_STEPS = 32  # plain steps after speculation is switched off; doubles each time
 MAX_OFF_STEPS = 256

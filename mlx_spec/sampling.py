@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .arguments import check_arguments
+
 DEFAULT_TEMP = 0.0
 DEFAULT_TOP_P = 1.0
 DEFAULT_TOP_K = 0
@@ -29,14 +31,7 @@ class SamplingConfig:
     min_p: float = DEFAULT_MIN_P
 
     def __post_init__(self):
-        if not (self.temp >= 0):
-            raise ValueError(f"temp must be >= 0, got {self.temp}.")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
-        if not (0 <= self.min_p < 1):
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}.")
+        check_arguments(temp=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
 
     @property
     def greedy(self) -> bool:

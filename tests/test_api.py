@@ -159,3 +159,14 @@ def test_logprobs_are_the_models_own_as_in_mlx_lm(pair):
     logits = target_model(mx.array([ids]))[0, -1].astype(mx.float32)
     want = logits - mx.logsumexp(logits)
     assert mx.allclose(first.logprobs, want, atol=1e-4).item()
+
+
+def test_package_names_stay_the_api_after_submodule_imports():
+    """`mlx_spec` imports its API lazily; importing the submodule `mlx_spec.generate`
+    must not turn the name `mlx_spec.generate` into that module."""
+    import importlib
+
+    module = importlib.import_module("mlx_spec.generate")
+    assert mlx_spec.generate is module.generate
+    assert set(mlx_spec.__all__) <= set(dir(mlx_spec))
+    assert all(callable(getattr(mlx_spec, name)) for name in mlx_spec.__all__)

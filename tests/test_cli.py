@@ -102,3 +102,27 @@ def test_seeded_sampling_repeats_from_the_command_line(model_dirs):
     first, second = run(*args), run(*args)
     assert first.exit_code == second.exit_code == 0
     assert first.stdout == second.stdout
+
+
+def test_help_and_version_import_no_mlx():
+    """Start-up: `--version` and `--help` answer without importing MLX or mlx-lm."""
+    code = ("import sys\n"
+            "from mlx_spec.cli import main\n"
+            "for args in (['--version'], ['--help'], ['generate', '--help'], ['check', '--help'],\n"
+            "             ['bench', '--help']):\n"
+            "    assert main(args, standalone_mode=False) in (None, 0)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
+def test_defaults_shown_by_the_cli_are_the_apis():
+    """`--help` shows mlx_spec.defaults (no MLX import); the modules using them agree."""
+    from mlx_spec import defaults, policy
+    from mlx_spec.drafters import prompt_lookup
+    from mlx_spec.generate import DEFAULT_MAX_TOKENS
+
+    assert prompt_lookup.DEFAULT_MAX_NGRAM == defaults.DEFAULT_MAX_NGRAM
+    assert policy.DEFAULT_NUM_DRAFT_TOKENS == defaults.DEFAULT_NUM_DRAFT_TOKENS
+    assert DEFAULT_MAX_TOKENS == defaults.DEFAULT_MAX_TOKENS

@@ -10,9 +10,19 @@ how the speed-up scales with k, temperature, context, target size and batch.
     result = run_bench(target_model, draft_model, tokenizer, quick_config())
 
 Modules are named after what they measure; `runner` orders them, `report`
-and `plots` present them, `cli` is the command line.
+and `plots` present them, `cli` is the command line. The names below are
+imported from `runner` on first use, so `mlx-spec --help` imports no MLX.
 """
 
-from .runner import BenchConfig, BenchResult, quick_config, run_bench, tiny_config
+from importlib import import_module
 
 __all__ = ["BenchConfig", "BenchResult", "quick_config", "run_bench", "tiny_config"]
+
+
+def __getattr__(name):
+    """Import a public name from `runner` on first use (PEP 562)."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(".runner", __name__), name)
+    globals()[name] = value
+    return value

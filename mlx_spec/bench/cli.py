@@ -8,10 +8,13 @@ matplotlib is installed.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import click
+
+from ..arguments import SEED_LIMIT
 
 DEFAULT_JSON = "mlx-spec-bench.json"
 
@@ -59,7 +62,7 @@ def _parse_sizes(text: str):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=DEFAULT_JSON, show_default=True, help="Where to write every figure as JSON.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Markdown report path [default: next to the JSON, .md].")
 @click.option("--no-plots", is_flag=True, help="Do not write PNG plots even if matplotlib is installed.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, SEED_LIMIT - 1), default=0, show_default=True)
 @click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None, help="Tokens generated per run [default: 128, quick 48].")
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per measurement [default: 5, quick 3].")
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help="k of the end-to-end comparison and scaling [default: 4].")
@@ -71,6 +74,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
     from .runner import BenchConfig, quick_config, run_bench, tiny_config
 
+    _check_writable(rerender_path or json_path, report_path)
     if rerender_path:
         _write(_rerender(rerender_path), rerender_path, report_path, no_plots, click.echo)
         return
@@ -97,6 +101,18 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
         raise click.UsageError(str(exc)) from None
 
     _write(result, json_path, report_path, no_plots, say)
+
+
+def _check_writable(*paths):
+    """Refuse an output path that cannot be written before measuring for minutes, not after."""
+    for path in filter(None, paths):
+        parent = Path(path).absolute().parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.UsageError(f"Cannot write {path}: {exc.strerror}.") from None
+        if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+            raise click.UsageError(f"Cannot write {path}: permission denied.")
 
 
 def _rerender(json_path):

@@ -1,0 +1,138 @@
+"""Checks on what a caller passes to the API: one `ValueError` sentence naming the argument.
+
+`check_arguments(**named)` checks every argument it knows by name and leaves
+the others to their owners (`prompt_cache` is checked against the models,
+`policy` is internal). It is pure (no model or device work) and imports no
+MLX, so the command line can share its limits. Types are checked as well
+as ranges: an int where an int is meant (not 2.5, not True), a real number
+in range where a float is meant, a seed MLX accepts (0 <= seed < 2**64), a
+prompt that is text, a list of token ids or a 1-D integer array.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import Callable, Dict, Tuple
+
+SEED_LIMIT = 2**64  # mx.random.seed takes an unsigned 64-bit int
+PROMPT_EXPECTED = "a string, a list of token ids (ints) or a 1-D integer array"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _int(minimum: int, note: str = "") -> Tuple[str, Callable]:
+    return f"an int >= {minimum}{note}", lambda v: _is_int(v) and v >= minimum
+
+
+def _real(interval: str, inside: Callable) -> Tuple[str, Callable]:
+    return f"a number in {interval}", lambda v: _is_real(v) and inside(v)
+
+
+def _optional(check: Tuple[str, Callable]) -> Tuple[str, Callable]:
+    expected, test = check
+    return f"None or {expected}", lambda v: v is None or test(v)
+
+
+def _is_model(value) -> bool:
+    return callable(value) and hasattr(value, "layers")
+
+
+def _is_sampling_config(value) -> bool:
+    from .sampling import SamplingConfig  # sampling imports this module
+
+    return isinstance(value, SamplingConfig)
+
+
+_MODEL = ("a model such as load() returns", _is_model)
+_FLAG = ("True or False", lambda v: isinstance(v, bool))
+_OPTIONAL_FLAG = ("True, False or None", lambda v: v is None or isinstance(v, bool))
+_CALLBACK = ("a function", callable)
+_SEED = ("an int in [0, 2**64) (MLX's seed range)", lambda v: _is_int(v) and 0 <= v < SEED_LIMIT)
+
+# name -> (what is expected, in words; the test it must pass)
+CHECKS: Dict[str, Tuple[str, Callable]] = {
+    "model": _MODEL,
+    "target_model": _MODEL,
+    "draft_model": _optional(_MODEL),
+    "tokenizer": ("a tokenizer such as load() returns", lambda v: hasattr(v, "encode")),
+    "max_tokens": _int(1),
+    "num_draft_tokens": _optional(_int(1)),
+    "max_draft_tokens": _int(1),
+    "prompt_lookup_max_ngram": _int(1),
+    "prefill_step_size": _int(1),
+    "samples": _int(100),
+    "temp": ("a number >= 0 (0 is greedy)", lambda v: _is_real(v) and v >= 0),
+    "top_p": _real("(0, 1]", lambda v: 0 < v <= 1),
+    "top_k": _int(0, " (0 disables top-k)"),
+    "min_p": _real("[0, 1)", lambda v: 0 <= v < 1),
+    "draft_confidence": _real("[0, 1)", lambda v: 0 <= v < 1),
+    "alpha": _real("(0, 1)", lambda v: 0 < v < 1),
+    "seed": _optional(_SEED),
+    "sampling": ("a SamplingConfig", _is_sampling_config),
+    "adaptive": _OPTIONAL_FLAG,
+    "prompt_lookup": _OPTIONAL_FLAG,
+    "auto_off": _FLAG,
+    "verbose": _FLAG,
+    "prompt_progress_callback": _optional(_CALLBACK),
+    "accept": _optional(_CALLBACK),
+}
+
+
+def check_arguments(**named) -> None:
+    """Raise ValueError for the first argument that is not what the API expects."""
+    for name, value in named.items():
+        if name == "prompt":
+            check_prompt(value)
+        elif name in CHECKS:
+            expected, test = CHECKS[name]
+            if not test(value):
+                raise ValueError(f"{name} must be {expected}, got {_show(value)}.")
+
+
+def check_prompt(prompt) -> None:
+    """A prompt is text, a list or tuple of int token ids, or a 1-D integer array.
+
+    Emptiness and the vocabulary range are checked where the tokens are made.
+    """
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, (list, tuple)):
+        bad = next((t for t in prompt if not _is_int(t)), None)
+        if bad is not None:
+            raise ValueError(f"prompt must be {PROMPT_EXPECTED}, got a {type(prompt).__name__} "
+                             f"holding {_show(bad)}.")
+        return
+    shape, dtype = getattr(prompt, "shape", None), getattr(prompt, "dtype", None)
+    if shape is None or dtype is None:
+        raise ValueError(f"prompt must be {PROMPT_EXPECTED}, got {_show(prompt)}.")
+    if len(shape) != 1:
+        raise ValueError(f"prompt must be {PROMPT_EXPECTED}, got an array of shape "
+                         f"{tuple(shape)}; pass one sequence.")
+    if not _is_integer_dtype(dtype):
+        raise ValueError(f"prompt must be {PROMPT_EXPECTED}, got an array of {dtype}.")
+
+
+def _is_integer_dtype(dtype) -> bool:
+    import mlx.core as mx  # only an array prompt gets here, and MLX made it
+    import numpy as np
+
+    if isinstance(dtype, mx.Dtype):
+        return mx.issubdtype(dtype, mx.integer)
+    try:
+        return np.issubdtype(dtype, np.integer)
+    except TypeError:  # another library's dtype
+        return False
+
+
+def _show(value) -> str:
+    """A short description of a bad value for the message."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a {type(value).__name__}"

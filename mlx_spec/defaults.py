@@ -1,0 +1,11 @@
+"""The defaults a caller sees, in a module that imports nothing.
+
+The command line shows them in `--help`, and `mlx-spec --help` must not
+import MLX to do so; the modules that use them (generate, policy, prompt
+lookup) take them from here.
+"""
+
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_NUM_DRAFT_TOKENS = 4  # k when it is fixed and not pinned
+DEFAULT_MAX_DRAFT_TOKENS = 8  # the largest k the adaptive policy may choose
+DEFAULT_MAX_NGRAM = 3  # the longest n-gram prompt lookup matches
