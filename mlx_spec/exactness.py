@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from .arguments import check_arguments
-from .cache import make_cache, rewind
+from .cache import ModelCache, make_cache
 from .generate import speculative_generate_step
 from .loop import prefill
 from .sampling import SamplingConfig, logprobs_from_logits
@@ -70,10 +70,12 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
     target_cache = make_cache(target_model)
     draft_cache = make_cache(draft_model) if draft_model is not None and not prompt_lookup else []
-    prefill(target_model, target_cache, prompt[:-1], 512)
+    caches = [ModelCache(target_model, target_cache)]
     if draft_cache:
-        prefill(draft_model, draft_cache, prompt[:-1], 512)
-    base = len(prompt) - 1
+        caches.append(ModelCache(draft_model, draft_cache))
+    for cache in caches:
+        prefill(cache, prompt[:-1], 512)
+    prefilled = [cache.checkpoint() for cache in caches]  # every sample starts from here
     counts: Dict[Tuple[int, int], int] = {}
     drafted = accepted = 0
     for _ in range(samples):
@@ -91,9 +93,8 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
                 break
         key = (out[0], out[1])
         counts[key] = counts.get(key, 0) + 1
-        for cache in (target_cache, draft_cache):
-            if cache:
-                rewind(cache, cache[0].offset - base)
+        for cache, point in zip(caches, prefilled):
+            cache.restore(point)  # whatever the call in between fed
     return counts, (accepted / drafted if drafted else 0.0)
 
 

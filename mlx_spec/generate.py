@@ -15,13 +15,15 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .arguments import check_arguments
-from .cache import check_rewindable, make_cache, rewind
+from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, make_cache,
+                    make_rewindable)
 from .drafters import DraftModelDrafter, PromptLookupDrafter
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
 from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
 from .memory import wired_limit
+from .session import Session
 from .policy import DEFAULT_MAX_DRAFT_TOKENS, make_policy
 from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
@@ -81,34 +83,22 @@ def _check_token_ids(tokens: List[int], size: int) -> None:
 
 
 def _split_prompt_cache(prompt_cache, target_model, draft_model):
+    """(target layers, draft layers or None), each checked against the model it is for."""
     if prompt_cache is None:
         return make_cache(target_model), None
-    n = len(target_model.layers)
-    if draft_model is not None and len(prompt_cache) == n:
+    if not isinstance(prompt_cache, list):
+        raise ValueError("prompt_cache must be a list of caches, as make_prompt_cache(model) "
+                         "returns (target layers first, then the draft's).")
+    n = len(make_cache(target_model))
+    if draft_model is None:
+        check_prompt_cache(prompt_cache, target_model, "target")
+        return prompt_cache, None
+    if len(prompt_cache) == n:
         raise ValueError("prompt_cache holds only the target's layers; with a draft model pass "
                          "make_cache(target_model) + make_cache(draft_model).")
-    return prompt_cache[:n], (prompt_cache[n:] or None) if draft_model is not None else None
-
-
-def _settle_prompt_cache(prompt_cache, target_model, draft_model, tokens: List[int],
-                         start_offset: int) -> None:
-    """Leave a reused prompt cache holding `tokens[:-1]` after `start_offset`.
-
-    `tokens` is the prompt plus what the caller was given; as in mlx-lm, the
-    last token is not in the cache. Drafts beyond an EOS or beyond max_tokens
-    are rewound, and a draft cache that trails (it catches up lazily while
-    generating) is fed the missing tokens, so the next turn starts aligned.
-    """
-    target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
-    keep = start_offset + len(tokens) - 1
-    rewind(target_cache, target_cache[0].offset - keep)
-    if draft_cache:
-        offset = draft_cache[0].offset
-        rewind(draft_cache, offset - keep)
-        if offset < keep:
-            missing = mx.array(tokens[offset - start_offset: len(tokens) - 1], mx.uint32)
-            draft_model(missing[None], cache=draft_cache)
-            mx.eval([c.state for c in draft_cache])
+    check_prompt_cache(prompt_cache[:n], target_model, "target")
+    check_prompt_cache(prompt_cache[n:], draft_model, "draft")
+    return prompt_cache[:n], prompt_cache[n:]
 
 
 def speculative_generate_step(
@@ -130,8 +120,15 @@ def speculative_generate_step(
     prompt_progress_callback=None,
     policy=None,
     accept=None,
-) -> Iterator[Round]:
-    """Yield rounds of token ids from `model` (the target), speculating with the drafters.
+    stop_tokens=(),
+) -> "RoundStream":
+    """Rounds of token ids from `model` (the target), speculating with the drafters.
+
+    Returns an iterator of `Round`s (validation happens here, prefill on the
+    first `next`). No round goes past `max_tokens` or an accepted token of
+    `stop_tokens`. A reused `prompt_cache` (target layers, then the draft's)
+    holds the prompt and the rounds' tokens but the last (the next pass starts
+    from it); `stream_generate` gives mlx-lm's contract on top.
 
     With no draft model and no prompt lookup it decodes the target alone.
     `num_draft_tokens` pins k; left as None the default policy chooses
@@ -150,30 +147,54 @@ def speculative_generate_step(
     if draft_model is not None:
         check_pair(model, draft_model)
     target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
-    drafters = []
     if prompt_lookup is None:
         prompt_lookup = draft_model is not None and sampling.greedy
+    if draft_model is not None or prompt_lookup:
+        # Sliding windows become rewindable, with room for the longest round; in the
+        # caller's list too, so that a reused prompt cache stays the one in use.
+        reserve = max(DEFAULT_RESERVE, max(num_draft_tokens or 0, max_draft_tokens) + 2)
+        for layers in (prompt_cache, target_cache, draft_cache):
+            if layers is not None:
+                make_rewindable(layers, reserve)
+        if prompt_cache is not None:
+            target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
+    drafters = []
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
         # in code the last token has nearly always occurred before.
         min_ngram = min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram) if draft_model is not None else 1
         drafters.append(PromptLookupDrafter(target_vocab, sampling.greedy,
                                             max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram))
+    draft = None
     if draft_model is not None:
-        drafters.append(DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
-                                          confidence=draft_confidence))
+        draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
+                                  confidence=draft_confidence)
+        drafters.append(draft)
     policy = policy or make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off)
-    if drafters:
-        needed = len(prompt) + max_tokens + max(num_draft_tokens or 0, max_draft_tokens) + 1
-        check_rewindable(target_cache, "target", needed)
-        for drafter in drafters:
-            if hasattr(drafter, "draft_cache"):
-                check_rewindable(drafter.draft_cache, "draft", needed)
-    yield from generate_rounds(
-        prompt, model, drafters, policy, sampling=sampling, max_tokens=max_tokens,
-        target_cache=target_cache, prefill_step_size=prefill_step_size,
+    target = ModelCache(model, target_cache, rewindable=bool(drafters))
+    rounds = generate_rounds(
+        prompt, target, drafters, policy, sampling=sampling, max_tokens=max_tokens,
+        prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
         prompt_progress_callback=prompt_progress_callback, accept=accept,
     )
+    return RoundStream(rounds, Session(target, draft, target.length))
+
+
+class RoundStream:
+    """The rounds of one call (an iterator, like a generator) and the caches they advance."""
+
+    def __init__(self, rounds: Iterator[Round], session: Session):
+        self._rounds = rounds
+        self.session = session
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Round:
+        return next(self._rounds)
+
+    def close(self) -> None:
+        self._rounds.close()
 
 
 def stream_generate(
@@ -217,46 +238,62 @@ def stream_generate(
         # The adaptive k follows timings, and the random stream follows k: a seeded
         # sampling run is reproducible only with a fixed k (the default one here).
         kwargs["adaptive"] = False
+    eos = set(tokenizer.eos_token_ids)
     rounds = speculative_generate_step(
         tokens, model, draft_model, max_tokens=max_tokens,
-        num_draft_tokens=num_draft_tokens, sampling=sampling, **kwargs,
+        num_draft_tokens=num_draft_tokens, sampling=sampling, stop_tokens=eos, **kwargs,
     )
+    reused = kwargs.get("prompt_cache") is not None
     recorder = StatsRecorder(len(tokens))
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
-    eos = set(tokenizer.eos_token_ids)
-    emitted = 0
-    prompt_cache = kwargs.get("prompt_cache")
-    start_offset = prompt_cache[0].offset if prompt_cache else 0
+    session = rounds.session
     seen = list(tokens)  # the prompt, then every token the caller is given
     started = False  # caches are only settled once generation got going
     with wired_limit(model, draft_model):
         try:
-            for round_ in rounds:
+            for token, round_, i, finish in _handed_out(rounds, eos, max_tokens, recorder, reused):
                 started = True
-                recorder.prompt_done()
-                wanted, finish = _cut_round(round_.tokens, eos, max_tokens - emitted)
-                recorder.record(round_, len(wanted))
-                for i, token in enumerate(wanted):
-                    emitted += 1
-                    seen.append(token)
+                seen.append(token)
+                if finish != "stop":  # the EOS is not text
                     detokenizer.add_token(token)
-                    last = finish == "length" and i == len(wanted) - 1
-                    if last:
-                        detokenizer.finalize()
-                    yield _response(detokenizer.last_segment, token, round_, i, recorder,
-                                    finish if last else None)
-                if finish == "stop":  # as in mlx-lm, the last response carries the EOS token
-                    eos_token = round_.tokens[len(wanted)]
-                    seen.append(eos_token)
-                    detokenizer.finalize()
-                    yield _response(detokenizer.last_segment, eos_token, round_, len(wanted),
-                                    recorder, finish)
                 if finish is not None:
-                    break
+                    detokenizer.finalize()
+                    if reused:  # the last token too, as mlx-lm: the cache is final now
+                        session.settle(seen)
+                elif reused:
+                    session.hold(len(seen))  # what the caller has, should it stop here
+                yield _response(detokenizer.last_segment, token, round_, i, recorder, finish)
+                session.release()
         finally:
-            if prompt_cache and started:
-                _settle_prompt_cache(prompt_cache, model, draft_model, seen, start_offset)
+            if reused and started:
+                session.settle(seen)
+
+
+def _handed_out(rounds, eos: set, max_tokens: int, recorder, reused: bool):
+    """(token, round, index in round, finish reason) for each token the caller gets.
+
+    With a reused prompt cache the last token of a round is handed out after
+    the next round, whose verify pass put it in the cache (as mlx-lm's cache
+    holds every token it yielded).
+    """
+    emitted = 0
+    deferred = []
+    for round_ in rounds:
+        recorder.prompt_done()
+        wanted, finish = _cut_round(round_.tokens, eos, max_tokens - emitted)
+        recorder.record(round_, len(wanted))
+        emitted += len(wanted)
+        items = deferred + [(t, round_, i, None) for i, t in enumerate(wanted)]
+        if finish == "length":
+            items[-1] = items[-1][:3] + ("length",)
+        elif finish == "stop":  # as in mlx-lm, the last response carries the EOS token
+            items.append((round_.tokens[len(wanted)], round_, len(wanted), "stop"))
+        deferred = [items.pop()] if reused and finish is None and items else []
+        yield from items
+        if finish is not None:
+            return
+    yield from deferred
 
 
 def _cut_round(tokens: List[int], eos: set, remaining: int):

@@ -4,19 +4,21 @@ One speculative round is   propose -> verify -> accept -> rewind -> emit:
 the drafts, the target's verify pass over [last token, d1..dk] and the
 acceptance rule are one lazy MLX graph, evaluated by the round's only host
 sync. Invariant between rounds: the target cache holds history[:-1]; the last
-history token is the one the next verify pass starts from.
+history token is the one the next verify pass starts from. Rewinding goes
+through `ModelCache`, which knows how each cache kind goes back (attention:
+trim; recurrent state: restore and replay the kept tokens).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Collection, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
 from .acceptance import AcceptanceRule, rule_for
 from .attention import round_attention
-from .cache import rewind
+from .cache import ModelCache
 from .policy import DraftPolicy
 from .sampling import SamplingConfig, logprobs_from_logits, model_logprobs, sample
 
@@ -38,21 +40,20 @@ class Round:
 class Decoder:
     """Everything a round reads or advances."""
 
-    target_model: object
-    target_cache: list
+    target: ModelCache
     drafters: Sequence  # asked in order; the first proposal wins
     sampling: SamplingConfig
     history: List[int]
     accept: AcceptanceRule
+    stop_tokens: Collection[int] = ()  # a round ends at the first accepted stop token
 
 
-def prefill(model, cache, tokens: List[int], step_size: int,
+def prefill(cache: ModelCache, tokens: List[int], step_size: int,
             progress: Optional[Callable[[int, int], None]] = None) -> None:
-    """Run `tokens` through `model` in chunks, filling `cache`."""
+    """Run `tokens` through the model in chunks, filling its cache."""
     for start in range(0, len(tokens), step_size):
-        chunk = mx.array(tokens[start:start + step_size], mx.uint32)
-        model(chunk[None], cache=cache)
-        mx.eval([c.state for c in cache])
+        cache.forward(mx.array(tokens[start:start + step_size], mx.uint32))
+        mx.eval([c.state for c in cache.layers])
         if progress:
             progress(min(start + step_size, len(tokens)), len(tokens))
     mx.clear_cache()
@@ -72,20 +73,31 @@ def speculative_round(decoder: Decoder, k: int) -> Round:
         return next(plain_rounds(decoder, 1))
     y = mx.array(decoder.history[-1:], mx.uint32)
     verify_input = mx.concatenate([y, proposal.tokens])  # (k+1,) lazy on the drafts
+    decoder.target.anchor()
     with round_attention():
-        target_logits = decoder.target_model(verify_input[None], cache=decoder.target_cache)[0]
+        target_logits = decoder.target.forward(verify_input)  # (k+1, V)
     target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (k+1, V)
     num_accepted, next_token = decoder.accept(proposal.tokens, proposal.probs, target_logprobs)
     summary = mx.concatenate(
         [num_accepted[None].astype(mx.uint32), next_token[None], proposal.tokens]
     )
     n, token, *drafted = summary.tolist()  # the only sync of the round
-    rewind(decoder.target_cache, len(drafted) - n)
+    n, token = _stop_at(decoder.stop_tokens, drafted, n, token)
+    decoder.target.fed(decoder.history[-1:] + drafted)
+    decoder.target.keep(n + 1)  # y and the accepted drafts
     proposal.drafter.commit(n)
     tokens = drafted[:n] + [token]
     decoder.history.extend(tokens)
     return Round(tokens, len(drafted), n, proposal.source,
                  _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling))
+
+
+def _stop_at(stop_tokens, drafted: List[int], n: int, token: int):
+    """End the round at an accepted stop token: nothing after it is kept."""
+    for i, t in enumerate(drafted[:n]):
+        if t in stop_tokens:
+            return i, t
+    return n, token
 
 
 def _reported(target_logits, target_logprobs, sampling: SamplingConfig) -> mx.array:
@@ -97,7 +109,7 @@ def plain_rounds(decoder: Decoder, count: int) -> Iterator[Round]:
     """`count` ordinary decoding steps, the next one queued before yielding."""
 
     def step(y):
-        target_logits = decoder.target_model(y[None], cache=decoder.target_cache)[0, -1]
+        target_logits = decoder.target.forward(y)[-1]
         target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (V,)
         token = sample(target_logprobs, decoder.sampling)
         mx.async_eval(token)
@@ -109,31 +121,34 @@ def plain_rounds(decoder: Decoder, count: int) -> Iterator[Round]:
         value = token.item()  # the only sync of the step
         decoder.history.append(value)
         yield Round([value], 0, 0, "target", logprobs[None])
+        if value in decoder.stop_tokens:
+            return
         if pending is not None:
             token, logprobs = pending
 
 
 def generate_rounds(
     prompt: List[int],
-    target_model,
+    target: ModelCache,
     drafters: Sequence,
     policy: DraftPolicy,
     *,
     sampling: SamplingConfig,
     max_tokens: int,
-    target_cache: list,
     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     accept: Optional[AcceptanceRule] = None,
+    stop_tokens: Collection[int] = (),
 ) -> Iterator[Round]:
-    """Prefill, then yield rounds until at least `max_tokens` tokens were emitted.
+    """Prefill, then yield rounds until `max_tokens` tokens or a stop token were emitted.
 
-    The caller trims the last round to `max_tokens` and stops at EOS.
+    No round goes past `max_tokens` or past an accepted stop token, so the
+    caches never hold more than what was emitted (plus the last token, which
+    the next pass starts from).
     """
-    decoder = Decoder(target_model, target_cache, drafters, sampling, list(prompt),
-                      accept or rule_for(sampling.greedy))
-    prefill(target_model, target_cache, prompt[:-1], prefill_step_size,
-            prompt_progress_callback)
+    decoder = Decoder(target, drafters, sampling, list(prompt),
+                      accept or rule_for(sampling.greedy), frozenset(stop_tokens))
+    prefill(target, prompt[:-1], prefill_step_size, prompt_progress_callback)
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             drafter.prefill(prompt, prefill_step_size)
@@ -151,3 +166,5 @@ def generate_rounds(
             emitted += len(round_.tokens)
             policy.observe(round_)
             yield round_
+            if round_.tokens[-1] in decoder.stop_tokens:
+                return

@@ -98,8 +98,8 @@ def _first_tokens(target_model, tokenizer, prompt, n):
 @pytest.mark.parametrize("stop", ["eos", "length"])
 def test_reused_prompt_cache_holds_what_the_caller_saw(pair, stop):
     """After EOS in the middle of a round (or max_tokens), a reused prompt cache
-    holds the prompt and the returned tokens (not the last), in both models, so
-    a second turn continues exactly like a fresh run over the whole text."""
+    holds the prompt and every returned token (the last too, as mlx-lm's), in both
+    models, so a second turn continues exactly like a fresh run over the whole text."""
     from mlx_spec.cache import make_cache
 
     target_model, draft_model, tokenizer = pair
@@ -120,9 +120,9 @@ def test_reused_prompt_cache_holds_what_the_caller_saw(pair, stop):
     got = [r.token for r in out]
     seen = plain[:4] if stop == "eos" else plain[:8]
     assert got == seen and out[-1].finish_reason == ("stop" if stop == "eos" else "length")
-    assert cache[0].offset == len(ids) + len(seen) - 1
+    assert cache[0].offset == len(ids) + len(seen)
     assert cache[n].offset == cache[0].offset
-    follow = list(stream_generate(target_model, tokenizer, seen[-1:] + plain[len(seen):len(seen) + 2],
+    follow = list(stream_generate(target_model, tokenizer, plain[len(seen):len(seen) + 2],
                                   draft_model=draft_model, max_tokens=4, num_draft_tokens=3,
                                   prompt_cache=cache))
     fresh = _first_tokens(target_model, tokenizer, ids + seen + plain[len(seen):len(seen) + 2], 4)

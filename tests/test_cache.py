@@ -1,10 +1,10 @@
-"""Rewinding caches, and refusing caches that cannot be rewound."""
+"""Rewinding caches: attention trims, sliding windows after they wrap, recurrent state."""
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+from mlx_lm.models.cache import RotatingKVCache
 
-from mlx_spec.cache import check_rewindable, make_cache, rewind
+from mlx_spec.cache import ModelCache, WindowKVCache, make_cache, rewind
 from mlx_spec.generate import speculative_generate_step
 
 
@@ -26,35 +26,90 @@ def test_continuing_after_rewind_matches_a_clean_cache(target_model, rejected):
     assert mx.allclose(got, want, atol=1e-4).item()
 
 
-def test_sliding_window_that_can_wrap_is_refused(target_model, drafts):
+def _window_model_cache(model, window, keep=0):
+    layers = [RotatingKVCache(max_size=window, keep=keep) for _ in model.layers]
+    return ModelCache(model, layers, reserve=8)
+
+
+def _plain_window_logits(model, tokens, window, keep=0):
+    """Reference: mlx-lm's own rotating cache fed one token at a time (plain decoding)."""
+    cache = [RotatingKVCache(max_size=window, keep=keep) for _ in model.layers]
+    out = None
+    for t in tokens:
+        out = model(mx.array([[t]]), cache=cache)[0, -1]
+    return out
+
+
+@pytest.mark.parametrize("keep", [0, 2])
+def test_window_cache_rewinds_after_it_wraps(target_model, keep):
+    """Rounds of 5 fed tokens of which 2 are kept, far past an 8-token window: the
+    next logits equal plain one-token decoding through mlx-lm's RotatingKVCache."""
+    window = 8
+    cache = _window_model_cache(target_model, window, keep)
+    history = [3, 1, 4]
+    cache.forward(mx.array(history, mx.uint32))
+    for step in range(12):
+        fed = [(7 * step + i) % 60 + 1 for i in range(5)]
+        cache.anchor()
+        cache.forward(mx.array(fed, mx.uint32))
+        cache.fed(fed)
+        cache.keep(2)
+        history += fed[:2]
+        assert cache.length == len(history)
+    got = cache.forward(mx.array([9], mx.uint32))[-1]
+    want = _plain_window_logits(target_model, history + [9], window, keep)
+    assert mx.allclose(got, want, atol=1e-4).item()
+    assert all(isinstance(c, WindowKVCache) for c in cache.layers)
+
+
+def test_window_mask_for_a_multi_token_pass_matches_plain_decoding(target_model):
+    """Each row of a verify pass over a wrapped window equals the plain one-token logits."""
+    window = 6
+    cache = _window_model_cache(target_model, window)
+    history = list(range(1, 20))
+    cache.forward(mx.array(history, mx.uint32))
+    block = [21, 22, 23, 24]
+    got = cache.forward(mx.array(block, mx.uint32))
+    for i in range(len(block)):
+        want = _plain_window_logits(target_model, history + block[:i + 1], window)
+        assert mx.allclose(got[i], want, atol=1e-4).item()
+
+
+def test_window_cache_refuses_a_rewind_beyond_its_reserve(target_model):
+    cache = _window_model_cache(target_model, window=4)
+    for start in range(0, 400, 4):  # compacts whenever the buffer fills
+        cache.forward(mx.array([(start + i) % 60 + 1 for i in range(4)], mx.uint32))
+    cache.restore_length(cache.length - 8)  # within the reserve
+    with pytest.raises(ValueError, match="reserve"):
+        cache.restore_length(cache.length - 200)
+
+
+def test_a_prompt_cache_of_the_wrong_size_gets_a_sentence(target_model, drafts):
+    short = make_cache(target_model)[:1]
+    with pytest.raises(ValueError, match="holds 1 layers for the target model, which makes 2"):
+        list(speculative_generate_step([1, 2, 3], target_model, max_tokens=3, prompt_cache=short))
+    with pytest.raises(ValueError, match="for the draft model"):
+        list(speculative_generate_step([1, 2, 3], target_model, drafts["related"], max_tokens=3,
+                                       prompt_cache=make_cache(target_model) + short))
+    with pytest.raises(ValueError, match="holds 0 layers"):
+        list(speculative_generate_step([1, 2, 3], target_model, max_tokens=3, prompt_cache=[]))
+
+
+def test_a_prompt_cache_of_the_wrong_kind_gets_a_sentence(target_model):
+    from mlx_lm.models.cache import ArraysCache
+
+    wrong = [ArraysCache(size=2) for _ in target_model.layers]
+    with pytest.raises(ValueError, match="layer 0 of the target model is a ArraysCache"):
+        list(speculative_generate_step([1, 2, 3], target_model, max_tokens=3, prompt_cache=wrong))
+
+
+def test_a_reused_sliding_window_prompt_cache_is_converted_in_place(target_model, drafts):
     cache = [RotatingKVCache(max_size=16) for _ in target_model.layers]
     cache += make_cache(drafts["related"])
-    with pytest.raises(ValueError, match="RotatingKVCache"):
-        list(speculative_generate_step([1, 2, 3], target_model, drafts["related"],
-                                       max_tokens=50, prompt_cache=cache))
-
-
-def test_sliding_window_that_never_wraps_is_allowed(target_model, drafts):
-    cache = [RotatingKVCache(max_size=4096) for _ in target_model.layers]
-    cache += make_cache(drafts["related"])
     rounds = list(speculative_generate_step([1, 2, 3], target_model, drafts["related"],
-                                            max_tokens=10, prompt_cache=cache))
-    assert sum(len(r.tokens) for r in rounds) >= 10
-
-
-def test_recurrent_state_is_refused():
-    with pytest.raises(ValueError, match="ArraysCache"):
-        check_rewindable([ArraysCache(size=2)], "target", needed_tokens=10)
-
-
-def test_draft_cache_is_checked_too(target_model, drafts):
-    n = len(target_model.layers)
-    cache = make_cache(target_model) + [RotatingKVCache(max_size=8)
-                                        for _ in drafts["unrelated"].layers]
-    assert len(cache) > n
-    with pytest.raises(ValueError, match="draft model's cache"):
-        list(speculative_generate_step([1, 2, 3], target_model, drafts["unrelated"],
-                                       max_tokens=50, prompt_cache=cache))
+                                            max_tokens=50, prompt_cache=cache))
+    assert sum(len(r.tokens) for r in rounds) == 50
+    assert isinstance(cache[0], WindowKVCache)
 
 
 def test_target_only_prompt_cache_with_a_draft_is_refused(target_model, drafts):

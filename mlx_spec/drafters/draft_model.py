@@ -4,6 +4,11 @@ The draft cache holds a prefix of the shared history; `propose` first feeds
 whatever it has not seen (the last emitted token, plus the last draft token
 when all k were accepted, or everything generated while another drafter
 proposed), then drafts k tokens. Nothing here waits for the device.
+
+Rewinding after verification: attention layers are trimmed; a draft with
+recurrent state (a hybrid or SSM draft) keeps a checkpoint after each of its
+one-token steps (references to the state arrays, free) and goes back to the
+one at the accepted length, so it never replays anything.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import List
 import mlx.core as mx
 
 from ..attention import round_attention
-from ..cache import make_cache, rewind
+from ..cache import ModelCache, make_cache
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from . import Proposal
 
@@ -25,25 +30,32 @@ class DraftModelDrafter:
                  cache=None, confidence: float = 0.0):
         self.draft_model = draft_model
         self.draft_cache = cache if cache is not None else make_cache(draft_model)
+        self.draft = ModelCache(draft_model, self.draft_cache)
         self.sampling = sampling
         self.target_vocab_size = target_vocab_size
         self.confidence = confidence
         self.cached = 0  # how many history tokens the draft cache holds
         self._proposed_at = 0
+        self._start = None
+        self._steps = []  # checkpoints after each draft step (recurrent drafts only)
 
     def prefill(self, prompt: List[int], step_size: int, progress=None) -> None:
         """Process all prompt tokens but the last, in chunks."""
         from ..loop import prefill
 
-        prefill(self.draft_model, self.draft_cache, prompt[:-1], step_size, progress)
+        prefill(self.draft, prompt[:-1], step_size, progress)
         self.cached = len(prompt) - 1
 
     def propose(self, history: List[int], k: int) -> Proposal:
         y = mx.array(history[self.cached:], mx.uint32)  # tokens the draft has not seen
         draft_tokens, draft_probs = [], []
+        self._steps = []
+        self._start = (self.draft.checkpoint(), self.cached)  # for settle() after a break
         with round_attention():  # once per proposal: the first pass catches up on 1..k+1 tokens
             for i in range(k):
-                draft_logits = self.draft_model(y[None], cache=self.draft_cache)[0, -1]  # (V_d,)
+                draft_logits = self.draft.forward(y)[-1]  # (V_d,)
+                if self.draft.has_recurrent:
+                    self._steps.append(self.draft.checkpoint())
                 draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)
                 y = sample(draft_logprobs, self.sampling)[None]  # (1,)
                 if self.sampling.greedy:
@@ -71,5 +83,21 @@ class DraftModelDrafter:
 
     def commit(self, num_accepted: int) -> None:
         keep = min(self.cached, self._proposed_at + num_accepted)
-        rewind(self.draft_cache, self.cached - keep)
+        if self._steps:  # step j's checkpoint holds history + j drafts
+            self.draft.restore(self._steps[keep - self._proposed_at])
+        else:
+            self.draft.restore_length(self.draft.length - (self.cached - keep))
+        self._steps = []
         self.cached = keep
+
+    def settle(self, history: List[int], num_tokens: int) -> None:
+        """Make the draft cache hold exactly history[:num_tokens] (end of a call)."""
+        if self.cached > num_tokens and self.draft.has_recurrent and self._start:
+            point, self.cached = self._start  # before the last proposal: a prefix of the wanted
+            self.draft.restore(point)
+        if self.cached > num_tokens:
+            self.draft.restore_length(self.draft.length - (self.cached - num_tokens))
+        elif self.cached < num_tokens:
+            self.draft.forward(mx.array(history[self.cached:num_tokens], mx.uint32))
+        mx.eval([c.state for c in self.draft_cache])
+        self.cached = num_tokens

@@ -1,0 +1,171 @@
+"""One model's cache, rewindable to any point of the current round, for every cache kind.
+
+The loop marks an anchor before each forward it may have to undo
+(`anchor()`), feeds tokens (`forward`), and after verification keeps a prefix
+of what it fed (`keep`). How a layer goes back depends on its kind:
+
+- attention caches (`KVCache`, quantized, chunked, `WindowKVCache`): trim the
+  offset (host metadata only);
+- recurrent state (`ArraysCache`: Gated DeltaNet, Mamba, short convolutions):
+  the layer's slots are snapshotted by reference at the anchor (the layers
+  assign new arrays, so this is free). Going back restores them and replays
+  the kept tokens. A replay is a lazy forward of the kept tokens evaluated
+  with the next round's sync, so rejections cost one extra (short) forward
+  and full acceptance costs nothing.
+
+`checkpoint()` / `restore()` also give exact per-step states for free where
+the caller feeds one token at a time (the draft model's steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
+
+from .window import DEFAULT_RESERVE, WindowKVCache
+
+
+def leaves(layers: Sequence) -> Iterator:
+    """Every leaf cache, looking inside mlx-lm's CacheList."""
+    for layer in layers:
+        if isinstance(layer, CacheList):
+            yield from leaves(layer.caches)
+        else:
+            yield layer
+
+
+def is_recurrent(layer) -> bool:
+    return isinstance(layer, ArraysCache)
+
+
+def is_trimmable(layer) -> bool:
+    return hasattr(layer, "trim") and layer.is_trimmable() and not is_recurrent(layer)
+
+
+def make_rewindable(layers: list, reserve: int = DEFAULT_RESERVE) -> None:
+    """Replace sliding-window layers by rewindable ones, in place (the list stays the caller's)."""
+    for i, layer in enumerate(layers):
+        if isinstance(layer, CacheList):
+            make_rewindable(layer.caches, reserve)
+        elif isinstance(layer, RotatingKVCache):
+            layers[i] = WindowKVCache.from_rotating(layer, reserve)
+        elif isinstance(layer, WindowKVCache) and layer.reserve < reserve:
+            layer.reserve = reserve
+
+
+def unsupported_kinds(layers: Sequence) -> List[str]:
+    """Cache kinds this module cannot rewind (none that mlx-lm builds for one sequence)."""
+    return sorted({type(c).__name__ for c in leaves(layers)
+                   if not (is_recurrent(c) or isinstance(c, (WindowKVCache, RotatingKVCache))
+                           or (hasattr(c, "trim") and hasattr(c, "offset")))})
+
+
+def cache_length(layers) -> int:
+    """Tokens held, read from the first layer that counts them (recurrent state does not)."""
+    for layer in leaves(layers):
+        offset = getattr(layer, "offset", None)
+        if isinstance(offset, int):
+            return offset
+    return 0
+
+
+@dataclass
+class Checkpoint:
+    length: int
+    slots: List[list]  # per recurrent layer, its slot arrays at that point
+
+
+class ModelCache:
+    """A model and its cache list; `length` counts the tokens the cache holds."""
+
+    def __init__(self, model, layers: list, length: Optional[int] = None,
+                 rewindable: bool = True, reserve: int = DEFAULT_RESERVE):
+        if rewindable:  # sliding windows become WindowKVCache, in `layers` itself
+            make_rewindable(layers, reserve)
+        self.model = model
+        self.layers = layers
+        self.length = cache_length(layers) if length is None else length
+        all_leaves = list(leaves(layers))
+        self.trimmable = [c for c in all_leaves if not is_recurrent(c)]
+        self.recurrent = [c for c in all_leaves if is_recurrent(c)]
+        self._anchor: Optional[Checkpoint] = None
+        self._fed: List[int] = []  # host tokens fed since the anchor, when known
+        self.replayed_tokens = 0  # tokens re-run to rebuild recurrent state
+
+    @property
+    def has_recurrent(self) -> bool:
+        return bool(self.recurrent)
+
+    def forward(self, tokens: mx.array) -> mx.array:
+        """Feed `tokens` (T,), lazily; returns the logits (T, V)."""
+        logits = self.model(tokens[None], cache=self.layers)[0]
+        self.length += tokens.shape[0]
+        return logits
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.length, [list(c.cache) for c in self.recurrent])
+
+    def restore(self, point: Checkpoint) -> None:
+        """Go back to `point` (no replay): trim attention, put the recurrent slots back."""
+        for layer in self.trimmable:  # by each layer's own count: others may have fed it too
+            layer.trim(max(0, layer.offset - point.length))
+        for layer, slots in zip(self.recurrent, point.slots):
+            layer.cache = list(slots)
+        self.length = point.length
+
+    def restore_length(self, length: int) -> None:
+        """Go back to `length` tokens; only attention layers can without a checkpoint."""
+        if length < self.length:
+            if self.recurrent:
+                raise RuntimeError("recurrent state can only go back to a checkpoint")
+            self._trim(self.length - length)
+            self.length = length
+
+    def anchor(self) -> None:
+        """Mark the point the next forwards may be undone back to."""
+        self._anchor = self.checkpoint()
+        self._fed = []
+
+    @property
+    def anchor_length(self) -> int:
+        return self._anchor.length
+
+    def fed(self, tokens: List[int]) -> None:
+        """Tell the cache the host values of the tokens fed since the anchor."""
+        self._fed = list(tokens)
+
+    def keep(self, num_tokens: int) -> None:
+        """Keep only the first `num_tokens` fed since the anchor."""
+        anchor = self._anchor
+        drop = self.length - anchor.length - num_tokens
+        if drop <= 0:
+            return
+        if not self.recurrent:
+            self._trim(drop)
+            self.length -= drop
+        else:
+            if len(self._fed) != self.length - anchor.length:
+                raise RuntimeError("keep() needs the host values of every token fed since anchor()")
+            kept = self._fed[:num_tokens]
+            self.restore(anchor)
+            if kept:
+                self.forward(mx.array(kept, mx.uint32))
+                self.replayed_tokens += len(kept)
+        self._fed = self._fed[:num_tokens]
+
+    def _trim(self, n: int) -> None:
+        if n > 0:
+            for layer in self.trimmable:
+                layer.trim(n)
+
+    def untrim(self, n: int) -> None:
+        """Take back a trim of attention entries that were not overwritten since."""
+        for layer in self.trimmable:
+            if isinstance(layer, WindowKVCache):
+                layer.untrim(n)
+            else:
+                layer.offset += n
+        self.length += n

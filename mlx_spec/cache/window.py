@@ -1,0 +1,156 @@
+"""A sliding-window KV cache that can be rewound after it wraps.
+
+mlx-lm's `RotatingKVCache` keeps exactly the last `max_size` entries in a
+ring, so once it wraps a rejected draft has already overwritten an entry that
+a rewind would bring back into the window: it cannot be trimmed. This cache
+keeps the entries in time order with a reserve of `reserve` extra entries
+behind the window, so any rewind of up to `reserve` tokens is host metadata
+only (the offset moves back), exactly as for a plain `KVCache`. Attention
+sees the same window as plain decoding: the mask hides what is older than
+`max_size - keep` tokens (the first `keep` tokens stay visible, as in mlx-lm).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache, _BaseCache
+
+DEFAULT_RESERVE = 64  # rewind budget after a wrap: k + 1 of any round must fit
+STEP = 256  # buffer growth and compaction granularity
+
+
+class WindowKVCache(_BaseCache):
+    """Duck-typed like mlx-lm's caches: update_and_fetch, offset, trim, make_mask."""
+
+    def __init__(self, max_size: int, keep: int = 0, reserve: int = DEFAULT_RESERVE):
+        if not 0 <= keep < max_size:
+            raise ValueError(f"keep must be in [0, max_size), got {keep} for max_size {max_size}.")
+        self.max_size = max_size
+        self.keep = keep
+        self.reserve = reserve
+        self.keys = None
+        self.values = None
+        self.offset = 0  # tokens seen (absolute position of the next token)
+        self.start = keep  # absolute position of the first non-keep entry in the buffer
+        self.written = 0  # buffer entries holding data (>= the entries in use)
+
+    # -- layout: buffer[:keep] = positions [0, keep); buffer[keep:] = [start, offset)
+
+    @property
+    def _used(self) -> int:
+        return self.keep + self.offset - self.start if self.offset > self.keep else self.offset
+
+    def _start_after(self, num_new: int) -> int:
+        """Where the buffer will start after appending `num_new` (shared by mask and update)."""
+        if self.offset <= self.keep:
+            return self.keep
+        # Entries the next queries and any rewind of `reserve` tokens may still need.
+        needed_from = max(self.keep, self.offset - (self.max_size - self.keep) + 1 - self.reserve)
+        capacity = self.max_size + self.reserve + STEP
+        if self._used + num_new <= capacity or needed_from <= self.start:
+            return self.start
+        return needed_from
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        num_new = keys.shape[2]
+        new_start = self._start_after(num_new)
+        if self.keys is None:
+            self.keys, self.values = keys, values
+            self.written = num_new
+        else:
+            used = self._used
+            if new_start > self.start:  # compact: drop what no query or rewind can need
+                drop = new_start - self.start
+                self.keys = mx.concatenate(
+                    [self.keys[..., : self.keep, :], self.keys[..., self.keep + drop: used, :]], axis=2)
+                self.values = mx.concatenate(
+                    [self.values[..., : self.keep, :], self.values[..., self.keep + drop: used, :]], axis=2)
+                self.start = new_start
+                used -= drop
+            if used + num_new > self.keys.shape[2]:
+                grow = ((num_new + STEP - 1) // STEP) * STEP
+                shape_k = (*self.keys.shape[:2], used + grow, self.keys.shape[3])
+                shape_v = (*self.values.shape[:2], used + grow, self.values.shape[3])
+                k_buf = mx.zeros(shape_k, keys.dtype)
+                v_buf = mx.zeros(shape_v, values.dtype)
+                k_buf[..., :used, :] = self.keys[..., :used, :]
+                v_buf[..., :used, :] = self.values[..., :used, :]
+                self.keys, self.values = k_buf, v_buf
+            self.keys[..., used: used + num_new, :] = keys
+            self.values[..., used: used + num_new, :] = values
+            self.written = used + num_new
+        if self.offset <= self.keep:
+            self.start = self.keep
+        self.offset += num_new
+        used = self._used
+        return self.keys[..., :used, :], self.values[..., :used, :]
+
+    def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
+        """The mask for the next `N` queries over the keys update_and_fetch will return."""
+        window = min(window_size or self.max_size, self.max_size - self.keep)
+        end = self.offset + N
+        num_kept = min(self.keep, end)
+        start = self._start_after(N) if self.offset > self.keep else self.keep
+        oldest = max(start, num_kept)  # oldest position after the kept prefix
+        if N == 1 and not return_array and oldest >= self.offset - window + 1:
+            return None  # one query that sees every key
+        key_pos = mx.concatenate([mx.arange(num_kept), mx.arange(oldest, end)])[None]
+        query_pos = mx.arange(self.offset, end)[:, None]  # (N, 1)
+        return (key_pos <= query_pos) & ((query_pos - key_pos < window) | (key_pos < self.keep))
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        """Drop the last `n` tokens; allowed while their window is still in the buffer."""
+        n = min(self.offset, n)
+        if self.start > max(self.keep, self.offset - n - (self.max_size - self.keep) + 1):
+            raise ValueError(
+                f"Cannot rewind a sliding-window cache by {n} tokens: only {self.reserve} "
+                "entries are kept behind the window; raise the reserve.")
+        self.offset -= n
+        return n
+
+    def untrim(self, n: int) -> None:
+        """Take back a trim of `n` tokens whose entries were not overwritten since."""
+        if self._used + n > self.written:
+            raise ValueError("Cannot take back a trim over entries that were overwritten.")
+        self.offset += n
+
+    def size(self) -> int:
+        return min(self.offset, self.max_size)
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def state(self):
+        used = self._used
+        return self.keys[..., :used, :], self.values[..., :used, :]
+
+    @property
+    def meta_state(self):
+        return tuple(map(str, (self.max_size, self.keep, self.reserve, self.offset, self.start)))
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+    @classmethod
+    def from_rotating(cls, rotating: RotatingKVCache, reserve: int = DEFAULT_RESERVE):
+        """The same window as a (possibly filled, possibly wrapped) RotatingKVCache."""
+        cache = cls(rotating.max_size, rotating.keep, reserve)
+        if rotating.keys is None or rotating.offset == 0:
+            return cache
+        keys = rotating._temporal_order(rotating.keys)
+        values = rotating._temporal_order(rotating.values)
+        held = min(rotating.offset, keys.shape[2])
+        keys, values = keys[..., :held, :], values[..., :held, :]
+        cache.keys, cache.values = keys, values
+        cache.offset = rotating.offset
+        cache.start = rotating.offset - (held - rotating.keep) if rotating.offset > rotating.keep \
+            else rotating.keep
+        cache.written = held
+        return cache

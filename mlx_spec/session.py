@@ -1,0 +1,61 @@
+"""One generation call's caches: what they hold while tokens are handed out, and after.
+
+The prompt-cache contract (mlx-lm's): a reused `prompt_cache` holds the
+prompt and every token the caller was given, including the last (and the
+EOS when generation stopped on it), and never a rejected draft. It holds
+at every point the caller can stop at: after the last response, when the
+caller breaks out of the loop (with or without closing the generator), or
+when an exception is raised inside the caller's loop.
+
+`hold(n)` makes the caches show the first n tokens of the call while a
+response is out (attention layers: a trim, taken back by `release()`);
+`settle(seen)` makes them hold exactly `seen` for good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import mlx.core as mx
+
+from .cache import ModelCache
+
+
+@dataclass
+class Session:
+    target: ModelCache
+    draft: Optional[object]  # the DraftModelDrafter, if any
+    start: int  # tokens the target cache held before this call
+    _held: List = field(default_factory=list)
+
+    def hold(self, num_tokens: int) -> None:
+        """Show `num_tokens` of this call while a response is out (attention caches only)."""
+        self._held = []
+        caches = [self.target] + ([self.draft.draft] if self.draft else [])
+        for cache in caches:
+            extra = cache.length - (self.start + num_tokens)
+            if extra > 0 and not cache.has_recurrent:
+                cache.restore_length(cache.length - extra)
+                self._held.append((cache, extra))
+
+    def release(self) -> None:
+        for cache, extra in self._held:
+            cache.untrim(extra)
+        self._held = []
+
+    def settle(self, seen: List[int]) -> None:
+        """Leave the caches holding exactly `seen` (this call's prompt + every token handed out)."""
+        self.release()
+        target = self.target
+        wanted = self.start + len(seen)
+        if target.length > wanted:
+            if target.has_recurrent:
+                target.keep(wanted - target.anchor_length)
+            else:
+                target.restore_length(wanted)
+        if target.length < wanted:
+            target.forward(mx.array(seen[target.length - self.start:], mx.uint32))
+        mx.eval([c.state for c in target.layers])
+        if self.draft is not None:
+            self.draft.settle(seen, len(seen))

@@ -1,0 +1,199 @@
+"""Tiny random models of mlx-lm's hybrid and sliding-window classes, for tests.
+
+Each family is built from mlx-lm's own model class with a config small enough
+to construct in well under a second, yet mixing the family's layer kinds so
+that ``make_prompt_cache(model)`` yields both cache kinds:
+
+- ``qwen3_5``, ``qwen3_next``: Gated DeltaNet layers (ArraysCache) and full
+  attention layers (KVCache), ``full_attention_interval=2``.
+- ``lfm2``: short-conv layers (ArraysCache) and attention (KVCache).
+- ``nemotron_h``: Mamba-2 (ArraysCache), attention (KVCache) and MLP layers
+  (no cache, so the cache list is shorter than the layer list).
+- ``gemma3_text``: sliding-window layers (RotatingKVCache of size ``window``)
+  and one global layer (KVCache).
+- ``gpt_oss``: alternating sliding (RotatingKVCache) / full (KVCache) layers
+  with a 4-expert, top-2 MoE.
+
+Embeddings are untied wherever the class allows it (lfm2 always ties its
+output head to the embedding; see ``make_family``). Weights are random but
+deterministic in ``seed``, float32, and weight matrices are scaled up as in
+``tests/tiny.py`` so greedy output depends on the context instead of echoing.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_map
+
+FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "gemma3_text", "gpt_oss"]
+
+HIDDEN = 32  # divisible by the quantization group size (32)
+
+
+def _qwen3_5(vocab_size, window):
+    from mlx_lm.models import qwen3_5
+
+    # What mlx_lm.load builds for a text-only qwen3_5 checkpoint: the config
+    # has no text_config, so ModelArgs.from_dict wraps the whole dict.
+    text_config = {
+        "model_type": "qwen3_5", "hidden_size": HIDDEN, "intermediate_size": 64,
+        "num_hidden_layers": 4, "full_attention_interval": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.25},
+    }
+    args = qwen3_5.ModelArgs.from_dict(text_config)
+    return qwen3_5.Model(args)
+
+
+def _qwen3_next(vocab_size, window):
+    from mlx_lm.models import qwen3_next
+
+    args = qwen3_next.ModelArgs.from_dict({
+        "model_type": "qwen3_next", "hidden_size": HIDDEN, "intermediate_size": 64,
+        "num_hidden_layers": 4, "full_attention_interval": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        # Dense MLP everywhere (num_experts=0); the MoE keys are still required.
+        "num_experts": 0, "num_experts_per_tok": 0, "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 0, "mlp_only_layers": [],
+        "moe_intermediate_size": 0,
+        "rms_norm_eps": 1e-6, "vocab_size": vocab_size, "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+    })
+    return qwen3_next.Model(args)
+
+
+def _lfm2(vocab_size, window):
+    from mlx_lm.models import lfm2
+
+    # lfm2.Model has no lm_head: the output is always embed_tokens.as_linear.
+    args = lfm2.ModelArgs.from_dict({
+        "model_type": "lfm2", "vocab_size": vocab_size, "hidden_size": HIDDEN,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096, "norm_eps": 1e-5,
+        "conv_bias": False, "conv_L_cache": 3,
+        "block_dim": HIDDEN, "block_ff_dim": 64, "block_multiple_of": 16,
+        "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
+        "rope_theta": 10000.0,
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    })
+    return lfm2.Model(args)
+
+
+def _nemotron_h(vocab_size, window):
+    from mlx_lm.models import nemotron_h
+
+    args = nemotron_h.ModelArgs.from_dict({
+        "model_type": "nemotron_h", "vocab_size": vocab_size, "hidden_size": HIDDEN,
+        "intermediate_size": 64, "max_position_embeddings": 4096,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "attention_bias": False,
+        "mamba_num_heads": 4, "mamba_head_dim": 16, "mamba_proj_bias": False,
+        "ssm_state_size": 16, "conv_kernel": 4, "n_groups": 1,
+        "mlp_bias": False, "layer_norm_epsilon": 1e-5,
+        "use_bias": False, "use_conv_bias": True,
+        # Mamba, attention, MLP (no cache), Mamba.
+        "hybrid_override_pattern": "M*-M",
+    })
+    return nemotron_h.Model(args)
+
+
+def _gemma3_text(vocab_size, window):
+    from mlx_lm.models import gemma3_text
+
+    # Layers 0, 1, 3 slide (RotatingKVCache), layer 2 is global (KVCache).
+    args = gemma3_text.ModelArgs.from_dict({
+        "model_type": "gemma3_text", "hidden_size": HIDDEN, "num_hidden_layers": 4,
+        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "query_pre_attn_scalar": 16, "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "sliding_window": window,
+        "sliding_window_pattern": 3, "max_position_embeddings": 4096,
+    })
+    return gemma3_text.Model(args)  # always has its own lm_head (untied)
+
+
+def _gpt_oss(vocab_size, window):
+    from mlx_lm.models import gpt_oss
+
+    args = gpt_oss.ModelArgs.from_dict({
+        "model_type": "gpt_oss", "num_hidden_layers": 4, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "vocab_size": vocab_size, "rms_norm_eps": 1e-5,
+        "hidden_size": HIDDEN, "intermediate_size": 64, "head_dim": 16,
+        "num_attention_heads": 4, "num_key_value_heads": 2,
+        "sliding_window": window, "rope_theta": 150000,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    })
+    return gpt_oss.Model(args)  # always has its own lm_head (untied)
+
+
+_BUILDERS = {
+    "qwen3_5": _qwen3_5,
+    "qwen3_next": _qwen3_next,
+    "lfm2": _lfm2,
+    "nemotron_h": _nemotron_h,
+    "gemma3_text": _gemma3_text,
+    "gpt_oss": _gpt_oss,
+}
+
+# Factor on every weight of ndim >= 2: Linear/Embedding matrices as in
+# tests/tiny.py, plus the 3-D conv kernels (lfm2, Mamba-2, Gated DeltaNet) and
+# gpt_oss's 3-D expert weights. Scaling only the 2-D ones leaves nemotron_h
+# and gpt_oss near-repetitive (~10 distinct tokens in 40 for some seeds).
+# 1-D norms, biases, A_log, dt_bias and sinks are left as initialized.
+WEIGHT_SCALE = 3.0
+
+
+def _quantizable(group_size):
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized"):
+            return False
+        weight = getattr(module, "weight", None)
+        return weight is not None and weight.shape[-1] % group_size == 0
+    return predicate
+
+
+def make_family(name: str, seed: int = 0, vocab_size: int = 64, window: int = 8,
+                quantize_bits: int | None = None):
+    """A random tiny model of mlx-lm's `name` class (untied embeddings), float32, eval'd.
+
+    `window` is the sliding window of gemma3_text and gpt_oss (ignored by the
+    others). `quantize_bits` of 4 or 8 quantizes every Linear/Embedding (and
+    gpt_oss's SwitchLinear experts) with group size 32 after the scaling.
+    lfm2's class has no separate output head, so its embeddings stay tied.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown family {name!r}; expected one of {FAMILIES}")
+    if quantize_bits not in (None, 4, 8):
+        raise ValueError(f"quantize_bits must be None, 4 or 8, not {quantize_bits}")
+    mx.random.seed(seed)
+    model = _BUILDERS[name](vocab_size, window)
+    model.set_dtype(mx.float32)
+    model.update(tree_map(lambda w: w * WEIGHT_SCALE if w.ndim >= 2 else w,
+                          model.parameters()))
+    if quantize_bits is not None:
+        nn.quantize(model, group_size=32, bits=quantize_bits,
+                    class_predicate=_quantizable(32))
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The reference: mlx-lm's own generate_step with an argmax sampler."""
+    from mlx_lm.generate import generate_step
+
+    out = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=n,
+                                  sampler=lambda lp: mx.argmax(lp, axis=-1)):
+        out.append(int(token))
+    return out

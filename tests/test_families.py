@@ -1,0 +1,115 @@
+"""Hybrid recurrent and sliding-window models: greedy parity against mlx-lm's own decoding.
+
+For each family (tiny random models built from mlx-lm's classes, windows of
+8 tokens so they wrap many times) mlx-spec's greedy tokens over 160 generated
+tokens must equal mlx-lm's `generate_step` greedy tokens: for k in {1, 2, 5},
+the adaptive policy, the target drafting for itself (everything accepted),
+a different random model of the family (many rejections), prompt lookup alone,
+mixed pairs with a plain transformer, and 4-bit / 8-bit quantized models.
+"""
+
+import mlx.core as mx
+import pytest
+from families import FAMILIES, make_family, plain_greedy
+from tiny import make_llama
+
+from mlx_spec.generate import speculative_generate_step
+
+PROMPT = [5, 17, 3, 40, 9, 5, 17, 3]  # a repeat, so lookup finds something
+NUM_TOKENS = 160
+
+
+def spec_tokens(target_model, draft_model=None, n=NUM_TOKENS, **kwargs):
+    out = []
+    for round_ in speculative_generate_step(PROMPT, target_model, draft_model, max_tokens=n,
+                                            **kwargs):
+        out += round_.tokens
+    return out
+
+
+@pytest.fixture(scope="module")
+def family(request):
+    return request.param
+
+
+_MODELS = {}
+
+
+def model_of(name, seed=0, bits=None):
+    key = (name, seed, bits)
+    if key not in _MODELS:
+        _MODELS[key] = make_family(name, seed=seed, quantize_bits=bits)
+    return _MODELS[key]
+
+
+_PLAIN = {}
+
+
+def plain_of(name, bits=None):
+    if (name, bits) not in _PLAIN:
+        _PLAIN[(name, bits)] = plain_greedy(model_of(name, bits=bits), PROMPT, NUM_TOKENS)
+    return _PLAIN[(name, bits)]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("drafter", ["k1-other", "k2-other", "k5-other", "k5-self",
+                                     "adaptive-other", "lookup"])
+def test_family_greedy_parity(name, drafter):
+    target_model = model_of(name)
+    if drafter == "lookup":
+        got = spec_tokens(target_model, prompt_lookup=True)
+    else:
+        policy, which = drafter.split("-")
+        draft_model = target_model if which == "self" else model_of(name, seed=5)
+        k = None if policy == "adaptive" else int(policy[1:])
+        got = spec_tokens(target_model, draft_model, num_draft_tokens=k,
+                          adaptive=policy == "adaptive", prompt_lookup=False)
+    assert got == plain_of(name)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma3_text", "nemotron_h"])
+def test_mixed_pairs_with_a_plain_transformer(name):
+    hybrid = model_of(name)
+    llama = make_llama(vocab_size=64, seed=11)
+    # a hybrid target with a plain-transformer draft
+    assert spec_tokens(hybrid, llama, num_draft_tokens=3) == plain_of(name)
+    # a plain target with a hybrid draft
+    want = plain_greedy(llama, PROMPT, 60)
+    assert spec_tokens(llama, hybrid, n=60, num_draft_tokens=3, prompt_lookup=False) == want
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "lfm2", "gemma3_text", "gpt_oss"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_models_keep_parity(name, bits):
+    target_model = model_of(name, bits=bits)
+    draft_model = model_of(name, seed=5, bits=bits)
+    got = spec_tokens(target_model, draft_model, n=80, num_draft_tokens=3, prompt_lookup=True)
+    assert got == plain_greedy(target_model, PROMPT, 80)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_rewind_leaves_the_next_logits_of_a_cache_that_never_saw_the_rejected(name):
+    """The rewind itself, per cache kind: feed 5 tokens, keep 2, then the next logits
+    equal those of plain decoding (one token at a time through mlx-lm's own caches)
+    of only the kept tokens (float32, atol 1e-4: passes of different lengths round
+    differently)."""
+    from mlx_spec.cache import ModelCache, make_cache
+
+    model = model_of(name)
+    history = [(3 * i) % 60 + 1 for i in range(20)]  # past the 8-token window
+    rewound = ModelCache(model, make_cache(model))  # sliding windows made rewindable
+    clean = ModelCache(model, make_cache(model), rewindable=False)
+    rewound.forward(mx.array(history, mx.uint32))
+    for t in history:
+        clean.forward(mx.array([t], mx.uint32))
+    fed = [7, 8, 9, 10, 11]
+    rewound.anchor()
+    rewound.forward(mx.array(fed, mx.uint32))
+    rewound.fed(fed)
+    rewound.keep(2)
+    for t in fed[:2]:
+        clean.forward(mx.array([t], mx.uint32))
+    got = rewound.forward(mx.array([12], mx.uint32))[-1]
+    want = clean.forward(mx.array([12], mx.uint32))[-1]
+    assert rewound.length == clean.length
+    assert mx.allclose(got, want, atol=1e-4).item()
