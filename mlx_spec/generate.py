@@ -262,7 +262,7 @@ def stream_generate(
                     if reused:  # the last token too, as mlx-lm: the cache is final now
                         session.settle(seen)
                 elif reused:
-                    session.hold(len(seen))  # what the caller has, should it stop here
+                    session.hold(seen)  # what the caller has, should it stop here
                 yield _response(detokenizer.last_segment, token, round_, i, recorder, finish)
                 session.release()
         finally:

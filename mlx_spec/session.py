@@ -29,19 +29,16 @@ class Session:
     start: int  # tokens the target cache held before this call
     _held: List = field(default_factory=list)
 
-    def hold(self, num_tokens: int) -> None:
-        """Show `num_tokens` of this call while a response is out (attention caches only)."""
-        self._held = []
-        caches = [self.target] + ([self.draft.draft] if self.draft else [])
-        for cache in caches:
-            extra = cache.length - (self.start + num_tokens)
-            if extra > 0 and not cache.has_recurrent:
-                cache.restore_length(cache.length - extra)
-                self._held.append((cache, extra))
+    def hold(self, seen: List[int]) -> None:
+        """Show `seen` (this call's tokens so far) while a response is out; `release()` takes it back."""
+        undos = [self.target.peek(self.start + len(seen))]
+        if self.draft is not None:
+            undos.append(self.draft.peek(seen, len(seen)))
+        self._held = [undo for undo in undos if undo is not None]
 
     def release(self) -> None:
-        for cache, extra in self._held:
-            cache.untrim(extra)
+        for undo in self._held:
+            undo()
         self._held = []
 
     def settle(self, seen: List[int]) -> None:

@@ -113,3 +113,57 @@ def test_rewind_leaves_the_next_logits_of_a_cache_that_never_saw_the_rejected(na
     want = clean.forward(mx.array([12], mx.uint32))[-1]
     assert rewound.length == clean.length
     assert mx.allclose(got, want, atol=1e-4).item()
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "nemotron_h", "lfm2"])
+def test_recurrent_targets_rewind_through_their_mixers_only(name):
+    """The fast path ran: after rejections only the recurrent mixers were re-run."""
+    rounds = speculative_generate_step(PROMPT, model_of(name), model_of(name, seed=5),
+                                       max_tokens=30, num_draft_tokens=3, prompt_lookup=False)
+    list(rounds)
+    target = rounds.session.target
+    assert target.rewind_path == "mixers" and target.replayed_tokens > 0
+
+
+def test_whole_model_replay_fallback_keeps_parity(monkeypatch):
+    """Where the mixers cannot be recorded, the whole model replays the kept tokens."""
+    from mlx_spec.cache.replay import MixerReplay
+
+    monkeypatch.setattr(MixerReplay, "complete", property(lambda self: False))
+    rounds = speculative_generate_step(PROMPT, model_of("qwen3_5"), model_of("qwen3_5", seed=5),
+                                       max_tokens=NUM_TOKENS, num_draft_tokens=3,
+                                       prompt_lookup=False)
+    got = [t for r in rounds for t in r.tokens]
+    assert rounds.session.target.rewind_path == "model"
+    assert got == plain_of("qwen3_5")
+
+
+# --- statistical exactness on a hybrid and a sliding-window target ---
+
+EXACT_SAMPLES = 1000
+
+
+@pytest.mark.parametrize("name,prompt", [
+    ("qwen3_5", [3, 1, 4]),
+    ("gemma3_text", [(5 * i) % 60 + 1 for i in range(12)]),  # longer than the 8-token window
+])
+def test_family_sampling_matches_target(name, prompt):
+    from mlx_spec.exactness import check_exactness
+    from mlx_spec.sampling import SamplingConfig
+
+    result = check_exactness(model_of(name), model_of(name, seed=5), prompt,
+                             SamplingConfig(temp=1.0), samples=EXACT_SAMPLES,
+                             num_draft_tokens=2, seed=3)
+    assert result.acceptance_rate < 0.6  # a poor draft: many rejections and rewinds
+    assert result.passed, result
+
+
+def test_family_negative_control_is_caught():
+    from mlx_spec.acceptance import resample_from_target_accept
+    from mlx_spec.exactness import check_exactness
+    from mlx_spec.sampling import SamplingConfig
+
+    result = check_exactness(model_of("qwen3_5"), model_of("qwen3_5", seed=5), [3, 1, 4],
+                             SamplingConfig(temp=1.0), samples=EXACT_SAMPLES,
+                             num_draft_tokens=2, seed=3, accept=resample_from_target_accept)
+    assert not result.passed, result

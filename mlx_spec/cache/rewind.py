@@ -20,11 +20,12 @@ the caller feeds one token at a time (the draft model's steps).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
 
+from .replay import MixerReplay
 from .window import DEFAULT_RESERVE, WindowKVCache
 
 
@@ -93,7 +94,10 @@ class ModelCache:
         self.recurrent = [c for c in all_leaves if is_recurrent(c)]
         self._anchor: Optional[Checkpoint] = None
         self._fed: List[int] = []  # host tokens fed since the anchor, when known
+        self._record = False  # record the next forward's recurrent mixers
+        self.mixers = MixerReplay(model, self.recurrent) if self.recurrent else None
         self.replayed_tokens = 0  # tokens re-run to rebuild recurrent state
+        self.rewind_path = "trim" if not self.recurrent else None  # "mixers" or "model" once used
 
     @property
     def has_recurrent(self) -> bool:
@@ -101,7 +105,13 @@ class ModelCache:
 
     def forward(self, tokens: mx.array) -> mx.array:
         """Feed `tokens` (T,), lazily; returns the logits (T, V)."""
-        logits = self.model(tokens[None], cache=self.layers)[0]
+        if self._record:  # the first forward after anchor(): note the recurrent mixers' inputs
+            self._record = False
+            with self.mixers.recording(tokens.shape[0]):
+                logits = self.model(tokens[None], cache=self.layers)[0]
+        else:
+            self.mixers and self.mixers.calls.clear()
+            logits = self.model(tokens[None], cache=self.layers)[0]
         self.length += tokens.shape[0]
         return logits
 
@@ -111,7 +121,10 @@ class ModelCache:
     def restore(self, point: Checkpoint) -> None:
         """Go back to `point` (no replay): trim attention, put the recurrent slots back."""
         for layer in self.trimmable:  # by each layer's own count: others may have fed it too
-            layer.trim(max(0, layer.offset - point.length))
+            if layer.offset >= point.length:
+                layer.trim(layer.offset - point.length)
+            else:  # forward again to a later checkpoint whose entries are still there
+                _untrim(layer, point.length - layer.offset)
         for layer, slots in zip(self.recurrent, point.slots):
             layer.cache = list(slots)
         self.length = point.length
@@ -128,6 +141,7 @@ class ModelCache:
         """Mark the point the next forwards may be undone back to."""
         self._anchor = self.checkpoint()
         self._fed = []
+        self._record = self.mixers is not None
 
     @property
     def anchor_length(self) -> int:
@@ -147,14 +161,55 @@ class ModelCache:
             self._trim(drop)
             self.length -= drop
         else:
-            if len(self._fed) != self.length - anchor.length:
-                raise RuntimeError("keep() needs the host values of every token fed since anchor()")
-            kept = self._fed[:num_tokens]
-            self.restore(anchor)
-            if kept:
-                self.forward(mx.array(kept, mx.uint32))
-                self.replayed_tokens += len(kept)
+            fed = self.length - anchor.length
+            if self.mixers.complete and self.mixers.length == fed:
+                # Only the recurrent mixers run again, on the kept prefix of their inputs.
+                self._trim(drop)
+                for layer, slots in zip(self.recurrent, anchor.slots):
+                    layer.cache = list(slots)
+                if num_tokens:
+                    self.mixers.replay(num_tokens)
+                self.length -= drop
+                self.rewind_path = "mixers"
+            else:  # the whole model runs again over the kept tokens
+                if len(self._fed) != fed:
+                    raise RuntimeError("keep() needs the host values of every token fed since anchor()")
+                kept = self._fed[:num_tokens]
+                self.restore(anchor)
+                if kept:
+                    self.forward(mx.array(kept, mx.uint32))
+                self.rewind_path = "model"
+            self.replayed_tokens += num_tokens
         self._fed = self._fed[:num_tokens]
+
+    def peek(self, length: int) -> Optional[Callable[[], None]]:
+        """Show only the first `length` tokens until the returned undo is called.
+
+        Attention layers are trimmed; recurrent state is rebuilt lazily by the
+        recorded mixers (never evaluated unless the cache is used before the
+        undo). None when that cannot be done cheaply (state left as is).
+        """
+        n = self.length - length
+        if n <= 0:
+            return None
+        if self.recurrent:
+            anchor = self._anchor
+            if (anchor is None or length < anchor.length or not self.mixers.complete
+                    or self.mixers.length != self.length - anchor.length):
+                return None
+            after = self.checkpoint()
+            for layer, slots in zip(self.recurrent, anchor.slots):
+                layer.cache = list(slots)
+            if length > anchor.length:
+                self.mixers.replay(length - anchor.length)
+        self._trim(n)
+        self.length -= n
+
+        def undo():
+            self.untrim(n)
+            for layer, slots in zip(self.recurrent, after.slots if self.recurrent else []):
+                layer.cache = list(slots)
+        return undo
 
     def _trim(self, n: int) -> None:
         if n > 0:
@@ -164,8 +219,12 @@ class ModelCache:
     def untrim(self, n: int) -> None:
         """Take back a trim of attention entries that were not overwritten since."""
         for layer in self.trimmable:
-            if isinstance(layer, WindowKVCache):
-                layer.untrim(n)
-            else:
-                layer.offset += n
+            _untrim(layer, n)
         self.length += n
+
+
+def _untrim(layer, n: int) -> None:
+    if isinstance(layer, WindowKVCache):
+        layer.untrim(n)
+    else:
+        layer.offset += n

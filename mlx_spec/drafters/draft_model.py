@@ -87,8 +87,33 @@ class DraftModelDrafter:
             self.draft.restore(self._steps[keep - self._proposed_at])
         else:
             self.draft.restore_length(self.draft.length - (self.cached - keep))
-        self._steps = []
         self.cached = keep
+
+    def peek(self, history: List[int], num_tokens: int):
+        """Show only history[:num_tokens] until the returned undo is called (None: nothing to do).
+
+        A draft that trails (it catches up lazily) is fed the missing tokens for
+        good: they are accepted history, which its next proposal would feed anyway.
+        """
+        extra = self.cached - num_tokens
+        if extra < 0:
+            self.draft.forward(mx.array(history[self.cached:num_tokens], mx.uint32))
+            self.cached = num_tokens
+            self._steps = []
+            return None
+        if extra == 0:
+            return None
+        if not self._steps:
+            if self.draft.has_recurrent:
+                return None
+            self.draft.restore_length(self.draft.length - extra)
+            return lambda: self.draft.untrim(extra)
+        step = num_tokens - self._proposed_at
+        if step < 0:
+            return None
+        now = self._steps[self.cached - self._proposed_at]
+        self.draft.restore(self._steps[step])
+        return lambda: self.draft.restore(now)
 
     def settle(self, history: List[int], num_tokens: int) -> None:
         """Make the draft cache hold exactly history[:num_tokens] (end of a call)."""

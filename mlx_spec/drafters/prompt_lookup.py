@@ -12,9 +12,9 @@ from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
+from ..defaults import DEFAULT_MAX_NGRAM  # one place for the CLI and the API
 from . import Proposal
 
-DEFAULT_MAX_NGRAM = 3
 DEFAULT_MIN_NGRAM = 1
 PAIRED_MIN_NGRAM = 2  # when a draft model is asked next
 

@@ -1,0 +1,146 @@
+"""Multi-turn reuse of a prompt cache, checked against mlx-lm itself.
+
+The same conversation (3 turns, each sending only its new tokens) goes through
+mlx-lm's `stream_generate` and through mlx-spec's, greedy: the tokens of every
+turn and the cache offsets after every turn must be the same. Also when the
+caller breaks out early while still holding the generator, breaks out and
+drops it, or raises inside its loop; with and without a draft model, with
+prompt lookup, and on a hybrid (Gated DeltaNet) target.
+"""
+
+import mlx_lm
+import pytest
+from families import make_family
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_spec import load, stream_generate
+from mlx_spec.cache import cache_length
+
+TURNS = ["def f(x):\n    return x", "\ndef fibonacci(n):", "\n    if n < 2:\n"]
+STOP_AFTER = 4  # responses taken before breaking out / raising
+MAX_TOKENS = 12
+
+
+class Stop(Exception):
+    pass
+
+
+def converse(generate_fn, cache, tokenizer, how, target_layers, stop_after=STOP_AFTER):
+    """Run the turns; return [(tokens, target offset, every offset)] per turn."""
+    held = []  # generators the caller keeps alive (never closed)
+    out = []
+    for turn, text in enumerate(TURNS):
+        ids = tokenizer.encode(text)
+        got = []
+        stream = generate_fn(ids, cache)
+        stop_early = how != "full" and turn == 0
+        if not stop_early:
+            got = [r.token for r in stream]
+        elif how == "break-held":
+            held.append(stream)
+            for r in stream:
+                got.append(r.token)
+                if len(got) == stop_after:
+                    break
+        elif how == "break-dropped":
+            for r in stream:
+                got.append(r.token)
+                if len(got) == stop_after:
+                    break
+            del stream
+        elif how == "raise":
+            with pytest.raises(Stop):
+                for r in stream:
+                    got.append(r.token)
+                    if len(got) == stop_after:
+                        raise Stop
+            del stream
+        out.append((got, cache_length(cache[:target_layers]),
+                    [getattr(c, "offset", None) for c in cache]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(model_dirs):
+    target_model, tokenizer = load(str(model_dirs["target"]))
+    draft_model, _ = load(str(model_dirs["draft"]))
+    return target_model, draft_model, tokenizer
+
+
+def mlx_lm_turns(model, tokenizer, how, stop_after=STOP_AFTER):
+    def run(ids, cache):
+        return mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=MAX_TOKENS,
+                                      prompt_cache=cache)
+    return converse(run, make_prompt_cache(model), tokenizer, how, None, stop_after)
+
+
+def mlx_spec_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AFTER, **kwargs):
+    cache = make_prompt_cache(target_model)
+    n = len(cache)
+    if draft_model is not None:
+        cache += make_prompt_cache(draft_model)
+
+    def run(ids, c):
+        return stream_generate(target_model, tokenizer, ids, draft_model=draft_model,
+                               max_tokens=MAX_TOKENS, prompt_cache=c, **kwargs)
+    turns = converse(run, cache, tokenizer, how, n, stop_after)
+    for _, target_offset, offsets in turns:  # the draft's layers hold what the target's hold
+        assert all(o in (None, target_offset) for o in offsets)
+    return [(tokens, offset) for tokens, offset, _ in turns]
+
+
+HOWS = ["full", "break-held", "break-dropped", "raise"]
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("drafting", ["target-alone", "draft-k3", "draft-adaptive", "lookup"])
+def test_conversation_matches_mlx_lm(pair, how, drafting):
+    target_model, draft_model, tokenizer = pair
+    want = [(tokens, offset) for tokens, offset, _ in mlx_lm_turns(target_model, tokenizer, how)]
+    kwargs = {"draft-k3": dict(num_draft_tokens=3), "draft-adaptive": {},
+              "lookup": dict(prompt_lookup=True), "target-alone": {}}[drafting]
+    draft = draft_model if drafting.startswith("draft") else None
+    got = mlx_spec_turns(target_model, draft, tokenizer, how, **kwargs)
+    assert got == want
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3, 5, 7])
+@pytest.mark.parametrize("drafting", ["self-k3", "lookup"])
+def test_breaking_out_anywhere_in_a_round_leaves_what_the_caller_saw(pair, drafting, stop_after):
+    """The target drafting for itself accepts everything: long rounds, broken anywhere."""
+    target_model, _, tokenizer = pair
+    want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, "break-held", stop_after)]
+    draft = target_model if drafting == "self-k3" else None
+    got = mlx_spec_turns(target_model, draft, tokenizer, "break-held", stop_after,
+                         num_draft_tokens=3, prompt_lookup=drafting == "lookup")
+    assert got == want
+
+
+@pytest.fixture(scope="module")
+def hybrid_pair(pair):
+    vocab = len(pair[2].vocab)
+    return make_family("qwen3_5", seed=0, vocab_size=vocab), make_family("qwen3_5", seed=5,
+                                                                         vocab_size=vocab)
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3, 5])
+def test_hybrid_self_draft_broken_anywhere(pair, hybrid_pair, stop_after):
+    """Long fully accepted rounds on a hybrid: the recurrent state shown at each
+    response is rebuilt by the mixers, lazily."""
+    tokenizer = pair[2]
+    target_model = hybrid_pair[0]
+    want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, "break-held", stop_after)]
+    got = mlx_spec_turns(target_model, target_model, tokenizer, "break-held", stop_after,
+                         num_draft_tokens=3, prompt_lookup=False)
+    assert got == want
+
+
+@pytest.mark.parametrize("how,stop_after", [(how, STOP_AFTER) for how in HOWS]
+                         + [("break-held", n) for n in (1, 2, 3, 5, 7)])
+def test_hybrid_conversation_matches_mlx_lm(pair, hybrid_pair, how, stop_after):
+    tokenizer = pair[2]
+    target_model, draft_model = hybrid_pair
+    want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, how, stop_after)]
+    got = mlx_spec_turns(target_model, draft_model, tokenizer, how, stop_after,
+                         num_draft_tokens=3, prompt_lookup=False)
+    assert got == want
