@@ -66,6 +66,7 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "max_draft_tokens": _int(1),
     "prompt_lookup_max_ngram": _int(1),
     "prefill_step_size": _int(1),
+    "max_kv_size": _optional(_int(1)),
     "samples": _int(100),
     "temp": ("a number >= 0 (0 is greedy)", lambda v: _is_real(v) and v >= 0),
     "top_p": _real("(0, 1]", lambda v: 0 < v <= 1),

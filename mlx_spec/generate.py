@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .arguments import check_arguments
-from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, make_cache,
+from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, check_rewindable, make_cache,
                     make_rewindable)
 from .drafters import DraftModelDrafter, PromptLookupDrafter
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
@@ -34,7 +34,6 @@ MLX_LM_ONLY_ARGS = {
     "logits_processors": "they would change the target's distribution without changing the "
                          "draft's, which breaks exact acceptance.",
     "kv_bits": "quantized KV caches are not supported while speculating.",
-    "max_kv_size": "a rotating cache cannot be rewound once it wraps; pass a prompt_cache instead.",
 }
 
 
@@ -101,6 +100,30 @@ def _split_prompt_cache(prompt_cache, target_model, draft_model):
     return prompt_cache[:n], prompt_cache[n:]
 
 
+def _caches(prompt_cache, target_model, draft_model, max_kv_size, speculating: bool,
+            reserve: int):
+    """(target layers, draft layers or None): the caller's, checked, or new ones.
+
+    When speculating, sliding windows become rewindable (with room for the
+    longest round) in the caller's list itself, so that a reused prompt cache
+    stays the one in use; a kind no rewind path handles gets one sentence.
+    """
+    target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
+    if prompt_cache is None:  # as mlx-lm: max_kv_size makes sliding windows of that size
+        target_cache = make_cache(target_model, max_kv_size)
+        draft_cache = make_cache(draft_model, max_kv_size) if draft_model is not None else None
+    if speculating:
+        make_rewindable(prompt_cache if prompt_cache is not None else target_cache, reserve)
+        if prompt_cache is not None:
+            target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
+        elif draft_cache is not None:
+            make_rewindable(draft_cache, reserve)
+        check_rewindable(target_cache, "target")
+        if draft_cache is not None:
+            check_rewindable(draft_cache, "draft")
+    return target_cache, draft_cache
+
+
 def speculative_generate_step(
     prompt: List[int],
     model,
@@ -116,6 +139,7 @@ def speculative_generate_step(
     prompt_lookup: Optional[bool] = None,
     prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM,
     prompt_cache=None,
+    max_kv_size: Optional[int] = None,
     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
     prompt_progress_callback=None,
     policy=None,
@@ -146,18 +170,11 @@ def speculative_generate_step(
     _check_token_ids(prompt, target_vocab)
     if draft_model is not None:
         check_pair(model, draft_model)
-    target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
     if prompt_lookup is None:
         prompt_lookup = draft_model is not None and sampling.greedy
-    if draft_model is not None or prompt_lookup:
-        # Sliding windows become rewindable, with room for the longest round; in the
-        # caller's list too, so that a reused prompt cache stays the one in use.
-        reserve = max(DEFAULT_RESERVE, max(num_draft_tokens or 0, max_draft_tokens) + 2)
-        for layers in (prompt_cache, target_cache, draft_cache):
-            if layers is not None:
-                make_rewindable(layers, reserve)
-        if prompt_cache is not None:
-            target_cache, draft_cache = _split_prompt_cache(prompt_cache, model, draft_model)
+    reserve = max(DEFAULT_RESERVE, max(num_draft_tokens or 0, max_draft_tokens) + 2)
+    target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
+                                        draft_model is not None or prompt_lookup, reserve)
     drafters = []
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:

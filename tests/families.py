@@ -197,3 +197,25 @@ def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
                                   sampler=lambda lp: mx.argmax(lp, axis=-1)):
         out.append(int(token))
     return out
+
+
+def write_family_dir(path, name: str, seed: int = 0, window: int = 8):
+    """A Hugging Face-layout directory of a tiny `name` model that mlx_lm.load reads back."""
+    import json
+    from pathlib import Path
+
+    from mlx.utils import tree_flatten
+    from tiny import write_tokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab_size = write_tokenizer(path)
+    model = make_family(name, seed=seed, vocab_size=vocab_size, window=window)
+    args = model.args
+    text = getattr(args, "text_config", None)
+    config = dict(text) if isinstance(text, dict) else dict(vars(args))
+    config = {k: v for k, v in config.items() if v is not None}
+    config.update(model_type=name, eos_token_id=0)
+    (path / "config.json").write_text(json.dumps(config, default=str))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return path

@@ -116,3 +116,13 @@ def test_target_only_prompt_cache_with_a_draft_is_refused(target_model, drafts):
     with pytest.raises(ValueError, match="make_cache"):
         list(speculative_generate_step([1, 2, 3], target_model, drafts["related"],
                                        max_tokens=5, prompt_cache=make_cache(target_model)))
+
+
+def test_a_cache_kind_no_rewind_path_handles_gets_one_sentence():
+    from mlx_spec.cache import check_rewindable
+
+    class CompressedCache:  # neither trimmable nor ArraysCache (as deepseek_v41's LayerCache)
+        offset = 0
+
+    with pytest.raises(ValueError, match=r"cannot rewind \(CompressedCache: neither trimmable"):
+        check_rewindable([CompressedCache()], "target")

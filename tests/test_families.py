@@ -115,26 +115,32 @@ def test_rewind_leaves_the_next_logits_of_a_cache_that_never_saw_the_rejected(na
     assert mx.allclose(got, want, atol=1e-4).item()
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "nemotron_h", "lfm2"])
-def test_recurrent_targets_rewind_through_their_mixers_only(name):
-    """The fast path ran: after rejections only the recurrent mixers were re-run."""
+@pytest.mark.parametrize("name,path", [("qwen3_5", "recurrence"), ("qwen3_next", "recurrence"),
+                                       ("nemotron_h", "mixers"), ("lfm2", "mixers")])
+def test_recurrent_targets_rewind_by_the_fast_path(name, path):
+    """After rejections Gated DeltaNet layers re-ran their recurrence alone; other
+    recurrent layers re-ran their mixer only."""
     rounds = speculative_generate_step(PROMPT, model_of(name), model_of(name, seed=5),
                                        max_tokens=30, num_draft_tokens=3, prompt_lookup=False)
     list(rounds)
     target = rounds.session.target
-    assert target.rewind_path == "mixers" and target.replayed_tokens > 0
+    assert target.rewind_path == path and target.replayed_tokens > 0
 
 
-def test_whole_model_replay_fallback_keeps_parity(monkeypatch):
-    """Where the mixers cannot be recorded, the whole model replays the kept tokens."""
+@pytest.mark.parametrize("path", ["mixers", "model"])
+def test_slower_rewind_paths_keep_parity(monkeypatch, path):
+    """Without the recurrence-only replay the Gated DeltaNet mixers replay; without
+    recorded mixers the whole model replays the kept tokens: the same tokens."""
     from mlx_spec.cache.replay import MixerReplay
 
-    monkeypatch.setattr(MixerReplay, "complete", property(lambda self: False))
+    monkeypatch.setattr(MixerReplay, "_replay_recurrence", lambda *args: False)
+    if path == "model":
+        monkeypatch.setattr(MixerReplay, "complete", property(lambda self: False))
     rounds = speculative_generate_step(PROMPT, model_of("qwen3_5"), model_of("qwen3_5", seed=5),
                                        max_tokens=NUM_TOKENS, num_draft_tokens=3,
                                        prompt_lookup=False)
     got = [t for r in rounds for t in r.tokens]
-    assert rounds.session.target.rewind_path == "model"
+    assert rounds.session.target.rewind_path == path
     assert got == plain_of("qwen3_5")
 
 
@@ -167,3 +173,36 @@ def test_family_negative_control_is_caught():
                              SamplingConfig(temp=1.0), samples=EXACT_SAMPLES,
                              num_draft_tokens=2, seed=3, accept=resample_from_target_accept)
     assert not result.passed, result
+
+
+def test_max_kv_size_matches_mlx_lm_plain_decoding():
+    """mlx-lm's max_kv_size (a 16-token window on a plain llama), speculated."""
+    from mlx_lm.generate import generate_step
+
+    target_model = make_llama(vocab_size=64, seed=0)
+    draft_model = make_llama(vocab_size=64, seed=3, hidden=32, layers=1)
+    want = [t for t, _ in generate_step(mx.array(PROMPT), target_model, max_tokens=80,
+                                        max_kv_size=16,
+                                        sampler=lambda lp: mx.argmax(lp, axis=-1))]
+    got = spec_tokens(target_model, draft_model, n=80, num_draft_tokens=4, max_kv_size=16)
+    assert got == want
+
+
+def test_quantized_kv_cache_prompt_cache_keeps_parity():
+    """A prompt cache of mlx-lm's QuantizedKVCache (8-bit keys and values) works,
+    equal to mlx-lm's plain decoding through the same kind of cache."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    target_model = make_llama(vocab_size=64, seed=0, hidden=128, heads=4)  # head_dim 32
+    draft_model = make_llama(vocab_size=64, seed=3, hidden=64, heads=2, layers=1)
+
+    def quantized(model):
+        return [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
+
+    want = [t for t, _ in generate_step(mx.array(PROMPT), target_model, max_tokens=60,
+                                        prompt_cache=quantized(target_model),
+                                        sampler=lambda lp: mx.argmax(lp, axis=-1))]
+    got = spec_tokens(target_model, draft_model, n=60, num_draft_tokens=3,
+                      prompt_cache=quantized(target_model) + quantized(draft_model))
+    assert got == want

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.generate import speculative_generate_step as mlx_lm_speculative_generate_step
+from mlx_lm.models.cache import can_trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from ..cache import make_cache
@@ -51,6 +52,11 @@ class Comparison:
     max_tokens: int
     methods: Dict[str, MethodResult]
     ratios: Dict[str, float] = field(default_factory=dict)
+
+
+def mlx_lm_can_speculate(target_model, draft_model) -> bool:
+    """mlx-lm's speculative mode needs every cache layer of both models trimmable."""
+    return can_trim_prompt_cache(make_cache(target_model) + make_cache(draft_model))
 
 
 def _prefilled(model, ids: List[int]) -> list:
@@ -147,13 +153,16 @@ def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens:
         MLX_LM: lambda ids: run_mlx_lm(target_model, draft_model, ids, temp, k, max_tokens),
         MLX_SPEC: lambda ids: run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens),
     }
+    if not mlx_lm_can_speculate(target_model, draft_model):
+        del methods[MLX_LM]  # recurrent or sliding-window caches: mlx-lm refuses the pair
     with wired_limit(target_model, draft_model):
         results = interleave(methods, prompts, repeats, warmup, seed, progress)
+    results.setdefault(MLX_LM, MethodResult(0.0, (), None))
     tps = {name: r.tokens_per_s for name, r in results.items()}
     ratios = {
         "mlx-spec / target alone": ratio(tps[MLX_SPEC], tps[TARGET]),
-        "mlx-spec / mlx-lm speculative": ratio(tps[MLX_SPEC], tps[MLX_LM]),
-        "mlx-lm speculative / target alone": ratio(tps[MLX_LM], tps[TARGET]),
+        "mlx-spec / mlx-lm speculative": ratio(tps[MLX_SPEC], tps[MLX_LM]) or None,
+        "mlx-lm speculative / target alone": ratio(tps[MLX_LM], tps[TARGET]) or None,
     }
     return Comparison(temp, k, max_tokens, results, ratios)
 

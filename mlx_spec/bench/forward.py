@@ -16,7 +16,7 @@ from typing import Dict, Optional, Sequence
 import mlx.core as mx
 
 from ..attention import round_attention
-from ..cache import make_cache, rewind
+from ..cache import describe_kinds, make_cache, make_rewindable, rewind, rewind_plan
 from ..loading import vocab_size
 from ..memory import model_bytes
 from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, interleaved_medians, ratio
@@ -38,11 +38,14 @@ class ModelCost:
     verify_s: Dict[int, float] = field(default_factory=dict)  # T -> median seconds
     verify_cost: Dict[int, float] = field(default_factory=dict)  # T -> time(T) / time(1)
     compute_bound_at: Optional[int] = None  # see knee()
+    cache_kinds: str = ""  # e.g. "6 ArraysCache, 2 KVCache"
+    rewind: str = ""  # how a rejected draft is undone in this model's cache
 
 
 def prefilled_cache(model, context_length: int, batch: int = 1, seed: int = 0) -> list:
     """A fresh KV cache holding `context_length` random tokens for each of `batch` rows."""
     cache = make_cache(model)
+    make_rewindable(cache)  # a sliding window stays trimmable after it wraps
     if context_length > 0:
         tokens = mx.random.randint(0, vocab_size(model), (batch, context_length),
                                    key=mx.random.key(seed)).astype(mx.uint32)
@@ -97,8 +100,9 @@ def measure_model(role: str, model, read_gbs: float,
     decode_s = verify_s[1]
     curve = {t: ratio(s, decode_s) for t, s in verify_s.items()}
     share = ratio(weight_bytes / decode_s / 1e9, read_gbs) if decode_s else 0.0
+    layers = make_cache(model)
     return ModelCost(role, weight_bytes, context_length, decode_s, share, verify_s, curve,
-                     knee(curve))
+                     knee(curve), describe_kinds(layers), rewind_plan(layers))
 
 
 @dataclass(frozen=True)

@@ -63,11 +63,12 @@ def _models_section(r: BenchResult) -> Section:
     for cost in (r.target, r.draft):
         rows.append([cost.role, f"{cost.weight_bytes / 1e6:.1f} MB",
                      f"{cost.decode_s * 1e3:.2f} ms", f"{1 / cost.decode_s:.0f}",
-                     _pct(cost.bandwidth_share)])
+                     _pct(cost.bandwidth_share), cost.cache_kinds or "-", cost.rewind or "-"])
     draft_cost = r.draft.decode_s / r.target.decode_s
     return Section("Per model (one decoding step after a "
                    f"{r.target.context_length}-token prefix)",
-                   ("model", "weights", "step", "steps/s", "of read bandwidth"), rows,
+                   ("model", "weights", "step", "steps/s", "of read bandwidth", "cache layers",
+                    "rewind"), rows,
                    [f"One draft step costs {draft_cost:.2f} target steps."])
 
 
@@ -96,7 +97,8 @@ def _end_to_end_section(r: BenchResult) -> Section:
         m = c.methods
         token_match = lookup(r.acceptance, c.k, c.temp, "token-match")
         rows.append([f"{c.temp:g}", str(c.k)]
-                    + [f"{m[name].tokens_per_s:.1f}" for name in (TARGET, MLX_LM, MLX_SPEC)]
+                    + [f"{m[name].tokens_per_s:.1f}" if m[name].tokens_per_s else "n/a"
+                       for name in (TARGET, MLX_LM, MLX_SPEC)]
                     + [_x(c.ratios["mlx-spec / target alone"]),
                        _x(c.ratios["mlx-spec / mlx-lm speculative"]),
                        _pct(m[MLX_SPEC].acceptance_rate), _pct(m[MLX_LM].acceptance_rate),
@@ -107,7 +109,8 @@ def _end_to_end_section(r: BenchResult) -> Section:
         ("T", "k", "target", "mlx-lm spec", "mlx-spec", "spec/target", "spec/mlx-lm",
          "acc. mlx-spec", "acc. mlx-lm", "acc. token-match"), rows,
         ["acc. mlx-lm counts mlx-lm's from_draft tokens; acc. token-match is mlx-lm's rule "
-         "inside mlx-spec's loop (acceptance sweep)."])
+         "inside mlx-spec's loop (acceptance sweep). n/a: mlx-lm refuses to speculate with "
+         "these caches (recurrent state or a sliding window)."])
 
 
 def _speedup_section(r: BenchResult) -> Section:

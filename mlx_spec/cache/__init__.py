@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -19,11 +19,13 @@ from .rewind import (Checkpoint, ModelCache, cache_length, is_recurrent, leaves,
 from .window import DEFAULT_RESERVE, WindowKVCache
 
 __all__ = ["make_cache", "make_rewindable", "ModelCache", "Checkpoint", "WindowKVCache",
-           "check_prompt_cache", "cache_length", "rewind", "describe_kinds", "DEFAULT_RESERVE"]
+           "check_prompt_cache", "check_rewindable", "cache_length", "rewind", "describe_kinds", "rewind_plan",
+           "DEFAULT_RESERVE"]
 
 
-def make_cache(model) -> List[Any]:
-    return make_prompt_cache(model)
+def make_cache(model, max_kv_size: Optional[int] = None) -> List[Any]:
+    """mlx-lm's cache list for `model` (a sliding window of `max_kv_size` where mlx-lm makes one)."""
+    return make_prompt_cache(model, max_kv_size)
 
 
 def rewind(layers, num_tokens: int) -> None:
@@ -44,6 +46,17 @@ def describe_kinds(layers) -> str:
 
 
 # Attention caches stand in for one another (mlx-lm's max_kv_size and kv_bits swap them).
+def rewind_plan(layers) -> str:
+    """How a rejected draft is undone in these layers, in a few words (for reports)."""
+    kinds = {type(c).__name__ for c in leaves(layers)}
+    plan = ["trim"]
+    if kinds & {"RotatingKVCache", "WindowKVCache"}:
+        plan.append("sliding window with a reserve")
+    if any(is_recurrent(c) for c in leaves(layers)):
+        plan.append("recurrent state restored + mixers replayed")
+    return ", ".join(plan)
+
+
 _SAME_KIND = {name: "attention" for name in ("RotatingKVCache", "WindowKVCache", "KVCache",
                                              "QuantizedKVCache", "ConcatenateKVCache")}
 
@@ -66,7 +79,15 @@ def check_prompt_cache(layers, model, role: str) -> None:
             raise ValueError(
                 f"prompt_cache layer {i} of the {role} model is a {type(got).__name__} where "
                 f"the model makes a {type(want).__name__}; build it with make_prompt_cache(model).")
+    check_rewindable(layers, role)
+
+
+def check_rewindable(layers, role: str) -> None:
+    """One sentence for a cache kind no rewind path handles (none that mlx-lm's common
+    families build; e.g. deepseek_v41's compressed LayerCache)."""
     bad = unsupported_kinds(layers)
     if bad:
-        raise ValueError(f"The {role} model's cache has layers of a kind mlx-spec cannot rewind "
-                         f"({', '.join(bad)}).")
+        raise ValueError(
+            f"The {role} model's cache has layers of a kind mlx-spec cannot rewind "
+            f"({', '.join(bad)}: neither trimmable nor recurrent state), so rejected drafts "
+            "could not be undone; decode it without a draft model or prompt lookup.")

@@ -8,17 +8,25 @@ before the forward and call each mixer again on the first m positions of
 its recorded inputs. Attention layers, MLPs and the output head are not
 re-run, and the replay stays lazy (it is evaluated with the next round).
 
+Gated DeltaNet layers (qwen3_5, qwen3_next) go further: the recording also
+keeps each layer's convolution input and the inputs of its `gated_delta_update`
+call, so the replay is the recurrence alone over the kept steps plus a slice of
+the convolution input -- no projection is re-run.
+
 Recording patches the `__call__` of the model's module classes that take a
-`cache` argument, only for the duration of that one forward.
+`cache` argument (and `nn.Conv1d`, and the modules' `gated_delta_update`), only
+for the duration of that one forward.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
 
@@ -48,6 +56,9 @@ class MixerReplay:
         self.classes = _cache_taking_classes(model)
         self.calls: Dict[int, Tuple[object, tuple, dict]] = {}
         self.length: Optional[int] = None  # T of the recorded forward
+        self.conv_inputs: Dict[int, mx.array] = {}  # id(conv module) -> its input
+        self.recurrences: Dict[int, Tuple] = {}  # id(state in) -> (function, args, kwargs)
+        self.recurrence_only = 0  # layers replayed by their recurrence alone, last replay
 
     @contextmanager
     def recording(self, length: int):
@@ -68,13 +79,50 @@ class MixerReplay:
         try:
             for cls, _ in saved:
                 cls.__call__ = wrap(cls.__call__)
-            yield
+            with self._recording_recurrences():
+                yield
         finally:
             for cls, own in saved:
                 if own is None:
                     del cls.__call__
                 else:
                     cls.__call__ = own
+
+    @contextmanager
+    def _recording_recurrences(self):
+        """Note Conv1d inputs and gated_delta_update calls (the Gated DeltaNet fast path)."""
+        self.conv_inputs, self.recurrences = {}, {}
+        modules = {sys.modules[cls.__module__] for cls in self.classes}
+        modules = [m for m in modules if callable(getattr(m, "gated_delta_update", None))]
+        if not modules:
+            yield
+            return
+        conv_call = nn.Conv1d.__call__
+        conv_inputs, recurrences = self.conv_inputs, self.recurrences
+
+        def conv(module, x, *args, **kwargs):
+            conv_inputs[id(module)] = x
+            return conv_call(module, x, *args, **kwargs)
+
+        originals = [(m, m.gated_delta_update) for m in modules]
+
+        def recorder(function):
+            def gated_delta_update(*args, **kwargs):
+                state = kwargs["state"] if "state" in kwargs else (args[7] if len(args) > 7 else None)
+                if state is not None:
+                    recurrences[id(state)] = (function, args, kwargs)
+                return function(*args, **kwargs)
+            return gated_delta_update
+
+        try:
+            nn.Conv1d.__call__ = conv
+            for module, function in originals:
+                module.gated_delta_update = recorder(function)
+            yield
+        finally:
+            nn.Conv1d.__call__ = conv_call
+            for module, function in originals:
+                module.gated_delta_update = function
 
     @property
     def complete(self) -> bool:
@@ -83,10 +131,32 @@ class MixerReplay:
 
     def replay(self, num_tokens: int) -> None:
         """Re-run each recorded mixer on the first `num_tokens` positions (state must be reset)."""
+        self.recurrence_only = 0
         for cache in self.recurrent:
             module, args, kwargs = self.calls[id(cache)]
+            if self._replay_recurrence(module, cache, num_tokens):
+                self.recurrence_only += 1
+                continue
             type(module).__call__(module, *self._prefix(args, num_tokens),
                                   **dict(zip(kwargs, self._prefix(kwargs.values(), num_tokens))))
+
+    def _replay_recurrence(self, module, cache, num_tokens: int) -> bool:
+        """A Gated DeltaNet layer: slice its conv input, re-run its recurrence alone."""
+        conv = getattr(module, "conv1d", None)
+        call = self.recurrences.get(id(cache[1])) if len(cache.cache) == 2 else None
+        conv_input = self.conv_inputs.get(id(conv)) if conv is not None else None
+        if call is None or conv_input is None or cache.lengths is not None:
+            return False
+        function, args, kwargs = call
+        args, kwargs = list(args), dict(kwargs)
+        if "mask" in kwargs:
+            kwargs["mask"] = None
+        elif len(args) > 8:
+            args[8] = None
+        n_keep = conv_input.shape[1] - self.length  # (B, K - 1 + T, C): old state, then new rows
+        cache[0] = mx.contiguous(conv_input[:, num_tokens:num_tokens + n_keep])
+        _, cache[1] = function(*[a[:, :num_tokens] for a in args[:5]], *args[5:], **kwargs)
+        return True
 
     def _prefix(self, values, num_tokens: int) -> List:
         """Sequence-shaped arrays (B, T, ...) cut to their first `num_tokens` positions."""

@@ -170,7 +170,8 @@ class ModelCache:
                 if num_tokens:
                     self.mixers.replay(num_tokens)
                 self.length -= drop
-                self.rewind_path = "mixers"
+                self.rewind_path = "recurrence" if self.mixers.recurrence_only == len(
+                    self.recurrent) else "mixers"
             else:  # the whole model runs again over the kept tokens
                 if len(self._fed) != fed:
                     raise RuntimeError("keep() needs the host values of every token fed since anchor()")
