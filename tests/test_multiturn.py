@@ -123,15 +123,19 @@ def hybrid_pair(pair):
                                                                          vocab_size=vocab)
 
 
-@pytest.mark.parametrize("stop_after", [1, 2, 3, 5])
-def test_hybrid_self_draft_broken_anywhere(pair, hybrid_pair, stop_after):
-    """Long fully accepted rounds on a hybrid: the recurrent state shown at each
-    response is rebuilt by the mixers, lazily."""
+@pytest.mark.parametrize("stop_after", [1, 2, 3, 5, 6, 8, 10])
+@pytest.mark.parametrize("draft", ["self", "8-bit"])
+def test_hybrid_broken_anywhere(pair, hybrid_pair, draft, stop_after):
+    """Long rounds on a hybrid, fully accepted (the target drafts for itself) or
+    partly (its 8-bit copy drafts): the recurrent state shown at each response is
+    rebuilt from the recorded recurrence, lazily."""
     tokenizer = pair[2]
     target_model = hybrid_pair[0]
+    draft_model = target_model if draft == "self" else make_family(
+        "qwen3_5", seed=0, vocab_size=len(tokenizer.vocab), quantize_bits=8)
     want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, "break-held", stop_after)]
-    got = mlx_spec_turns(target_model, target_model, tokenizer, "break-held", stop_after,
-                         num_draft_tokens=3, prompt_lookup=False)
+    got = mlx_spec_turns(target_model, draft_model, tokenizer, "break-held", stop_after,
+                         num_draft_tokens=4, prompt_lookup=False)
     assert got == want
 
 

@@ -162,7 +162,7 @@ class ModelCache:
             self.length -= drop
         else:
             fed = self.length - anchor.length
-            if self.mixers.complete and self.mixers.length == fed:
+            if self.mixers.complete and fed <= self.mixers.length:  # a prefix of the recorded
                 # Only the recurrent mixers run again, on the kept prefix of their inputs.
                 self._trim(drop)
                 for layer, slots in zip(self.recurrent, anchor.slots):
@@ -196,7 +196,7 @@ class ModelCache:
         if self.recurrent:
             anchor = self._anchor
             if (anchor is None or length < anchor.length or not self.mixers.complete
-                    or self.mixers.length != self.length - anchor.length):
+                    or self.length - anchor.length > self.mixers.length):
                 return None
             after = self.checkpoint()
             for layer, slots in zip(self.recurrent, anchor.slots):
