@@ -104,15 +104,16 @@ def _caches(prompt_cache, target_model, draft_model, max_kv_size, speculating: b
             reserve: int):
     """(target layers, draft layers or None): the caller's, checked, or new ones.
 
-    When speculating, sliding windows become rewindable (with room for the
-    longest round) in the caller's list itself, so that a reused prompt cache
-    stays the one in use; a kind no rewind path handles gets one sentence.
+    When speculating or reusing a cache, sliding windows become rewindable (with
+    room for the longest round) in the caller's list itself, so that a reused
+    prompt cache stays the one in use; a kind no rewind path handles gets one
+    sentence when speculating.
     """
     target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
     if prompt_cache is None:  # as mlx-lm: max_kv_size makes sliding windows of that size
         target_cache = make_cache(target_model, max_kv_size)
         draft_cache = make_cache(draft_model, max_kv_size) if draft_model is not None else None
-    if speculating:
+    if speculating or prompt_cache is not None:
         make_rewindable(prompt_cache if prompt_cache is not None else target_cache, reserve)
         if prompt_cache is not None:
             target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
@@ -151,8 +152,10 @@ def speculative_generate_step(
     Returns an iterator of `Round`s (validation happens here, prefill on the
     first `next`). No round goes past `max_tokens` or an accepted token of
     `stop_tokens`. A reused `prompt_cache` (target layers, then the draft's)
-    holds the prompt and the rounds' tokens but the last (the next pass starts
-    from it); `stream_generate` gives mlx-lm's contract on top.
+    holds the prompt and the rounds' tokens, without the last one after a
+    speculative round (the next pass starts from it) and with it after plain
+    steps (as mlx-lm's generate_step); `stream_generate` gives mlx-lm's
+    contract on top.
 
     With no draft model and no prompt lookup it decodes the target alone.
     `num_draft_tokens` pins k; left as None the default policy chooses
@@ -173,8 +176,9 @@ def speculative_generate_step(
     if prompt_lookup is None:
         prompt_lookup = draft_model is not None and sampling.greedy
     reserve = max(DEFAULT_RESERVE, max(num_draft_tokens or 0, max_draft_tokens) + 2)
+    speculating = draft_model is not None or prompt_lookup
     target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
-                                        draft_model is not None or prompt_lookup, reserve)
+                                        speculating, reserve)
     drafters = []
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
@@ -188,13 +192,15 @@ def speculative_generate_step(
                                   confidence=draft_confidence)
         drafters.append(draft)
     policy = policy or make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off)
-    target = ModelCache(model, target_cache, rewindable=bool(drafters))
+    # A reused cache is shown at each response by a trim: sliding windows must rewind too.
+    target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
+                        reserve=reserve)
     rounds = generate_rounds(
         prompt, target, drafters, policy, sampling=sampling, max_tokens=max_tokens,
         prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
         prompt_progress_callback=prompt_progress_callback, accept=accept,
     )
-    return RoundStream(rounds, Session(target, draft, target.length))
+    return RoundStream(rounds, Session(target, draft, target.length, prompt_cache))
 
 
 class RoundStream:
@@ -269,7 +275,9 @@ def stream_generate(
     started = False  # caches are only settled once generation got going
     with wired_limit(model, draft_model):
         try:
-            for token, round_, i, finish in _handed_out(rounds, eos, max_tokens, recorder, reused):
+            handed = _handed_out(rounds, eos, max_tokens, recorder,
+                                 session if reused else None, len(tokens))
+            for token, round_, i, finish in handed:
                 started = True
                 seen.append(token)
                 if finish != "stop":  # the EOS is not text
@@ -287,12 +295,13 @@ def stream_generate(
                 session.settle(seen)
 
 
-def _handed_out(rounds, eos: set, max_tokens: int, recorder, reused: bool):
+def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len: int):
     """(token, round, index in round, finish reason) for each token the caller gets.
 
-    With a reused prompt cache the last token of a round is handed out after
-    the next round, whose verify pass put it in the cache (as mlx-lm's cache
-    holds every token it yielded).
+    With a reused prompt cache (`session` given) the last token of a round
+    that is not in the target cache yet is handed out after the next round,
+    whose verify pass puts it there (as mlx-lm's cache holds every token it
+    yielded). A plain step has already fed it: nothing waits.
     """
     emitted = 0
     deferred = []
@@ -306,7 +315,9 @@ def _handed_out(rounds, eos: set, max_tokens: int, recorder, reused: bool):
             items[-1] = items[-1][:3] + ("length",)
         elif finish == "stop":  # as in mlx-lm, the last response carries the EOS token
             items.append((round_.tokens[len(wanted)], round_, len(wanted), "stop"))
-        deferred = [items.pop()] if reused and finish is None and items else []
+        fed = session.target.length - session.start if session is not None else 0
+        waits = session is not None and finish is None and fed < prompt_len + emitted
+        deferred = [items.pop()] if waits and items else []
         yield from items
         if finish is not None:
             return

@@ -21,13 +21,26 @@ import mlx.core as mx
 
 from .cache import ModelCache
 
+OWNER = "_mlx_spec_owner"  # set on the first layer of a reused prompt cache: its latest call
+
 
 @dataclass
 class Session:
     target: ModelCache
     draft: Optional[object]  # the DraftModelDrafter, if any
     start: int  # tokens the target cache held before this call
+    prompt_cache: Optional[list] = None  # the caller's list, when reused
     _held: List = field(default_factory=list)
+    _stamp: object = field(default_factory=object)
+
+    def __post_init__(self):
+        if self.prompt_cache:  # the latest call owns the caller's cache
+            setattr(self.prompt_cache[0], OWNER, self._stamp)
+
+    @property
+    def owns_cache(self) -> bool:
+        """False once a later call took the caller's prompt cache over."""
+        return not self.prompt_cache or getattr(self.prompt_cache[0], OWNER, None) is self._stamp
 
     def hold(self, seen: List[int]) -> None:
         """Show `seen` (this call's tokens so far) while a response is out; `release()` takes it back."""
@@ -37,17 +50,27 @@ class Session:
         self._held = [undo for undo in undos if undo is not None]
 
     def release(self) -> None:
+        if not self.owns_cache:
+            self._held = []
+            raise ValueError("This generation's prompt_cache was used by a later call since, so "
+                             "it cannot continue; start a new call with the cache.")
         for undo in self._held:
             undo()
         self._held = []
 
     def settle(self, seen: List[int]) -> None:
         """Leave the caches holding exactly `seen` (this call's prompt + every token handed out)."""
+        if not self.owns_cache:  # a later call has the cache now: leave it alone
+            self._held = []
+            return
         self.release()
         target = self.target
         wanted = self.start + len(seen)
         if target.length > wanted:
-            if target.has_recurrent:
+            point = target.point_at(wanted) if target.has_recurrent else None
+            if point is not None:  # before a queued plain step
+                target.restore(point)
+            elif target.has_recurrent:  # inside the current round
                 target.keep(wanted - target.anchor_length)
             else:
                 target.restore_length(wanted)

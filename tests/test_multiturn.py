@@ -36,7 +36,7 @@ def converse(generate_fn, cache, tokenizer, how, target_layers, stop_after=STOP_
         stop_early = how != "full" and turn == 0
         if not stop_early:
             got = [r.token for r in stream]
-        elif how == "break-held":
+        elif how in ("break-held", "closed-late"):
             held.append(stream)
             for r in stream:
                 got.append(r.token)
@@ -55,6 +55,8 @@ def converse(generate_fn, cache, tokenizer, how, target_layers, stop_after=STOP_
                     if len(got) == stop_after:
                         raise Stop
             del stream
+        if how == "closed-late" and turn == 1:
+            held.pop().close()  # turn 0's generator, closed after a later turn used the cache
         out.append((got, cache_length(cache[:target_layers]),
                     [getattr(c, "offset", None) for c in cache]))
     return out
@@ -89,7 +91,7 @@ def mlx_spec_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AF
     return [(tokens, offset) for tokens, offset, _ in turns]
 
 
-HOWS = ["full", "break-held", "break-dropped", "raise"]
+HOWS = ["full", "break-held", "break-dropped", "raise", "closed-late"]
 
 
 @pytest.mark.parametrize("how", HOWS)
@@ -141,10 +143,39 @@ def test_hybrid_broken_anywhere(pair, hybrid_pair, draft, stop_after):
 
 @pytest.mark.parametrize("how,stop_after", [(how, STOP_AFTER) for how in HOWS]
                          + [("break-held", n) for n in (1, 2, 3, 5, 7)])
-def test_hybrid_conversation_matches_mlx_lm(pair, hybrid_pair, how, stop_after):
+@pytest.mark.parametrize("drafting", ["draft-k3", "target-alone", "draft-adaptive"])
+def test_hybrid_conversation_matches_mlx_lm(pair, hybrid_pair, how, stop_after, drafting):
     tokenizer = pair[2]
     target_model, draft_model = hybrid_pair
     want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, how, stop_after)]
-    got = mlx_spec_turns(target_model, draft_model, tokenizer, how, stop_after,
-                         num_draft_tokens=3, prompt_lookup=False)
+    kwargs = {"draft-k3": dict(num_draft_tokens=3), "target-alone": {},
+              "draft-adaptive": dict(adaptive=True)}[drafting]
+    got = mlx_spec_turns(target_model, None if drafting == "target-alone" else draft_model,
+                         tokenizer, how, stop_after, prompt_lookup=False, **kwargs)
     assert got == want
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "gpt_oss"])
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("drafting", ["target-alone", "draft-k3"])
+def test_sliding_window_conversation_matches_mlx_lm(pair, name, how, drafting):
+    tokenizer = pair[2]
+    vocab = len(tokenizer.vocab)
+    target_model = make_family(name, seed=0, vocab_size=vocab)
+    draft_model = make_family(name, seed=0, vocab_size=vocab, quantize_bits=8)
+    want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, how)]
+    got = mlx_spec_turns(target_model, None if drafting == "target-alone" else draft_model,
+                         tokenizer, how, num_draft_tokens=3, prompt_lookup=False)
+    assert got == want
+
+
+def test_a_stale_generator_cannot_continue(pair):
+    target_model, draft_model, tokenizer = pair
+    cache = make_prompt_cache(target_model) + make_prompt_cache(draft_model)
+    old = stream_generate(target_model, tokenizer, "def f(x):", draft_model=draft_model,
+                          prompt_cache=cache, max_tokens=10)
+    next(old)
+    list(stream_generate(target_model, tokenizer, "\nx = 1", draft_model=draft_model,
+                         prompt_cache=cache, max_tokens=5))
+    with pytest.raises(ValueError, match="used by a later call"):
+        next(old)

@@ -19,6 +19,7 @@ the caller feeds one token at a time (the draft model's steps).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence
 
@@ -95,6 +96,7 @@ class ModelCache:
         self._anchor: Optional[Checkpoint] = None
         self._fed: List[int] = []  # host tokens fed since the anchor, when known
         self._record = False  # record the next forward's recurrent mixers
+        self._recent = deque(maxlen=4)  # checkpoints before the latest forwards (recurrent only)
         self.mixers = MixerReplay(model, self.recurrent) if self.recurrent else None
         self.replayed_tokens = 0  # tokens re-run to rebuild recurrent state
         self.rewind_path = "trim" if not self.recurrent else None  # "mixers" or "model" once used
@@ -105,6 +107,8 @@ class ModelCache:
 
     def forward(self, tokens: mx.array) -> mx.array:
         """Feed `tokens` (T,), lazily; returns the logits (T, V)."""
+        if self.recurrent:
+            self._recent.append(self.checkpoint())
         if self._record:  # the first forward after anchor(): note the recurrent mixers' inputs
             self._record = False
             with self.mixers.recording(tokens.shape[0]):
@@ -191,8 +195,14 @@ class ModelCache:
         undo). None when that cannot be done cheaply (state left as is).
         """
         n = self.length - length
-        if n <= 0:
-            return None
+        if n <= 0 or any(isinstance(c, RotatingKVCache) or not hasattr(c, "trim")
+                         for c in self.trimmable):
+            return None  # (a ring that wrapped, or a kind with no trim: left as is)
+        point = self.point_at(length)
+        if point is not None:  # a checkpoint of exactly that length (e.g. before a plain step)
+            after = self.checkpoint()
+            self.restore(point)
+            return lambda: self.restore(after)
         if self.recurrent:
             anchor = self._anchor
             if (anchor is None or length < anchor.length or not self.mixers.complete
@@ -211,6 +221,10 @@ class ModelCache:
             for layer, slots in zip(self.recurrent, after.slots if self.recurrent else []):
                 layer.cache = list(slots)
         return undo
+
+    def point_at(self, length: int) -> Optional[Checkpoint]:
+        """A recent checkpoint holding exactly `length` tokens (recurrent caches only)."""
+        return next((p for p in reversed(self._recent) if p.length == length), None)
 
     def _trim(self, n: int) -> None:
         if n > 0:
