@@ -82,9 +82,7 @@ def _check_token_ids(tokens: List[int], size: int) -> None:
 
 
 def _split_prompt_cache(prompt_cache, target_model, draft_model):
-    """(target layers, draft layers or None), each checked against the model it is for."""
-    if prompt_cache is None:
-        return make_cache(target_model), None
+    """The caller's (target layers, draft layers or None), each checked against its model."""
     if not isinstance(prompt_cache, list):
         raise ValueError("prompt_cache must be a list of caches, as make_prompt_cache(model) "
                          "returns (target layers first, then the draft's).")
@@ -109,16 +107,18 @@ def _caches(prompt_cache, target_model, draft_model, max_kv_size, speculating: b
     prompt cache stays the one in use; a kind no rewind path handles gets one
     sentence when speculating.
     """
-    target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
     if prompt_cache is None:  # as mlx-lm: max_kv_size makes sliding windows of that size
         target_cache = make_cache(target_model, max_kv_size)
         draft_cache = make_cache(draft_model, max_kv_size) if draft_model is not None else None
-    if speculating or prompt_cache is not None:
-        make_rewindable(prompt_cache if prompt_cache is not None else target_cache, reserve)
-        if prompt_cache is not None:
-            target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
-        elif draft_cache is not None:
-            make_rewindable(draft_cache, reserve)
+        if speculating:
+            for layers in (target_cache, draft_cache or []):
+                make_rewindable(layers, reserve)
+    else:
+        target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
+        make_rewindable(prompt_cache, reserve)  # in the caller's list; the slices are re-cut
+        n = len(target_cache)
+        target_cache = prompt_cache[:n]
+        draft_cache = prompt_cache[n:] if draft_cache is not None else None
         check_rewindable(target_cache, "target")
         if draft_cache is not None:
             check_rewindable(draft_cache, "draft")

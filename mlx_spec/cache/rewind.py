@@ -114,7 +114,8 @@ class ModelCache:
             with self.mixers.recording(tokens.shape[0]):
                 logits = self.model(tokens[None], cache=self.layers)[0]
         else:
-            self.mixers and self.mixers.calls.clear()
+            if self.mixers is not None:  # recordings hold only for the forward they saw
+                self.mixers.calls.clear()
             logits = self.model(tokens[None], cache=self.layers)[0]
         self.length += tokens.shape[0]
         return logits
