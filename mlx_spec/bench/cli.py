@@ -68,9 +68,10 @@ def _parse_sizes(text: str):
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help="k of the end-to-end comparison and scaling [default: 4].")
 @click.option("--target-sizes", default=None, metavar="HxL,...", help="Synthetic target sizes for the size scaling, e.g. 512x8,1024x16 [default: up to 3072x24, quick 512x4].")
 @click.option("--rerender", "rerender_path", type=click.Path(exists=True, dir_okay=False), default=None, help="Measure nothing: re-derive the cost model's figures from a saved JSON and rewrite it, its report and plots.")
+@click.option("--tune", is_flag=True, help="Afterwards also run `mlx-spec tune` for the pair and store the calibration.")
 @click.option("--smoke", is_flag=True, hidden=True, help="Seconds on tiny test models (tests only).")
 def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max_tokens,
-          repeats, num_draft_tokens, target_sizes, rerender_path, smoke):
+          repeats, num_draft_tokens, target_sizes, rerender_path, tune, smoke):
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
     from .runner import BenchConfig, quick_config, run_bench, tiny_config
 
@@ -101,6 +102,17 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
         raise click.UsageError(str(exc)) from None
 
     _write(result, json_path, report_path, no_plots, say)
+    if tune:
+        _tune(target_model, draft, tokenizer, say)
+
+
+def _tune(target_model, draft, tokenizer, say):
+    """Calibrate the pair (as `mlx-spec tune` does) and store it for the adaptive policy."""
+    from ..calibration import calibrate, save_calibration
+
+    say("calibrating the pair for the adaptive policy (mlx-spec tune)")
+    path = save_calibration(calibrate(target_model, draft, tokenizer, progress=say))
+    click.echo(f"Stored this machine's calibration for the pair in {path}.")
 
 
 def _check_writable(*paths):

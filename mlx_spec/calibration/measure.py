@@ -1,0 +1,123 @@
+"""`calibrate`: this machine's costs for a target (and a draft), in seconds, in a few seconds.
+
+Four measurements, each reusing the benchmark's own:
+
+1. plain decoding through mlx-spec's loop (the target alone), per token,
+   from the first round on (the first round holds the prefill);
+2. the verify curve: one target forward over T tokens plus the log-softmax
+   a verify pass takes, after a 128-token context (bench.forward; attention
+   caches are trimmed back after each pass, recurrent state just moves on,
+   its size and so its cost unchanged);
+3. one draft step: a forward over 1 token, log-softmax and argmax;
+4. with a tokenizer, the draft's greedy acceptance at k = 4 on one prompt
+   of each kind (code, copy, prose; bench.acceptance).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, Optional
+
+import mlx.core as mx
+
+from ..bench.acceptance import iid_rate, measure_point
+from ..bench.forward import forward_seconds, prefilled_cache
+from ..bench.prompts import QUICK_PROMPTS, encode_prompts
+from ..bench.timing import median
+from ..generate import speculative_generate_step
+from ..loading import vocab_size
+from ..sampling import SamplingConfig, logprobs_from_logits, sample
+from .key import calibration_key, model_fingerprint
+from .record import Calibration, DraftCost
+
+VERIFY_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+CONTEXT_LENGTH = 128
+VERIFY_REPEATS = 3
+DRAFT_REPEATS = 9
+PLAIN_TOKENS = 32  # timed per run, after the first round
+PLAIN_RUNS = 3  # after one warm-up run
+PLAIN_PROMPT_LENGTH = 16
+ACCEPTANCE_K = 4
+ACCEPTANCE_TOKENS = 48
+GREEDY = SamplingConfig()
+
+
+class _AsVerified:
+    """A model as a round calls it: the forward, then the log-softmax over the vocabulary
+    (and for a draft step the argmax). Other attributes are the model's, so the
+    bench's forward timing takes it for the model."""
+
+    def __init__(self, model, draft_step: bool = False):
+        self._wrapped, self._draft_step = model, draft_step
+
+    def __getattr__(self, name):
+        return getattr(self._wrapped, name)
+
+    def __call__(self, tokens, cache):
+        logprobs = logprobs_from_logits(self._wrapped(tokens, cache=cache), GREEDY)  # (1, T, V)
+        return sample(logprobs[:, -1], GREEDY) if self._draft_step else logprobs
+
+
+def verify_curve(target_model) -> Dict[int, float]:
+    """Seconds of one target verify pass over T tokens, for every T in VERIFY_LENGTHS."""
+    cache = prefilled_cache(target_model, CONTEXT_LENGTH)
+    return forward_seconds(_AsVerified(target_model), cache, VERIFY_LENGTHS,
+                           repeats=VERIFY_REPEATS)
+
+
+def draft_step_seconds(draft_model) -> float:
+    """Seconds of one draft step (1 token: forward, log-softmax, argmax)."""
+    cache = prefilled_cache(draft_model, CONTEXT_LENGTH)
+    return forward_seconds(_AsVerified(draft_model, draft_step=True), cache, [1],
+                           repeats=DRAFT_REPEATS)[1]
+
+
+def plain_step_seconds(target_model) -> float:
+    """Median seconds per token of plain decoding through mlx-spec's own loop."""
+    prompt = mx.random.randint(0, vocab_size(target_model), (PLAIN_PROMPT_LENGTH,),
+                               key=mx.random.key(0)).tolist()
+
+    def run() -> float:
+        rounds = speculative_generate_step(prompt, target_model, None,
+                                           max_tokens=PLAIN_TOKENS + 1, prompt_lookup=False)
+        next(rounds)  # prefill and the first token: not a decoding step
+        start, tokens = time.perf_counter(), 0
+        for round_ in rounds:
+            tokens += len(round_.tokens)
+        return (time.perf_counter() - start) / tokens
+
+    return median([run() for _ in range(1 + PLAIN_RUNS)][1:])
+
+
+def draft_acceptance(target_model, draft_model, tokenizer) -> float:
+    """Greedy per-draft acceptance at k = ACCEPTANCE_K (the i.i.d. MLE over the rounds)."""
+    prompts = encode_prompts(tokenizer, QUICK_PROMPTS)
+    point = measure_point(target_model, draft_model, prompts, ACCEPTANCE_K, 0.0,
+                          ACCEPTANCE_TOKENS)
+    return iid_rate([point])
+
+
+def calibrate(target_model, draft_model=None, tokenizer=None,
+              progress: Optional[Callable[[str], None]] = None) -> Calibration:
+    """Measure this machine's costs for `target_model` (and `draft_model` when given).
+
+    The draft's acceptance needs `tokenizer` (prompts are text); without it
+    acceptance is None. `progress(message)` is called before each stage.
+    """
+    say = progress or (lambda message: None)
+    say("plain decoding (target alone)")
+    plain_s = plain_step_seconds(target_model)
+    say(f"verify cost over T = {VERIFY_LENGTHS[0]}..{VERIFY_LENGTHS[-1]} tokens")
+    verify_s = verify_curve(target_model)
+    drafts = {}
+    if draft_model is not None:
+        say("draft step")
+        step_s = draft_step_seconds(draft_model)
+        acceptance = None
+        if tokenizer is not None:
+            say(f"draft acceptance at k = {ACCEPTANCE_K}, greedy, {len(QUICK_PROMPTS)} prompts")
+            acceptance = draft_acceptance(target_model, draft_model, tokenizer)
+        drafts[model_fingerprint(draft_model)] = DraftCost(step_s, acceptance)
+    mx.clear_cache()
+    return Calibration(key=calibration_key(target_model), created=time.time(),
+                       plain_step_s=plain_s, verify_s=verify_s, drafts=drafts)

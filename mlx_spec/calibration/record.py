@@ -1,0 +1,131 @@
+"""The calibration record: what was measured, as frozen dataclasses and as checked JSON.
+
+`from_dict` trusts nothing in a file: every field must be there with its
+type, every time positive and finite, every acceptance in [0, 1]. A file
+that fails raises `CorruptCalibration`, which the store turns into one
+sentence naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Dict, Optional
+
+from ..costmodel import interpolate
+
+
+KIND_NAMES = {dict: "an object", Real: "a number", object: "a value"}
+
+
+class CorruptCalibration(ValueError):
+    """A stored calibration that cannot be read back (says which field, not which file)."""
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    step_s: float  # one draft step: forward over 1 token + sample, evaluated
+    acceptance: Optional[float]  # greedy per-draft acceptance at k = 4 (i.i.d. MLE), or None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    key: dict  # see key.calibration_key: machine, MLX device and version, target weights, dtype
+    created: float  # time.time() when measured
+    plain_step_s: float  # seconds per token of plain decoding through mlx-spec's loop (median)
+    verify_s: Dict[int, float]  # T -> one target forward over T tokens (log-softmax included)
+    drafts: Dict[str, DraftCost] = field(default_factory=dict)  # draft fingerprint -> costs
+
+    def draft(self, draft_model) -> Optional[DraftCost]:
+        """This draft's costs, if it was measured with this target."""
+        from .key import model_fingerprint
+
+        return self.drafts.get(model_fingerprint(draft_model))
+
+    def verify_seconds(self, t: int) -> float:
+        """One target forward over t >= 1 tokens (linear between measured T, beyond the ends)."""
+        if t < 1:
+            raise ValueError(f"t must be an int >= 1; got {t!r}.")
+        return interpolate(self.verify_s, t)
+
+    def as_dict(self) -> dict:
+        return {
+            "key": dict(self.key), "created": self.created, "plain_step_s": self.plain_step_s,
+            "verify_s": {str(t): s for t, s in sorted(self.verify_s.items())},
+            "drafts": {fp: {"step_s": d.step_s, "acceptance": d.acceptance}
+                       for fp, d in sorted(self.drafts.items())},
+        }
+
+
+def _get(data, name: str, kind, what: str):
+    if not isinstance(data, dict) or name not in data:
+        raise CorruptCalibration(f"no {what}")
+    value = data[name]
+    if not isinstance(value, kind) or (kind is Real and isinstance(value, bool)):
+        raise CorruptCalibration(f"{what} is not {KIND_NAMES[kind]}")
+    return value
+
+
+def _seconds(data, name: str, what: str) -> float:
+    value = _get(data, name, Real, what)
+    if not math.isfinite(value) or value <= 0:
+        raise CorruptCalibration(f"{what} is not a positive number of seconds")
+    return float(value)
+
+
+def _acceptance(value) -> Optional[float]:
+    if value is None:
+        return None
+    if not isinstance(value, Real) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise CorruptCalibration("a draft's acceptance is not in [0, 1]")
+    return float(value)
+
+
+def _length(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise CorruptCalibration(f"verify length {text!r} is not a positive int")
+    return int(text)
+
+
+def key_of(data) -> dict:
+    return _get(data, "key", dict, "key")
+
+
+def from_dict(data) -> Calibration:
+    """The calibration a JSON object describes; CorruptCalibration when it does not."""
+    verify = _get(data, "verify_s", dict, "verify_s")
+    drafts = _get(data, "drafts", dict, "drafts")
+    if not verify:
+        raise CorruptCalibration("verify_s is empty")
+    return Calibration(
+        key=key_of(data),
+        created=float(_get(data, "created", Real, "creation time")),
+        plain_step_s=_seconds(data, "plain_step_s", "plain_step_s"),
+        verify_s={_length(t): _seconds(verify, t, f"verify_s[{t}]") for t in verify},
+        drafts={fp: DraftCost(_seconds(d, "step_s", "a draft's step_s"),
+                              _acceptance(_get(d, "acceptance", object, "a draft's acceptance")))
+                for fp, d in drafts.items()},
+    )
+
+
+SHOWN_LENGTHS = (2, 4, 8, 16, 32)
+
+
+def describe(cal: Calibration, draft_fingerprint: Optional[str] = None) -> str:
+    """A short table: plain step, verify cost relative to T = 1, each draft's cost and acceptance."""
+    one = cal.verify_seconds(1)
+    curve = "  ".join(f"T={t} {cal.verify_seconds(t) / one:.2f}x" for t in SHOWN_LENGTHS)
+    lines = [
+        f"plain decoding step   {cal.plain_step_s * 1e3:8.2f} ms",
+        f"target forward, T=1   {one * 1e3:8.2f} ms",
+        f"verify cost vs T=1    {curve}",
+    ]
+    for fp, draft in cal.drafts.items():
+        mark = " (this draft)" if fp == draft_fingerprint else ""
+        acceptance = "not measured" if draft.acceptance is None else f"{draft.acceptance:.3f}"
+        lines.append(f"draft {fp[:12]}{mark}: step {draft.step_s * 1e3:.2f} ms = "
+                     f"{draft.step_s / one:.3f} target forwards, acceptance (k=4) {acceptance}")
+    if not cal.drafts:
+        lines.append("no draft measured")
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""`mlx-spec tune`: the per-machine calibration cache (measure, store, load back, refuse)."""
+
+import dataclasses
+import json
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from click.testing import CliRunner
+from families import make_family
+from tiny import make_llama
+
+from mlx_spec.calibration import (MAX_AGE_DAYS, Calibration, DraftCost, calibrate,
+                                  calibration_path, load_calibration, model_fingerprint,
+                                  save_calibration)
+from mlx_spec.calibration.measure import VERIFY_LENGTHS
+from mlx_spec.cli import main
+from mlx_spec.loading import load
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_SPEC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def pair(model_dirs):
+    target_model, tokenizer = load(str(model_dirs["target"]))
+    draft_model, _ = load(str(model_dirs["draft"]))
+    return target_model, draft_model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def measured(pair):
+    target_model, draft_model, tokenizer = pair
+    stages = []
+    return calibrate(target_model, draft_model, tokenizer, progress=stages.append), stages
+
+
+def test_calibrate_measures_positive_costs_for_every_length(pair, measured):
+    cal, stages = measured
+    target_model, draft_model, _ = pair
+    assert cal.plain_step_s > 0
+    assert sorted(cal.verify_s) == list(VERIFY_LENGTHS)
+    assert all(s > 0 for s in cal.verify_s.values())
+    draft = cal.draft(draft_model)
+    assert draft is not None and draft.step_s > 0 and 0 <= draft.acceptance <= 1
+    assert cal.draft(target_model) is None
+    assert len(stages) == 4
+    assert cal.verify_seconds(7) > 0 and cal.verify_seconds(64) > 0  # between and beyond
+    with pytest.raises(ValueError):
+        cal.verify_seconds(0)
+
+
+def test_calibrate_a_hybrid_target_alone():
+    cal = calibrate(make_family("qwen3_5", seed=0))
+    assert cal.drafts == {} and all(s > 0 for s in cal.verify_s.values())
+
+
+def test_save_then_load_round_trips(pair, measured):
+    cal, _ = measured
+    path = save_calibration(cal)
+    assert path == calibration_path(pair[0]) and path.parent.name == "calibration"
+    assert len(path.stem) == 16
+    assert load_calibration(pair[0]) == cal
+
+
+def test_a_second_draft_merges_into_the_same_file(pair, measured):
+    cal, _ = measured
+    save_calibration(cal)
+    other = make_llama(seed=9, hidden=32, layers=1)
+    later = dataclasses.replace(cal, created=time.time(),
+                                drafts={model_fingerprint(other): DraftCost(0.001, None)})
+    assert save_calibration(later) == calibration_path(pair[0])
+    loaded = load_calibration(pair[0])
+    assert loaded.draft(pair[1]) == cal.draft(pair[1])
+    assert loaded.draft(other) == DraftCost(0.001, None)
+    assert loaded.created == later.created
+
+
+def _stored(model, **changes) -> Calibration:
+    """A made-up calibration of `model` on this machine, saved."""
+    from mlx_spec.calibration import calibration_key
+
+    cal = Calibration(calibration_key(model), time.time(), 0.01, {1: 0.01, 4: 0.02}, {})
+    save_calibration(dataclasses.replace(cal, **changes))
+    return cal
+
+
+def test_load_ignores_other_models_and_dtypes():
+    model = make_llama(seed=0)
+    _stored(model)
+    assert load_calibration(model) is not None
+    assert load_calibration(make_llama(seed=1)) is None
+    cast = make_llama(seed=0)
+    cast.set_dtype(mx.float16)
+    assert load_calibration(cast) is None
+
+
+@pytest.mark.parametrize("edit", ["age", "mlx", "format"])
+def test_load_ignores_stale_files(edit):
+    model = make_llama(seed=0)
+    _stored(model)
+    path = calibration_path(model)
+    data = json.loads(path.read_text())
+    if edit == "age":
+        data["created"] = time.time() - (MAX_AGE_DAYS + 10) * 86400
+    elif edit == "mlx":
+        data["key"]["mlx"] = "0.0.1"
+    else:  # a later format may have other fields: ignored, not called corrupt
+        data = {"key": {**data["key"], "format": 99}, "something": "else"}
+    path.write_text(json.dumps(data))
+    assert load_calibration(model) is None
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda data: "{not json",
+    lambda data: json.dumps({k: v for k, v in data.items() if k != "plain_step_s"}),
+    lambda data: json.dumps({**data, "plain_step_s": -0.01}),
+    lambda data: json.dumps({**data, "verify_s": {"1": 0.0}}),
+    lambda data: json.dumps({**data, "verify_s": {"one": 0.1}}),
+    lambda data: json.dumps({**data, "drafts": {"x": {"step_s": "fast", "acceptance": None}}}),
+    lambda data: json.dumps([1, 2]),
+], ids=["not-json", "missing-field", "negative-time", "zero-time", "bad-length",
+        "wrong-type", "not-an-object"])
+def test_corrupt_files_raise_one_sentence_naming_the_file(corrupt):
+    model = make_llama(seed=0)
+    _stored(model)
+    path = calibration_path(model)
+    path.write_text(corrupt(json.loads(path.read_text())))
+    with pytest.raises(ValueError) as info:
+        load_calibration(model)
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message and "mlx-spec tune" in message
+
+
+def test_saving_replaces_a_corrupt_file():
+    model = make_llama(seed=0)
+    calibration_path(model).parent.mkdir(parents=True)
+    calibration_path(model).write_text("{not json")
+    cal = _stored(model)
+    assert load_calibration(model) == cal
+
+
+def test_fingerprint_tells_quantized_from_float_and_is_stable_across_loads(model_dirs):
+    model = make_llama(seed=0, hidden=64, vocab_size=64)
+    plain = model_fingerprint(model)
+    nn.quantize(model, group_size=32, bits=4)
+    assert model_fingerprint(model) != plain
+    first, _ = load(str(model_dirs["target"]))
+    second, _ = load(str(model_dirs["target"]))
+    assert model_fingerprint(first) == model_fingerprint(second)
+    assert model_fingerprint(first) != model_fingerprint(load(str(model_dirs["draft"]))[0])
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_tune_writes_prints_and_forgets(model_dirs, pair):
+    target = ["--model", str(model_dirs["target"])]
+    result = run("tune", *target, "--draft-model", str(model_dirs["draft"]))
+    assert result.exit_code == 0, result.output
+    path = calibration_path(pair[0])
+    assert path.exists() and str(path) in result.stdout
+    assert "plain decoding step" in result.stdout and "(this draft)" in result.stdout
+    assert "[" in result.stderr and "verify cost" in result.stderr  # timed progress
+
+    shown = run("tune", *target, "--draft-model", str(model_dirs["draft"]), "--print")
+    assert shown.exit_code == 0 and "(this draft)" in shown.stdout and str(path) in shown.stdout
+
+    gone = run("tune", *target, "--forget")
+    assert gone.exit_code == 0 and not path.exists()
+    none = run("tune", *target, "--print")
+    assert none.exit_code == 0 and "No calibration stored" in none.stdout
+
+
+def test_tune_print_refuses_a_corrupt_file_in_one_line(model_dirs, pair):
+    path = calibration_path(pair[0])
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    result = run("tune", "--model", str(model_dirs["target"]), "--print")
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and str(path) in errors[0]  # after click's usage line
+    assert run("tune", "--model", str(model_dirs["target"]), "--print", "--forget").exit_code != 0
+
+
+def test_bench_tune_stores_the_pair(model_dirs, pair, tmp_path):
+    from mlx_spec.bench.cli import bench
+
+    result = CliRunner().invoke(bench, [
+        "--model", str(model_dirs["target"]), "--draft-model", str(model_dirs["draft"]),
+        "--smoke", "--no-plots", "--json", str(tmp_path / "bench.json"), "--tune"])
+    assert result.exit_code == 0, result.output
+    assert str(calibration_path(pair[0])) in result.stdout
+    assert load_calibration(pair[0]).draft(pair[1]) is not None
