@@ -1,0 +1,348 @@
+"""Is mlx-spec ever behind? Plain decoding, mlx-lm's best fixed k and mlx-spec, pair by pair.
+
+For each pair and temperature T, two interleaved phases in one process:
+
+1. sweep: mlx-lm's speculative_generate_step at each fixed k; its best k is
+   the one with the highest median tokens/s;
+2. table: plain decoding (mlx-lm's generate_step, the target alone), mlx-lm
+   at that k, mlx-spec at that k with the same kind of policy (fixed k, no
+   prompt lookup), and mlx-spec's defaults without and with a calibration.
+
+Every compared figure comes from phase 2: mlx-lm@k is measured again rather
+than taken from the sweep, whose best median is the luckiest of several
+noisy ones. "Best fixed" is the faster of mlx-lm@k and mlx-spec@k (mlx-spec
+at the other k is not measured). A ratio is one of medians, with the
+min..max of the per-repeat ratios beside it (both methods ran on the same
+prompt in the same repeat), so a reader sees whether 0.97x is noise.
+
+Timing: plain, mlx-lm@k and mlx-spec@k decode from caches prefilled untimed
+(endtoend.py). The defaults get the whole prompt, since prompt lookup reads
+it, and are timed from the end of their first round, which carries the
+prefill (as sources.py). A copy task per pair at T = 0 (the target's own
+greedy continuation, then its opening again) measures prompt lookup alone
+and the defaults against plain decoding, with tokens per round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step as mlx_lm_generate_step
+
+from ..generate import speculative_generate_step
+from ..memory import wired_limit
+from ..sampling import SamplingConfig
+from .endtoend import (MethodResult, RunResult, interleave, run_mlx_lm, run_mlx_spec,
+                       run_target_alone)
+from .machine import MachineInfo, machine_info
+from .prompts import PROMPTS, Prompt, encode_prompts
+from .timing import DEFAULT_WARMUP, ratio
+from .zoo import Pair
+
+PLAIN, LM_AT_K, SPEC_AT_K = "plain", "mlx-lm@k", "mlx-spec@k"
+DEFAULTS, DEFAULTS_CAL, LOOKUP = "defaults", "defaults+cal", "lookup"
+DEFAULT_KS = (1, 2, 3, 4, 5, 6)
+DEFAULT_TEMPS = (0.0, 0.7, 1.0)
+DEFAULT_PROMPTS = ("class_init", "parse_args", "rename")
+COPY_SOURCE_PROMPT, COPY_CONTINUATION_TOKENS = "fibonacci", 96
+
+
+@dataclass(frozen=True)
+class NeverBehindConfig:
+    temps: Tuple[float, ...] = DEFAULT_TEMPS
+    ks: Tuple[int, ...] = DEFAULT_KS
+    max_tokens: int = 64
+    repeats: int = 3
+    warmup: int = DEFAULT_WARMUP
+    prompts: Tuple[str, ...] = DEFAULT_PROMPTS
+    seed: int = 0
+    copy_task: bool = True
+    calibrate: bool = True
+
+
+@dataclass(frozen=True)
+class Ratio:
+    value: float  # ratio of the two medians
+    low: float  # smallest per-repeat ratio
+    high: float  # largest per-repeat ratio
+
+
+@dataclass(frozen=True)
+class Row:
+    pair: str
+    temp: float
+    mlx_lm_by_k: Dict[int, float]  # the sweep's median tokens/s per k
+    best_k: int
+    best_fixed: str  # LM_AT_K or SPEC_AT_K, whichever is faster
+    methods: Dict[str, MethodResult]  # DEFAULTS_CAL absent when no calibration
+    ratios: Dict[str, Optional[Ratio]]
+
+
+@dataclass(frozen=True)
+class CopyRow:
+    pair: str
+    prompt_tokens: int
+    methods: Dict[str, MethodResult]
+    tokens_per_round: Dict[str, float]
+    ratios: Dict[str, Optional[Ratio]]
+
+
+@dataclass(frozen=True)
+class NeverBehind:
+    config: NeverBehindConfig
+    machine: MachineInfo
+    pairs: Dict[str, str]  # name -> note
+    calibration: str  # "used", or why the with-calibration column is n/a
+    calibration_s: Dict[str, float]  # pair -> seconds calibrate() took
+    rows: List[Row]
+    copy_rows: List[CopyRow] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def paired_ratio(a: Optional[MethodResult], b: Optional[MethodResult]) -> Optional[Ratio]:
+    """a / b from medians, with the spread of the per-repeat ratios; None when either is missing."""
+    if a is None or b is None or not a.tokens_per_s or not b.tokens_per_s:
+        return None
+    per_repeat = [x / y for x, y in zip(a.runs_tokens_per_s, b.runs_tokens_per_s) if y]
+    value = a.tokens_per_s / b.tokens_per_s
+    return Ratio(value, min(per_repeat, default=value), max(per_repeat, default=value))
+
+
+def row_ratios(methods: Dict[str, MethodResult]) -> Tuple[Dict[str, Optional[Ratio]], str]:
+    """The table's ratios, and which fixed-k method is the best fixed one."""
+    best_fixed = max((LM_AT_K, SPEC_AT_K), key=lambda name: methods[name].tokens_per_s)
+    ratios = {"mlx-spec@k / mlx-lm@k": paired_ratio(methods[SPEC_AT_K], methods[LM_AT_K])}
+    for name in (DEFAULTS, DEFAULTS_CAL):
+        ratios[f"{name} / plain"] = paired_ratio(methods.get(name), methods[PLAIN])
+        ratios[f"{name} / best fixed"] = paired_ratio(methods.get(name), methods[best_fixed])
+    return ratios, best_fixed
+
+
+def calibration_unavailable() -> Optional[str]:
+    """Why no calibration can be passed to speculative_generate_step yet, or None."""
+    if "calibration" not in inspect.signature(speculative_generate_step).parameters:
+        return "speculative_generate_step takes no calibration argument yet"
+    try:
+        from ..calibration import calibrate  # noqa: F401
+    except ImportError:
+        return "mlx_spec.calibration is not there yet"
+    return None
+
+
+def run_defaults(target_model, draft_model, ids, temp, max_tokens, rounds_log=None,
+                 **options) -> RunResult:
+    """mlx-spec on the whole prompt, timed from the end of its first round (the prefill's).
+
+    `rounds_log`, when given, gets (tokens, rounds) of the timed part.
+    """
+    start, n, rounds, drafted, accepted = None, 0, 0, 0, 0
+    for round_ in speculative_generate_step(ids, target_model, draft_model, max_tokens=max_tokens,
+                                            sampling=SamplingConfig(temp=temp), **options):
+        if start is None:
+            start = time.perf_counter()
+            continue
+        n, rounds = n + len(round_.tokens), rounds + 1
+        drafted, accepted = drafted + round_.num_drafted, accepted + round_.num_accepted
+    if rounds_log is not None:
+        rounds_log.append((n, rounds))
+    return RunResult(time.perf_counter() - start, n, drafted, accepted)
+
+
+def _defaults_methods(pair: Pair, temp: float, max_tokens: int, calibration,
+                      takes_calibration: bool,
+                      logs: Optional[Dict[str, list]] = None) -> Dict[str, Callable]:
+    """DEFAULTS (calibration=None where the argument exists) and, given one, DEFAULTS_CAL."""
+    logs = logs if logs is not None else {}
+    variants = {DEFAULTS: {"calibration": None} if takes_calibration else {}}
+    if calibration is not None:
+        variants[DEFAULTS_CAL] = {"calibration": calibration}
+    return {name: (lambda ids, options=options, name=name: run_defaults(
+        pair.target_model, pair.draft_model, ids, temp, max_tokens, logs.get(name), **options))
+        for name, options in variants.items()}
+
+
+def _labelled(progress, label: str):
+    return (lambda message: progress(f"{label}: {message}")) if progress else None
+
+
+def measure_row(pair: Pair, prompts, temp: float, config: NeverBehindConfig, calibration,
+                takes_calibration: bool, progress=None) -> Row:
+    """Phase 1 (mlx-lm's sweep over k), then phase 2 (the table's methods) for one pair and T."""
+    target_model, draft_model, n = pair.target_model, pair.draft_model, config.max_tokens
+    timing = dict(repeats=config.repeats, warmup=config.warmup, seed=config.seed)
+    label = f"{pair.name}, T={temp:g}"
+    sweep = {k: (lambda ids, k=k: run_mlx_lm(target_model, draft_model, ids, temp, k, n))
+             for k in config.ks}
+    swept = interleave(sweep, prompts, progress=_labelled(progress, f"{label}, mlx-lm sweep"),
+                       **timing)
+    best_k = max(config.ks, key=lambda k: swept[k].tokens_per_s)
+    methods = {
+        PLAIN: lambda ids: run_target_alone(target_model, ids, temp, n),
+        LM_AT_K: lambda ids: run_mlx_lm(target_model, draft_model, ids, temp, best_k, n),
+        SPEC_AT_K: lambda ids: run_mlx_spec(target_model, draft_model, ids, temp, best_k, n),
+        **_defaults_methods(pair, temp, n, calibration, takes_calibration),
+    }
+    results = interleave(methods, prompts, progress=_labelled(progress, f"{label}, k={best_k}"),
+                         **timing)
+    ratios, best_fixed = row_ratios(results)
+    return Row(pair.name, temp, {k: r.tokens_per_s for k, r in swept.items()}, best_k,
+               best_fixed, results, ratios)
+
+
+def copy_prompt(pair: Pair, source: Prompt, continuation_tokens: int = COPY_CONTINUATION_TOKENS):
+    """Token ids of: opening + the target's greedy continuation + blank line + opening again."""
+    opening = list(pair.tokenizer.encode(source.text))
+    continuation = []
+    for token, _ in mlx_lm_generate_step(mx.array(opening, mx.uint32), pair.target_model,
+                                         max_tokens=continuation_tokens):
+        if token in pair.tokenizer.eos_token_ids:
+            break
+        continuation.append(int(token))
+    blank = list(pair.tokenizer.encode("\n\n", add_special_tokens=False))
+    return opening + continuation + blank + opening
+
+
+def measure_copy(pair: Pair, config: NeverBehindConfig, calibration, takes_calibration: bool,
+                 progress=None) -> CopyRow:
+    """Prompt lookup on text the target is about to repeat, at T = 0."""
+    source = next(p for p in PROMPTS if p.name == COPY_SOURCE_PROMPT)
+    copy_ids = copy_prompt(pair, source)
+    target_model, n = pair.target_model, config.max_tokens
+    logs = {LOOKUP: [], DEFAULTS: [], DEFAULTS_CAL: []}
+    methods = {
+        PLAIN: lambda ids: run_target_alone(target_model, ids, 0.0, n),
+        LOOKUP: lambda ids: run_defaults(target_model, None, ids, 0.0, n, logs[LOOKUP],
+                                         prompt_lookup=True),
+        **_defaults_methods(pair, 0.0, n, calibration, takes_calibration, logs),
+    }
+    results = interleave(methods, [(source, copy_ids)], repeats=config.repeats,
+                         warmup=config.warmup, seed=config.seed,
+                         progress=_labelled(progress, f"{pair.name}, copy task"))
+    per_round = {}
+    for name, log in logs.items():
+        timed = log[config.warmup:]
+        if timed:
+            per_round[name] = ratio(sum(tokens for tokens, _ in timed),
+                                    sum(rounds for _, rounds in timed))
+    ratios = {f"{name} / plain": paired_ratio(results[name], results[PLAIN])
+              for name in results if name != PLAIN}
+    return CopyRow(pair.name, len(copy_ids), results, per_round, ratios)
+
+
+def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig(),
+            progress: Optional[Callable[[str], None]] = None) -> NeverBehind:
+    """Every row of the table (and the copy task) for every pair, in one process."""
+    say = progress or (lambda message: None)
+    start = time.perf_counter()
+    missing = calibration_unavailable()
+    takes_calibration = missing is None
+    if takes_calibration and not config.calibrate:
+        missing = "turned off for this run"
+    by_name = {p.name: p for p in PROMPTS}
+    unknown = [name for name in config.prompts if name not in by_name]
+    if unknown:
+        raise ValueError(f"Unknown prompt {unknown[0]!r}; choose from {', '.join(by_name)}.")
+    chosen = [by_name[name] for name in config.prompts]
+    rows, copy_rows, calibration_s = [], [], {}
+    for pair in pairs:
+        prompts = encode_prompts(pair.tokenizer, chosen)
+        calibration = None
+        if missing is None:
+            say(f"{pair.name}: calibrating")
+            began = time.perf_counter()
+            from ..calibration import calibrate
+            calibration = calibrate(pair.target_model, pair.draft_model, pair.tokenizer)
+            calibration_s[pair.name] = time.perf_counter() - began
+        with wired_limit(pair.target_model, pair.draft_model):
+            for temp in config.temps:
+                rows.append(measure_row(pair, prompts, temp, config, calibration,
+                                        takes_calibration, progress))
+            if config.copy_task:
+                copy_rows.append(measure_copy(pair, config, calibration, takes_calibration,
+                                              progress))
+    return NeverBehind(config, machine_info(), {p.name: p.note for p in pairs},
+                       missing or "used", calibration_s, rows, copy_rows,
+                       time.perf_counter() - start)
+
+
+def _x(r: Optional[Ratio]) -> str:
+    return "n/a" if r is None else f"{r.value:.2f}x ({r.low:.2f}-{r.high:.2f})"
+
+
+def _tps(m: Optional[MethodResult]) -> str:
+    return "n/a" if m is None else f"{m.tokens_per_s:.1f}"
+
+
+def _pct(m: Optional[MethodResult]) -> str:
+    return "-" if m is None or m.acceptance_rate is None else f"{m.acceptance_rate:.0%}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    return (["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            + ["| " + " | ".join(row) + " |" for row in rows] + [""])
+
+
+def _behind(result: NeverBehind) -> List[str]:
+    """Ratios below 1.0x in every repeat, not just in the median."""
+    return [f"{row.pair}, T={row.temp:g}: {name} {_x(r)}" for row in result.rows
+            for name, r in row.ratios.items() if r is not None and r.high < 1.0]
+
+
+def render_markdown(result: NeverBehind) -> str:
+    m, c = result.machine, result.config
+    out = ["# Never behind: mlx-spec against plain decoding and mlx-lm's best fixed k", "",
+           f"- Machine: {m.chip}, {m.cpu_count} cores, MLX device {m.mlx_device}, BLAS {m.blas}, "
+           f"MLX {m.mlx_version}, mlx-lm {m.mlx_lm_version}.",
+           f"- {c.max_tokens} tokens per run, median of {c.repeats} interleaved repeats after "
+           f"{c.warmup} warm-up, prompts {', '.join(c.prompts)} (one per repeat, in turn); "
+           f"mlx-lm's k swept over {', '.join(map(str, c.ks))}.",
+           f"- Calibration: {result.calibration}"
+           + "".join(f"; {name} {s:.1f} s" for name, s in result.calibration_s.items()) + ".",
+           ""]
+    out += _table(("pair", "what"), [[name, note] for name, note in result.pairs.items()])
+    rows = []
+    for row in result.rows:
+        ms, rs = row.methods, row.ratios
+        rows.append([row.pair, f"{row.temp:g}", _tps(ms[PLAIN]), str(row.best_k),
+                     _tps(ms[LM_AT_K]), _tps(ms[SPEC_AT_K]), _x(rs["mlx-spec@k / mlx-lm@k"]),
+                     f"{_tps(ms[DEFAULTS])} / {_tps(ms.get(DEFAULTS_CAL))}",
+                     f"{_x(rs['defaults / plain'])} / {_x(rs['defaults+cal / plain'])}",
+                     f"{_x(rs['defaults / best fixed'])} / {_x(rs['defaults+cal / best fixed'])}",
+                     " / ".join(_pct(ms.get(name)) for name in
+                                (LM_AT_K, SPEC_AT_K, DEFAULTS, DEFAULTS_CAL))])
+    out += _table(("pair", "T", "plain tok/s", "mlx-lm best k", "mlx-lm@k tok/s",
+                   "mlx-spec@k tok/s", "mlx-spec@k ÷ mlx-lm@k",
+                   "defaults tok/s (no cal / cal)", "defaults ÷ plain (no cal / cal)",
+                   "defaults ÷ best fixed (no cal / cal)",
+                   "acceptance (mlx-lm@k / mlx-spec@k / defaults / +cal)"), rows)
+    out += ["- A ratio is one of medians; in brackets the smallest and largest per-repeat ratio.",
+            "- Best fixed: the faster of mlx-lm@k and mlx-spec@k at mlx-lm's best k.",
+            "- mlx-lm's acceptance counts its from_draft tokens (token matching at T > 0).", ""]
+    behind = _behind(result)
+    caveat = (" (one repeat: no spread, so this cannot tell noise from a loss)"
+              if c.repeats < 2 else "")
+    out += [f"Below 1.0x in every repeat{caveat}: " + ("none." if not behind else ""), ""]
+    out += [f"- {line}" for line in behind] + ([""] if behind else [])
+    if result.copy_rows:
+        out += ["## Copy task (T = 0): the target's own continuation, then its opening again", ""]
+        out += _table(
+            ("pair", "prompt tokens", "plain tok/s", "lookup tok/s", "lookup ÷ plain",
+             "defaults tok/s (no cal / cal)", "defaults ÷ plain (no cal / cal)",
+             "tokens per round (lookup / defaults / +cal)"),
+            [[r.pair, str(r.prompt_tokens), _tps(r.methods[PLAIN]), _tps(r.methods[LOOKUP]),
+              _x(r.ratios["lookup / plain"]),
+              f"{_tps(r.methods[DEFAULTS])} / {_tps(r.methods.get(DEFAULTS_CAL))}",
+              f"{_x(r.ratios['defaults / plain'])} / {_x(r.ratios.get('defaults+cal / plain'))}",
+              " / ".join(f"{r.tokens_per_round[name]:.2f}" if name in r.tokens_per_round
+                         else "n/a" for name in (LOOKUP, DEFAULTS, DEFAULTS_CAL))]
+             for r in result.copy_rows])
+    out.append(f"Took {result.elapsed_s:.0f} s; seed {c.seed}; every figure is in the JSON file.")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,102 @@
+"""The never-behind table: ratios from given numbers, the zoo's names, a smoke run on tiny models.
+
+No speed thresholds: only that every row and column is there and every
+figure is positive.
+"""
+
+import json
+
+import pytest
+
+from mlx_spec.bench.endtoend import MethodResult
+from mlx_spec.bench.never_behind import (DEFAULTS, DEFAULTS_CAL, LM_AT_K, LOOKUP, PLAIN,
+                                         SPEC_AT_K, NeverBehind, NeverBehindConfig, measure,
+                                         paired_ratio, render_markdown, row_ratios)
+from mlx_spec.bench.serialize import from_dict
+from mlx_spec.bench.zoo import ZOO_NAMES, Pair, build_zoo
+from mlx_spec.loading import load
+
+
+def _method(*runs):
+    return MethodResult(sorted(runs)[len(runs) // 2], tuple(runs), None)
+
+
+def test_paired_ratio_is_of_medians_with_the_per_repeat_spread():
+    r = paired_ratio(_method(10.0, 12.0, 30.0), _method(10.0, 10.0, 20.0))
+    assert r.value == pytest.approx(12.0 / 10.0)
+    assert (r.low, r.high) == pytest.approx((1.0, 1.5))
+    assert paired_ratio(_method(10.0), None) is None
+    assert paired_ratio(_method(10.0), MethodResult(0.0, (), None)) is None
+
+
+def test_row_ratios_pick_the_faster_fixed_k():
+    methods = {PLAIN: _method(10.0, 10.0, 10.0), LM_AT_K: _method(12.0, 12.0, 12.0),
+               SPEC_AT_K: _method(15.0, 14.0, 16.0), DEFAULTS: _method(18.0, 14.0, 21.0)}
+    ratios, best_fixed = row_ratios(methods)
+    assert best_fixed == SPEC_AT_K
+    assert ratios["mlx-spec@k / mlx-lm@k"].value == pytest.approx(15.0 / 12.0)
+    assert ratios["defaults / plain"].value == pytest.approx(1.8)
+    assert (ratios["defaults / plain"].low, ratios["defaults / plain"].high) == \
+        pytest.approx((1.4, 2.1))
+    assert ratios["defaults / best fixed"].value == pytest.approx(18.0 / 15.0)
+    assert ratios["defaults / best fixed"].low == pytest.approx(1.0)  # 14 / 14
+    assert ratios["defaults+cal / plain"] is None  # no calibration: n/a, not a number
+    assert ratios["defaults+cal / best fixed"] is None
+
+
+def test_zoo_rejects_unknown_names():
+    with pytest.raises(ValueError, match="shipped-f16, shipped-f32, weak, strong"):
+        build_zoo(["shipped-f16", "nope"])
+
+
+def test_zoo_builds_every_pair_from_the_shipped_models():
+    pairs = build_zoo()
+    assert [p.name for p in pairs] == list(ZOO_NAMES)
+    by_name = {p.name: p for p in pairs}
+    assert by_name["shipped-f32"].target_model.model.norm.weight.dtype.size == 4
+    assert hasattr(by_name["strong"].draft_model.lm_head, "scales")  # quantized
+    assert by_name["weak"].target_model.model.norm.weight.dtype.size == 2  # float16 target
+
+
+@pytest.fixture(scope="module")
+def tiny_table(model_dirs):
+    target_model, tokenizer = load(str(model_dirs["target"]))
+    draft_model, _ = load(str(model_dirs["draft"]))
+    pair = Pair("tiny", target_model, draft_model, tokenizer, "random tiny llamas")
+    config = NeverBehindConfig(temps=(0.0, 1.0), ks=(1, 2), max_tokens=12, repeats=2,
+                               prompts=("fibonacci", "rename"))
+    return measure([pair], config), config
+
+
+def test_measure_gives_a_row_per_pair_and_temperature(tiny_table):
+    result, config = tiny_table
+    assert [(row.pair, row.temp) for row in result.rows] == [("tiny", 0.0), ("tiny", 1.0)]
+    with_cal = result.calibration == "used"
+    for row in result.rows:
+        assert set(row.mlx_lm_by_k) == set(config.ks) and row.best_k in config.ks
+        assert row.mlx_lm_by_k[row.best_k] == max(row.mlx_lm_by_k.values())
+        assert (DEFAULTS_CAL in row.methods) == with_cal
+        for m in row.methods.values():
+            assert m.tokens_per_s > 0 and len(m.runs_tokens_per_s) == config.repeats
+        for name, r in row.ratios.items():
+            if r is None:
+                assert name.startswith(DEFAULTS_CAL) and not with_cal
+            else:
+                assert 0 < r.low <= r.value <= r.high
+    (copy,) = result.copy_rows
+    assert copy.methods[LOOKUP].tokens_per_s > 0 and copy.tokens_per_round[LOOKUP] >= 1
+    assert result.machine.blas
+
+
+def test_table_renders_and_survives_json(tiny_table):
+    result, _ = tiny_table
+    markdown = render_markdown(result)
+    header = next(line for line in markdown.splitlines() if line.startswith("| pair | T |"))
+    for column in ("plain tok/s", "mlx-lm best k", "mlx-lm@k tok/s", "mlx-spec@k tok/s",
+                   "defaults tok/s (no cal / cal)", "defaults ÷ plain", "defaults ÷ best fixed",
+                   "acceptance"):
+        assert column in header
+    rows = [line for line in markdown.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 4  # the pair, 2 T, the copy task
+    again = from_dict(NeverBehind, json.loads(json.dumps(result.as_dict())))
+    assert render_markdown(again) == markdown
