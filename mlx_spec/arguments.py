@@ -49,6 +49,14 @@ def _is_sampling_config(value) -> bool:
     return isinstance(value, SamplingConfig)
 
 
+def _is_calibration(value) -> bool:
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return True
+    from .calibration import Calibration
+
+    return isinstance(value, Calibration)
+
+
 _MODEL = ("a model such as load() returns", _is_model)
 _FLAG = ("True or False", lambda v: isinstance(v, bool))
 _OPTIONAL_FLAG = ("True, False or None", lambda v: v is None or isinstance(v, bool))
@@ -82,6 +90,7 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "verbose": _FLAG,
     "prompt_progress_callback": _optional(_CALLBACK),
     "accept": _optional(_CALLBACK),
+    "calibration": ('"auto", None or a Calibration (mlx_spec.calibration)', _is_calibration),
 }
 
 

@@ -19,11 +19,12 @@ round would see it too.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Optional
 
 import mlx.core as mx
 
-SHORT_QUERIES = 32  # verify passes are k + 1 tokens; longer passes are prefills
+SHORT_QUERIES = 64  # verify passes are k + 1 <= 33 tokens; longer passes are prefills
 
 
 def composed_attention(q, k, v, *, scale: float, mask=None):
@@ -55,10 +56,14 @@ def composed_attention(q, k, v, *, scale: float, mask=None):
     return (weights @ v[:, :, None]).reshape(B, n_q, L, D)
 
 
-def _needs_composed() -> bool:
+@lru_cache(maxsize=1)
+def _cuda_available() -> bool:
     cuda = getattr(mx, "cuda", None)
-    return (mx.default_device().type == mx.DeviceType.gpu
-            and cuda is not None and cuda.is_available())
+    return cuda is not None and cuda.is_available()
+
+
+def _needs_composed() -> bool:  # asked twice a round: the CUDA probe is asked once
+    return mx.default_device().type == mx.DeviceType.gpu and _cuda_available()
 
 
 @contextmanager

@@ -99,11 +99,12 @@ def _resolve_models(model, draft_model, no_draft):
 @click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True)
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, cyan = prompt lookup.")
+@click.option("--calibration/--no-calibration", default=True, show_default=True, help="Start the adaptive policy from this machine's stored `mlx-spec tune` measurements, if any.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
-             ignore_chat_template, color, quiet):
+             ignore_chat_template, color, calibration, quiet):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from .generate import stream_generate
 
@@ -121,6 +122,7 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
             draft_confidence=draft_confidence, temp=temp, top_p=top_p, top_k=top_k,
             min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
+            calibration="auto" if calibration else None,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
             text = click.style(response.text, fg=fg) if fg else response.text

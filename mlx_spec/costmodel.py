@@ -14,6 +14,7 @@ BLAS it grows like T, which erases any gain.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Mapping, Tuple
 
 
@@ -68,3 +69,26 @@ def best_k(acceptance: float, draft_cost: float, verify_cost: Mapping[int, float
         ((k, predicted_speedup(acceptance, k, draft_cost, verify_cost)) for k in range(k_max + 1)),
         key=lambda kv: kv[1],
     )
+
+
+@dataclass(frozen=True)
+class CostPrior:
+    """Seconds a calibration measured on this machine: where the adaptive policy starts.
+
+    A round drafting k tokens from `source` costs the loop's own overhead per
+    step (a plain step less a one-token pass), one target pass over k + 1
+    tokens, and k draft steps of that source (none for prompt lookup).
+    """
+
+    plain_seconds: float
+    verify_seconds: Mapping[int, float]  # T -> seconds of one target pass over T tokens
+    step_seconds: Mapping[str, float]  # source -> seconds per drafted token ("lookup": 0)
+    acceptance: Mapping[str, float] = field(default_factory=dict)  # source -> per-draft a
+
+    def knows(self, source: str) -> bool:
+        return source in self.step_seconds
+
+    def round_seconds(self, source: str, k: int) -> float:
+        one = interpolate(self.verify_seconds, 1)
+        overhead = max(self.plain_seconds - one, 0.0)
+        return overhead + interpolate(self.verify_seconds, k + 1) + k * self.step_seconds[source]

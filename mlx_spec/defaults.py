@@ -8,4 +8,5 @@ lookup) take them from here.
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_NUM_DRAFT_TOKENS = 4  # k when it is fixed and not pinned
 DEFAULT_MAX_DRAFT_TOKENS = 8  # the largest k the adaptive policy may choose
+DEFAULT_MAX_LOOKUP_TOKENS = 32  # the longest prompt-lookup proposal the adaptive policy may choose
 DEFAULT_MAX_NGRAM = 3  # the longest n-gram prompt lookup matches

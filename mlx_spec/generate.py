@@ -8,6 +8,7 @@ response dataclass, `generate` returns the whole string.
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Union
 
@@ -18,7 +19,8 @@ from .arguments import check_arguments
 from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, check_rewindable, make_cache,
                     make_rewindable)
 from .drafters import DraftModelDrafter, PromptLookupDrafter
-from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
+from .costmodel import CostPrior
+from .defaults import DEFAULT_MAX_LOOKUP_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
 from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
@@ -146,6 +148,7 @@ def speculative_generate_step(
     policy=None,
     accept=None,
     stop_tokens=(),
+    calibration="auto",
 ) -> "RoundStream":
     """Rounds of token ids from `model` (the target), speculating with the drafters.
 
@@ -165,7 +168,12 @@ def speculative_generate_step(
     below it (costs one host sync per draft step). `prompt_lookup` puts n-gram
     proposals from the context in front of the draft model; None (the default)
     turns it on when a draft model is given and decoding is greedy, where the
-    benchmark measured it fastest.
+    benchmark measured it fastest. Its proposals may run up to
+    DEFAULT_MAX_LOOKUP_TOKENS under the adaptive policy (they cost no draft steps).
+
+    `calibration`: "auto" (the default) starts the adaptive policy from this
+    machine's stored calibration (`mlx-spec tune`) when there is one for the
+    target; None starts cold; a `Calibration` object is used as given.
     """
     check_arguments(**locals())  # every parameter, by name
     prompt = _as_tokens(None, prompt)
@@ -175,7 +183,8 @@ def speculative_generate_step(
         check_pair(model, draft_model)
     if prompt_lookup is None:
         prompt_lookup = draft_model is not None and sampling.greedy
-    reserve = max(DEFAULT_RESERVE, max(num_draft_tokens or 0, max_draft_tokens) + 2)
+    reserve = max(DEFAULT_RESERVE,
+                  max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS) + 2)
     speculating = draft_model is not None or prompt_lookup
     target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
                                         speculating, reserve)
@@ -191,7 +200,9 @@ def speculative_generate_step(
         draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
                                   confidence=draft_confidence)
         drafters.append(draft)
-    policy = policy or make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off)
+    if policy is None:
+        prior = _cost_prior(calibration, model, draft_model, sampling)
+        policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior)
     # A reused cache is shown at each response by a trim: sliding windows must rewind too.
     target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
                         reserve=reserve)
@@ -200,15 +211,39 @@ def speculative_generate_step(
         prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
         prompt_progress_callback=prompt_progress_callback, accept=accept,
     )
-    return RoundStream(rounds, Session(target, draft, target.length, prompt_cache))
+    return RoundStream(rounds, Session(target, draft, target.length, prompt_cache), policy)
+
+
+def _cost_prior(calibration, target_model, draft_model, sampling) -> Optional[CostPrior]:
+    """The adaptive policy's starting point from a calibration (see the `calibration` argument)."""
+    if calibration is None:
+        return None
+    if calibration == "auto":
+        from .calibration import load_calibration
+
+        try:
+            calibration = load_calibration(target_model)
+        except ValueError as exc:  # a corrupt file must not stop generation
+            warnings.warn(f"{exc} Starting without it.", stacklevel=3)
+            return None
+        if calibration is None:
+            return None
+    steps, acceptance = {"lookup": 0.0}, {}
+    draft = calibration.draft(draft_model) if draft_model is not None else None
+    if draft is not None:
+        steps["draft"] = draft.step_s
+        if draft.acceptance is not None and sampling.greedy:  # measured greedy
+            acceptance["draft"] = draft.acceptance
+    return CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps, acceptance)
 
 
 class RoundStream:
     """The rounds of one call (an iterator, like a generator) and the caches they advance."""
 
-    def __init__(self, rounds: Iterator[Round], session: Session):
+    def __init__(self, rounds: Iterator[Round], session: Session, policy=None):
         self._rounds = rounds
         self.session = session
+        self.policy = policy
 
     def __iter__(self):
         return self
@@ -267,7 +302,7 @@ def stream_generate(
         num_draft_tokens=num_draft_tokens, sampling=sampling, stop_tokens=eos, **kwargs,
     )
     reused = kwargs.get("prompt_cache") is not None
-    recorder = StatsRecorder(len(tokens))
+    recorder = StatsRecorder(len(tokens), rounds.policy.describe().get("calibrated"))
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     session = rounds.session

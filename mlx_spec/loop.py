@@ -12,7 +12,7 @@ trim; recurrent state: restore and replay the kept tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterator, List, Optional, Sequence
+from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
@@ -59,18 +59,18 @@ def prefill(cache: ModelCache, tokens: List[int], step_size: int,
     mx.clear_cache()
 
 
-def _propose(decoder: Decoder, k: int):
+def _propose(decoder: Decoder, lengths: Dict[str, int]):
+    """The first proposal of the drafters, in order, each asked for its own length (0: skipped)."""
     for drafter in decoder.drafters:
-        proposal = drafter.propose(decoder.history, k)
-        if proposal is not None and proposal.num_tokens > 0:
-            return proposal
+        k = lengths.get(drafter.source, 0)
+        if k > 0:
+            proposal = drafter.propose(decoder.history, k)
+            if proposal is not None and proposal.num_tokens > 0:
+                return proposal
     return None
 
 
-def speculative_round(decoder: Decoder, k: int) -> Round:
-    proposal = _propose(decoder, k)
-    if proposal is None:
-        return next(plain_rounds(decoder, 1))
+def speculative_round(decoder: Decoder, proposal) -> Round:
     y = mx.array(decoder.history[-1:], mx.uint32)
     verify_input = mx.concatenate([y, proposal.tokens])  # (k+1,) lazy on the drafts
     decoder.target.anchor()
@@ -105,8 +105,13 @@ def _reported(target_logits, target_logprobs, sampling: SamplingConfig) -> mx.ar
     return target_logprobs if sampling.greedy else model_logprobs(target_logits)
 
 
-def plain_rounds(decoder: Decoder, count: int) -> Iterator[Round]:
-    """`count` ordinary decoding steps, the next one queued before yielding."""
+def plain_rounds(decoder: Decoder, count: int,
+                 until: Optional[Callable[[List[int]], bool]] = None) -> Iterator[Round]:
+    """Up to `count` ordinary decoding steps, the next one queued before yielding.
+
+    `until(history)` true (say, prompt lookup found a match) stops queuing: the
+    step already queued still completes, so the block ends one token later.
+    """
 
     def step(y):
         target_logits = decoder.target.forward(y)[-1]
@@ -121,10 +126,11 @@ def plain_rounds(decoder: Decoder, count: int) -> Iterator[Round]:
         value = token.item()  # the only sync of the step
         decoder.history.append(value)
         yield Round([value], 0, 0, "target", logprobs[None])
-        if value in decoder.stop_tokens:
+        if value in decoder.stop_tokens or pending is None:
             return
-        if pending is not None:
-            token, logprobs = pending
+        if until is not None and i + 2 < count and until(decoder.history):
+            count = i + 2  # the queued step is the last
+        token, logprobs = pending
 
 
 def generate_rounds(
@@ -154,17 +160,23 @@ def generate_rounds(
             drafter.prefill(prompt, prefill_step_size)
     emitted = 0
     while emitted < max_tokens:
-        # Draft no further than the last token still wanted (the target adds one).
-        wanted = policy.num_draft_tokens() if drafters else 0
-        k = min(wanted, max_tokens - emitted - 1)
-        if k <= 0:
-            plain = policy.plain_steps() if wanted == 0 and drafters else max_tokens - emitted
-            rounds = plain_rounds(decoder, max(1, min(plain, max_tokens - emitted)))
+        room = max_tokens - emitted - 1  # drafts beyond it are never wanted (the target adds one)
+        lengths = {d.source: min(policy.proposal_length(d.source), room) for d in drafters}
+        proposal = _propose(decoder, lengths)
+        if proposal is not None:
+            rounds = iter([speculative_round(decoder, proposal)])
         else:
-            rounds = iter([speculative_round(decoder, k)])
+            waiting = [d for d in drafters if lengths[d.source] > 0]  # asked, nothing to offer
+            steps = min(policy.plain_steps() if drafters else max_tokens, max_tokens - emitted)
+            rounds = plain_rounds(decoder, max(1, steps), _offers(waiting) if waiting else None)
         for round_ in rounds:
             emitted += len(round_.tokens)
             policy.observe(round_)
             yield round_
             if round_.tokens[-1] in decoder.stop_tokens:
                 return
+
+
+def _offers(drafters) -> Callable[[List[int]], bool]:
+    """Whether any of `drafters` would propose after this history (cheap: no model runs)."""
+    return lambda history: any(d.can_propose(history) for d in drafters)

@@ -1,102 +1,100 @@
-"""How many tokens to draft each round, and when not to speculate at all.
+"""How many tokens each drafting source proposes per round, and when not to speculate at all.
 
-A policy answers `num_draft_tokens()` before each round (0 = decode plainly
-for `plain_steps()` steps) and is told every finished round via `observe`.
-Policies only choose k; exactness never depends on them, because any k that
-does not peek at the target's randomness leaves the output distribution
-untouched.
+A policy answers `proposal_length(source)` before each round (0 = do not ask
+that source; "draft" is the draft model, "lookup" prompt lookup), decodes
+plainly for `plain_steps()` steps when no source proposes, and is told every
+finished round via `observe`. Policies only choose lengths; exactness never
+depends on them, because any length that does not peek at the target's
+randomness leaves the output distribution untouched.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Dict, Optional, Protocol
 
-from .costmodel import expected_tokens_per_round
-from .defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_NUM_DRAFT_TOKENS
+from .costmodel import CostPrior, expected_tokens_per_round
+from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_LOOKUP_TOKENS,
+                       DEFAULT_NUM_DRAFT_TOKENS)
 
 DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the prompt set (README)
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
-FIRST_OFF_STEPS = 32  # plain steps after speculation is switched off; doubles each time
+FIRST_OFF_STEPS = 32  # tokens decoded without a source after it is switched off; doubles each time
 MAX_OFF_STEPS = 256
-FIRST_ROUNDS = 3  # speculative rounds (k, k/2, 3k/2) before speculation is judged
-PROBE_ROUNDS = 3  # speculative rounds tried after an off period before it is judged again
+FIRST_ROUNDS = 3  # rounds (k, k/2, 3k/2) before a source is judged, with no calibration
+PROBE_ROUNDS = 3  # rounds tried after an off period before the source is judged again
 PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
+PLAIN_BLOCK = 16  # plain steps queued back to back while no source proposes
 OFF_MARGIN = 0.05  # switch off only when predicted >5% slower: estimates are noisy, ties cost little
-EXPLORE_EVERY = 6  # every so often try k +/- 1 to keep the cost fit honest
+EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
+PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
+FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
 
 
 class DraftPolicy(Protocol):
-    def num_draft_tokens(self) -> int: ...
+    def proposal_length(self, source: str) -> int: ...
     def plain_steps(self) -> int: ...
     def observe(self, round_) -> None: ...
     def describe(self) -> dict: ...
 
 
 class FixedPolicy:
-    """Always draft k tokens (mlx-lm's behaviour)."""
+    """Always draft k tokens, from every source (mlx-lm's behaviour)."""
 
     def __init__(self, num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS):
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}.")
         self.k = num_draft_tokens
 
+    def proposal_length(self, source: str) -> int:
+        return self.k
+
     def num_draft_tokens(self) -> int:
         return self.k
 
     def plain_steps(self) -> int:
-        return 1
+        return PLAIN_BLOCK  # only when no source proposes (lookup found nothing)
 
     def observe(self, round_) -> None:
         pass
 
     def describe(self) -> dict:
-        return {"policy": "fixed", "k": self.k}
+        return {"policy": "fixed", "k": self.k, "calibrated": False}
 
 
-class AdaptivePolicy:
-    """Pick k to maximise expected tokens per second; fall back to plain decoding when it loses.
+class SourceEstimate:
+    """One drafting source: decayed acceptance, seconds per round t(k), and its off switch.
 
-    Online estimates, all exponentially decayed so they follow the text:
-      - acceptance a: accepted / (accepted + rejections), the i.i.d. MLE;
-      - seconds per round t(k) = t0 + t1 * k, least squares over the rounds seen;
-      - seconds per plain step.
-    Each round k* = argmax_k E[tokens | a, k] / t(k). A plain step costs
-    t(0) until plain steps have been timed. When even k* is slower
-    than plain decoding (by more than OFF_MARGIN), speculation is switched off
-    for a block of plain steps (32, doubling while it keeps losing, up to 256),
-    then probed again for PROBE_ROUNDS rounds, with the acceptance memory aged
-    by the text decoded plainly, so a bad draft or a machine where verification
-    is not cheap costs little and a hard opening does not keep a good draft off.
+    - acceptance a: accepted / (accepted + rejections), the i.i.d. MLE;
+    - t(k) = t0 + t1 * k, least squares over its rounds (a calibration seeds it);
+    - off: tokens still to decode without it, the next off period, probe rounds left.
     """
 
-    def __init__(self, max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
-                 initial_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-                 decay: float = DEFAULT_DECAY, auto_off: bool = True, clock=time.perf_counter):
-        if max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}.")
-        self.k_max = max_draft_tokens
-        self.k = self.k_initial = min(initial_draft_tokens, max_draft_tokens)
-        self.decay = decay
-        self.auto_off = auto_off
-        self.clock = clock
-        self.accepted, self.rejected = 3.0, 1.0  # prior: a = 0.75
+    def __init__(self, k_max: int, k_initial: int, decay: float, acceptance: float = 0.75,
+                 weight: float = 4.0):
+        self.k_max, self.k_initial, self.decay = k_max, min(k_initial, k_max), decay
+        self.k = self.k_initial
+        self.accepted, self.rejected = acceptance * weight, (1.0 - acceptance) * weight
         self.fit = [0.0] * 5  # decayed sums of 1, k, k^2, t, k*t
-        self.plain_time = [0.0, 0.0]  # decayed sums of 1 and seconds over timed plain steps
-        self.plain_left = 0
-        self.off_steps = FIRST_OFF_STEPS
-        self.probe_left = FIRST_ROUNDS - 1  # rounds to run before speculation is judged
-        self.plain_run = 0  # plain steps since the last speculative round
         self.rounds = 0
+        self.warm = False  # a calibration gave the fit a slope: no first-rounds schedule
+        self.prior_judged = False  # whether the calibration alone was asked if it loses
+        self.off_left = 0
+        self.off_steps = FIRST_OFF_STEPS
+        self.probe_left = FIRST_ROUNDS - 1
+        self.since = 0  # tokens decoded without it since its last round
         self.switched_off = 0
-        self._last = None
 
-    # --- estimates ---
     @property
     def acceptance(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def round_seconds(self, k: int):
+    def add(self, k: int, seconds: float, weight: float = 1.0) -> None:
+        d = self.decay if weight == 1.0 else 1.0
+        row = (1.0, k, k * k, seconds, k * seconds)
+        self.fit = [d * s + weight * x for s, x in zip(self.fit, row)]
+
+    def seconds(self, k: int) -> Optional[float]:
         n, sk, skk, st, skt = self.fit
         if n < 1e-9:
             return None
@@ -108,11 +106,141 @@ class AdaptivePolicy:
         slope = max((skt / n - sk * st / n**2) / var, 0.0)
         return st / n + slope * (k - sk / n)
 
-    def tokens_per_second(self, k: int):
-        seconds = self.round_seconds(k)
+    def rate(self, k: int) -> Optional[float]:
+        seconds = self.seconds(k)
         if not seconds or seconds <= 0:
             return None
         return expected_tokens_per_round(self.acceptance, k) / seconds
+
+    def best_k(self) -> int:
+        rates = {k: self.rate(k) for k in range(1, self.k_max + 1)}
+        if any(r is None for r in rates.values()):
+            return self.k
+        return max(rates, key=rates.get)
+
+    def length(self) -> int:
+        """The next round's k: three different k first (so the fit has a slope), then the best."""
+        if not self.warm and self.rounds < 3:
+            k0 = self.k_initial
+            return min([k0, max(1, k0 // 2), k0 + (k0 + 1) // 2][self.rounds], self.k_max)
+        k = self.best_k()
+        if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            step = max(1, k // 4)
+            k = k + step if (self.rounds // EXPLORE_EVERY) % 2 == 0 else k - step
+        self.k = min(max(k, 1), self.k_max)
+        return self.k
+
+    def observe(self, k: int, accepted: int, seconds: Optional[float]) -> None:
+        self._forget(k)
+        self.rounds += 1
+        d = self.decay
+        self.accepted = d * self.accepted + accepted
+        self.rejected = d * self.rejected + (accepted < k)
+        if seconds is not None:
+            self.add(k, seconds)
+
+    def _forget(self, k: int) -> None:
+        """Age the acceptance memory by the text decoded without this source since its last round.
+
+        The memory decays per round; a stretch of n tokens is as much text as
+        n / E[tokens per round] rounds, so it decays as if those had run. Without
+        this, a hard opening (say a docstring the draft cannot guess) outvoted
+        the probes that follow an off period, and speculation stayed off on text
+        where it wins. The ratio accepted : rejected is kept and only its weight
+        shrinks, so the probe rounds decide, and a useless draft is still judged useless.
+        """
+        if self.since:
+            rounds = self.since / expected_tokens_per_round(self.acceptance, k)
+            self.accepted *= self.decay ** rounds
+            self.rejected *= self.decay ** rounds
+            self.since = 0
+
+    def passed(self, tokens: int) -> None:
+        """`tokens` were decoded by other means (plain steps or another source)."""
+        self.since += tokens
+        self.off_left = max(self.off_left - tokens, 0)
+
+    def switch_off(self) -> None:
+        self.off_left = self.off_steps
+        self.off_steps = min(2 * self.off_steps, MAX_OFF_STEPS)
+        self.probe_left = PROBE_ROUNDS - 1
+        self.switched_off += 1
+
+
+class AdaptivePolicy:
+    """Pick each source's k to maximise expected tokens per second; skip a source when it loses.
+
+    Each source (draft model, prompt lookup) keeps its own estimates
+    (`SourceEstimate`), because a lookup round drafts for free while a draft
+    model pays per token. Each round k* = argmax_k E[tokens | a, k] / t(k)
+    over 1..its k_max (the draft model's cap, or the longer lookup cap: its
+    proposals cost only verify time). When even k* is slower than plain
+    decoding (by more than OFF_MARGIN), the source is switched off for a block
+    of tokens (32, doubling while it keeps losing, up to 256), then probed
+    again for PROBE_ROUNDS rounds, so a bad draft or a machine where
+    verification is not cheap costs little and a hard opening does not keep a
+    good draft off.
+
+    `prior`, a calibration of this machine (`mlx-spec tune`), seeds the cost
+    fits, the plain step time and the draft's acceptance, so the first rounds
+    already draft the right k or none.
+    """
+
+    def __init__(self, max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+                 initial_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+                 decay: float = DEFAULT_DECAY, auto_off: bool = True, clock=time.perf_counter,
+                 max_lookup_tokens: int = DEFAULT_MAX_LOOKUP_TOKENS,
+                 prior: Optional[CostPrior] = None):
+        for name, value in (("max_draft_tokens", max_draft_tokens),
+                            ("max_lookup_tokens", max_lookup_tokens)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
+        self.k_max = max_draft_tokens
+        self.k_initial = min(initial_draft_tokens, max_draft_tokens)
+        self.max_lookup_tokens = max_lookup_tokens
+        self.decay = decay
+        self.auto_off = auto_off
+        self.clock = clock
+        self.prior = prior
+        self.sources: Dict[str, SourceEstimate] = {}
+        self.plain_time = [0.0, 0.0]  # decayed sums of 1 and seconds over timed plain steps
+        if prior is not None:
+            self.plain_time = [PRIOR_ROUNDS, PRIOR_ROUNDS * prior.plain_seconds]
+        self.plain_trial = 0  # plain steps still to time before judging
+        self._last = None
+
+    def source(self, name: str) -> SourceEstimate:
+        if name not in self.sources:
+            lookup = name == "lookup"
+            k_max = self.max_lookup_tokens if lookup else self.k_max
+            k0 = min(FIRST_LOOKUP_TOKENS, k_max) if lookup else self.k_initial
+            prior = self.prior
+            a = prior.acceptance.get(name) if prior is not None else None
+            estimate = SourceEstimate(k_max, k0, self.decay, *((a,) if a is not None else ()))
+            if prior is not None and prior.knows(name):
+                for k in sorted({1, (1 + k_max) // 2, k_max}):
+                    estimate.add(k, prior.round_seconds(name, k), PRIOR_ROUNDS)
+                estimate.warm = True
+                estimate.k = estimate.best_k()
+                estimate.probe_left = 0
+            self.sources[name] = estimate
+        return self.sources[name]
+
+    # --- what tests and reports read ---
+    @property
+    def k(self) -> int:
+        return self.source("draft").k
+
+    @property
+    def acceptance(self) -> float:
+        return self.source("draft").acceptance
+
+    @property
+    def switched_off(self) -> int:
+        return sum(s.switched_off for s in self.sources.values())
+
+    def tokens_per_second(self, k: int, source: str = "draft"):
+        return self.source(source).rate(k)
 
     @property
     def measured_plain_seconds(self):
@@ -121,102 +249,87 @@ class AdaptivePolicy:
 
     @property
     def plain_seconds(self):
-        """Seconds per plain step: measured once speculation was off, else the fit's t(0).
+        """Seconds per plain step: measured (or calibrated), else a fit's t(0).
 
         A round with no drafts is one target pass over one token, which is a
-        plain step, so the intercept of the round-time fit estimates it
-        before any plain step has been timed.
+        plain step, so the intercept of a round-time fit estimates it before
+        any plain step has been timed.
         """
-        estimate = self.measured_plain_seconds or self.round_seconds(0)
+        estimate = self.measured_plain_seconds
+        for source in self.sources.values():
+            estimate = estimate or source.seconds(0)
         return estimate if estimate and estimate > 0 else None
 
-    def best_k(self) -> int:
-        rates = {k: self.tokens_per_second(k) for k in range(1, self.k_max + 1)}
-        if any(r is None for r in rates.values()):
-            return self.k
-        return max(rates, key=rates.get)
-
     # --- the policy protocol ---
-    def num_draft_tokens(self) -> int:
-        if self.plain_left > 0:
+    def proposal_length(self, source: str) -> int:
+        estimate = self.source(source)
+        if self.plain_trial > 0 or estimate.off_left > 0:
             return 0
-        if self.rounds < 3:  # three different k first, so the cost fit has a slope
-            k0 = self.k_initial
-            return min([k0, max(1, k0 // 2), k0 + (k0 + 1) // 2][self.rounds], self.k_max)
-        k = self.best_k()
-        if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
-            k = k + 1 if (self.rounds // EXPLORE_EVERY) % 2 == 0 else k - 1
-        self.k = min(max(k, 1), self.k_max)
-        return self.k
+        if self.auto_off and estimate.warm and not estimate.prior_judged:
+            estimate.prior_judged = True
+            if self._loses(estimate):  # the calibration already says it loses: start without it
+                estimate.switch_off()
+                return 0
+        return estimate.length()
+
+    def num_draft_tokens(self) -> int:
+        return self.proposal_length("draft")
 
     def plain_steps(self) -> int:
-        return max(self.plain_left, 1)
+        waits = [s.off_left for s in self.sources.values() if s.off_left > 0]
+        return max(self.plain_trial, min(waits, default=PLAIN_BLOCK), 1)
 
     def observe(self, round_) -> None:
         now = self.clock()
         seconds, self._last = (None if self._last is None else now - self._last), now
+        tokens = len(round_.tokens)
+        for name, estimate in self.sources.items():
+            if name != round_.source:
+                estimate.passed(tokens)
         if round_.num_drafted == 0:
-            self.plain_left = max(self.plain_left - 1, 0)
-            self.plain_run += 1
+            self.plain_trial = max(self.plain_trial - 1, 0)
             if seconds is not None:
-                self.plain_time = [self.decay * s + x for s, x in zip(self.plain_time, (1.0, seconds))]
+                d = self.decay
+                self.plain_time = [d * s + x for s, x in zip(self.plain_time, (1.0, seconds))]
             return
-        self.rounds += 1
-        self._forget_plain_run(round_.num_drafted)
-        d = self.decay
-        self.accepted = d * self.accepted + round_.num_accepted
-        self.rejected = d * self.rejected + (round_.num_accepted < round_.num_drafted)
-        if seconds is not None:
-            k = round_.num_drafted
-            self.fit = [d * s + x for s, x in zip(self.fit, (1.0, k, k * k, seconds, k * seconds))]
-        self._maybe_switch_off()
+        estimate = self.source(round_.source)
+        estimate.observe(round_.num_drafted, round_.num_accepted, seconds)
+        self._judge(estimate)
 
-    def _forget_plain_run(self, k: int) -> None:
-        """Age the acceptance memory by the text decoded plainly since the last round.
+    def _loses(self, estimate: SourceEstimate) -> bool:
+        best = estimate.rate(estimate.best_k())
+        return best is not None and self.plain_seconds is not None and (
+            best < (1.0 - OFF_MARGIN) / self.plain_seconds)
 
-        The memory decays per round; a plain run of n tokens is as much text as
-        n / E[tokens per round] rounds, so it decays as if those had run. Without
-        this, a hard opening (say a docstring the draft cannot guess) outvoted
-        the probes that follow an off period, and speculation stayed off on text
-        where it wins. The ratio accepted : rejected is kept and only its weight
-        shrinks, so the probe rounds decide, and a useless draft is still judged useless.
-        """
-        if self.plain_run:
-            rounds = self.plain_run / expected_tokens_per_round(self.acceptance, k)
-            self.accepted *= self.decay ** rounds
-            self.rejected *= self.decay ** rounds
-            self.plain_run = 0
-
-    def _maybe_switch_off(self) -> None:
+    def _judge(self, estimate: SourceEstimate) -> None:
         if not self.auto_off or not self.plain_seconds:
             return
-        if self.probe_left > 0:
-            self.probe_left -= 1
+        if estimate.probe_left > 0:
+            estimate.probe_left -= 1
             return
-        best = self.tokens_per_second(self.best_k())
-        if best is None or best >= (1.0 - OFF_MARGIN) / self.plain_seconds:
-            self.off_steps = FIRST_OFF_STEPS
+        if not self._loses(estimate):
+            estimate.off_steps = FIRST_OFF_STEPS
         elif self.measured_plain_seconds is None:
             # The verdict rests on the fit's extrapolated t(0), which timing noise
             # easily halves: time a few real plain steps, then judge again.
-            self.plain_left = PLAIN_TRIAL_STEPS
+            self.plain_trial = PLAIN_TRIAL_STEPS
         else:
-            self.plain_left = self.off_steps
-            self.off_steps = min(2 * self.off_steps, MAX_OFF_STEPS)
-            self.probe_left = PROBE_ROUNDS - 1
-            self.switched_off += 1
+            estimate.switch_off()
 
     def describe(self) -> dict:
         return {
-            "policy": "adaptive", "k": self.k, "acceptance_estimate": round(self.acceptance, 3),
+            "policy": "adaptive", "calibrated": self.prior is not None,
+            "k": {name: s.k for name, s in self.sources.items()},
+            "acceptance_estimate": {name: round(s.acceptance, 3)
+                                    for name, s in self.sources.items()},
             "switched_off": self.switched_off,
             "plain_seconds": self.plain_seconds,
         }
 
 
-
 def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_MAX_DRAFT_TOKENS,
-                auto_off=True):
+                auto_off=True, prior: Optional[CostPrior] = None,
+                max_lookup_tokens: int = DEFAULT_MAX_LOOKUP_TOKENS):
     """A pinned k gives FixedPolicy; otherwise the default policy."""
     if adaptive is None:
         adaptive = num_draft_tokens is None and DEFAULT_ADAPTIVE
@@ -224,5 +337,6 @@ def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_M
         raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}.")
     if adaptive:
         initial = num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
-        return AdaptivePolicy(max_draft_tokens, initial, auto_off=auto_off)
+        return AdaptivePolicy(max_draft_tokens, initial, auto_off=auto_off,
+                              max_lookup_tokens=max_lookup_tokens, prior=prior)
     return FixedPolicy(num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
@@ -30,6 +30,7 @@ class GenerationStats:
     accepted_by_source: Dict[str, int] = field(default_factory=dict)
     draft_lengths: Tuple[int, ...] = ()  # k of every speculative round, in order
     peak_memory_gb: float = 0.0
+    calibrated: Optional[bool] = None  # adaptive policy started from a calibration (None: fixed k)
 
     @property
     def acceptance_rate(self) -> float:
@@ -89,6 +90,9 @@ class GenerationStats:
                 lines.append(f"Accepted tokens by source: {src}")
         if self.plain_steps and (self.rounds or self.drafted):
             lines.append(f"Plain decoding steps (no draft): {self.plain_steps}")
+        if self.calibrated is not None and (self.rounds or self.calibrated):
+            lines.append("Calibration: " + ("this machine's, from `mlx-spec tune`" if self.calibrated
+                                            else "none (run `mlx-spec tune` to start warm)"))
         lines.append(f"Peak memory: {self.peak_memory_gb:.3f} GB")
         return "\n".join(lines)
 
@@ -96,8 +100,9 @@ class GenerationStats:
 class StatsRecorder:
     """Accumulates rounds; `snapshot()` returns the frozen stats so far."""
 
-    def __init__(self, prompt_tokens: int):
+    def __init__(self, prompt_tokens: int, calibrated: Optional[bool] = None):
         self.prompt_tokens = prompt_tokens
+        self.calibrated = calibrated
         self.start = time.perf_counter()
         self.prompt_seconds = None
         self.generation_tokens = 0
@@ -146,4 +151,5 @@ class StatsRecorder:
             accepted_by_source=dict(self.by_source),
             draft_lengths=tuple(self.draft_lengths),
             peak_memory_gb=mx.get_peak_memory() / 1e9,
+            calibrated=self.calibrated,
         )

@@ -189,6 +189,13 @@ def test_tune_print_refuses_a_corrupt_file_in_one_line(model_dirs, pair):
     assert run("tune", "--model", str(model_dirs["target"]), "--print", "--forget").exit_code != 0
 
 
+@pytest.mark.parametrize("flag", ["--calibration", "--no-calibration"])
+def test_generate_takes_the_calibration_flag(model_dirs, flag):
+    result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
+                 str(model_dirs["draft"]), "-p", "def f(x):", "-n", "8", "-q", flag)
+    assert result.exit_code == 0, result.output
+
+
 def test_bench_tune_stores_the_pair(model_dirs, pair, tmp_path):
     from mlx_spec.bench.cli import bench
 

@@ -94,3 +94,31 @@ def test_target_cache_holds_history_minus_last(target_model, drafts):
                                             prompt_cache=target_cache + make_cache(drafts["related"])):
         seen += len(round_.tokens)
         assert target_cache[0].offset == seen - 1
+
+
+@pytest.mark.parametrize("with_draft", [False, True])
+@pytest.mark.parametrize("policy", ["fixed-20", "adaptive"])
+def test_long_lookup_proposals_keep_greedy_parity(target_model, drafts, reference, with_draft,
+                                                  policy):
+    """Lookup proposals longer than the draft model's cap (a periodic prompt gives long matches)."""
+    draft = drafts["related"] if with_draft else None
+    options = ({"num_draft_tokens": 20} if policy == "fixed-20"
+               else {"adaptive": True, "calibration": None})
+    rounds = list(speculative_generate_step(PROMPTS["longer-than-prefill-chunk"], target_model,
+                                            draft, max_tokens=60, prompt_lookup=True, **options))
+    got = [t for r in rounds for t in r.tokens][:60]
+    assert got == reference("longer-than-prefill-chunk", 60)
+    if policy == "fixed-20":
+        assert max(r.num_drafted for r in rounds if r.source == "lookup") == 20
+
+
+def test_lookup_repeats_a_match_that_runs_into_the_end():
+    from mlx_spec.drafters import PromptLookupDrafter
+
+    def lookup(history, k):  # a drafter indexes one growing history: a new one per history
+        return PromptLookupDrafter(100, greedy=True).lookup(history, k)
+
+    history = [9, 1, 2, 3, 1, 2, 3, 1, 2]  # the latest earlier "1 2" is 3 tokens back
+    assert lookup(history, 7) == [3, 1, 2, 3, 1, 2, 3]
+    assert lookup([4, 5, 6, 4, 5], 2) == [6, 4]
+    assert not PromptLookupDrafter(100, greedy=True).can_propose([4, 5, 6])

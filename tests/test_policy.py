@@ -6,6 +6,7 @@ import pytest
 
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loop import Round
+from mlx_spec.costmodel import CostPrior
 from mlx_spec.policy import AdaptivePolicy, FixedPolicy, make_policy
 
 
@@ -166,3 +167,60 @@ def test_hard_opening_does_not_keep_a_winning_draft_switched_off():
     plain = sorted(hard_opening_plain_steps(seed) for seed in range(100))
     assert plain[50] <= 40, plain  # median: at most one off period after the opening
     assert plain[90] < 60, plain  # 90th percentile
+
+
+def test_lookup_proposals_grow_past_the_draft_cap_when_verifying_is_cheap():
+    """Lookup drafts for free: with a flat verify cost and a copy, its k goes past 8."""
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    rng = random.Random(0)
+    for _ in range(60):
+        k = policy.proposal_length("lookup")
+        n = 0
+        while n < k and rng.random() < 0.97:
+            n += 1
+        clock.now += 1.0 + 0.02 * (k + 1)
+        policy.observe(Round([0] * (n + 1), k, n, "lookup", None))
+    assert policy.source("lookup").k > 8
+    assert policy.k == 4  # the draft model's estimate was not touched
+
+
+def test_sources_keep_their_own_acceptance():
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    for _ in range(20):
+        clock.now += 1.0
+        policy.observe(Round([0], 4, 0, "lookup", None))  # lookup: every draft rejected
+        clock.now += 1.0
+        policy.observe(Round([0] * 5, 4, 4, "draft", None))  # draft: all accepted
+    assert policy.source("lookup").acceptance < 0.1
+    assert policy.source("draft").acceptance > 0.9
+
+
+def _prior(draft_step, verify, plain=1.0, acceptance=None):
+    return CostPrior(plain, {t: verify(t) for t in (1, 2, 4, 8, 16, 32)},
+                     {"lookup": 0.0, "draft": draft_step},
+                     {"draft": acceptance} if acceptance is not None else {})
+
+
+def test_a_calibration_that_says_drafting_loses_starts_plain():
+    """Reference-BLAS-like costs: the calibration alone switches the draft off from token one."""
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock, prior=_prior(0.3, lambda t: 1.0 * t, acceptance=0.5))
+    assert policy.num_draft_tokens() == 0
+    assert policy.plain_steps() >= 16
+    rate = simulate(policy, clock, acceptance=0.5, draft_step=0.3, verify=lambda t: 1.0 * t,
+                    plain_step=1.0, tokens=600)
+    cold_clock = FakeClock()
+    cold = simulate(AdaptivePolicy(clock=cold_clock), cold_clock, acceptance=0.5, draft_step=0.3,
+                    verify=lambda t: 1.0 * t, plain_step=1.0, tokens=600)
+    assert rate > 0.95 and rate >= cold
+
+
+def test_a_calibration_that_says_drafting_wins_starts_at_its_best_k():
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock, prior=_prior(0.05, lambda t: 1.0 + 0.02 * t,
+                                                       acceptance=0.9))
+    first = policy.num_draft_tokens()
+    assert first >= 6  # no cold k, k/2, 3k/2 schedule: straight to a long k
+    assert policy.describe()["calibrated"] is True

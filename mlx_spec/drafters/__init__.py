@@ -4,6 +4,8 @@ A drafter has two methods, called once per round by the loop:
 
     propose(history, k) -> Proposal | None   lazy tokens (and q) for this round
     commit(num_accepted)                     rewind its state after verification
+    can_propose(history) -> bool             would it propose (cheap: decides when plain
+                                             decoding stops to let it try)
 
 `history` is every token known so far (prompt + generated, host ints); its
 last token is the one the target has not processed yet. None means "no

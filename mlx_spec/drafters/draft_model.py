@@ -46,6 +46,9 @@ class DraftModelDrafter:
         prefill(self.draft, prompt[:-1], step_size, progress)
         self.cached = len(prompt) - 1
 
+    def can_propose(self, history: List[int]) -> bool:
+        return True  # a model always has a guess
+
     def propose(self, history: List[int], k: int) -> Proposal:
         y = mx.array(history[self.cached:], mx.uint32)  # tokens the draft has not seen
         draft_tokens, draft_probs = [], []

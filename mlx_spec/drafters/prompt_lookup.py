@@ -2,7 +2,8 @@
 
 No model at all: the history (prompt + generated text) is searched for the
 most recent earlier occurrence of its last n tokens, longest n first, and the
-tokens that followed it are proposed. A deterministic proposal is a one-hot q,
+tokens that followed it are proposed (repeating with the match's period when
+they run into the end of the text). A deterministic proposal is a one-hot q,
 so the exact acceptance rule applies unchanged.
 """
 
@@ -17,6 +18,19 @@ from . import Proposal
 
 DEFAULT_MIN_NGRAM = 1
 PAIRED_MIN_NGRAM = 2  # when a draft model is asked next
+
+
+def _continue(found: List[int], k: int) -> List[int]:
+    """Up to k tokens: a match that runs into the end of the history repeats with its period.
+
+    A match P tokens back proposes the P tokens since; the text it copies
+    continues with the tokens being proposed, so token j of the proposal is
+    token j - P (a loop in the output, a repeated line: the common case).
+    """
+    period = len(found)
+    while 0 < len(found) < k:
+        found.append(found[len(found) - period])
+    return found
 
 
 class PromptLookupDrafter:
@@ -51,8 +65,11 @@ class PromptLookupDrafter:
                 continue
             end = self._index[n].get(tuple(history[-n:]))
             if end is not None:
-                return history[end:end + k]
+                return _continue(history[end:end + k], k)
         return []
+
+    def can_propose(self, history: List[int]) -> bool:
+        return bool(self.lookup(history, 1))
 
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
         found = self.lookup(history, k)
