@@ -21,7 +21,7 @@ DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the pr
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 FIRST_OFF_STEPS = 32  # tokens decoded without a source after it is switched off; doubles each time
 MAX_OFF_STEPS = 256
-FIRST_ROUNDS = 3  # rounds (k, k/2, 3k/2) before a source is judged, with no calibration
+FIRST_ROUNDS = 3  # rounds (k/2, k/4, 3k/4) before a source is judged, with no calibration
 PROBE_ROUNDS = 3  # rounds tried after an off period before the source is judged again
 PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
 PLAIN_BLOCK = 16  # plain steps queued back to back while no source proposes
@@ -121,8 +121,9 @@ class SourceEstimate:
     def length(self) -> int:
         """The next round's k: three different k first (so the fit has a slope), then the best."""
         if not self.warm and self.rounds < 3:
-            k0 = self.k_initial
-            return min([k0, max(1, k0 // 2), k0 + (k0 + 1) // 2][self.rounds], self.k_max)
+            k0 = self.k_initial  # short first: a losing source costs little before it is judged
+            return min([max(1, k0 // 2), max(1, k0 // 4), max(1, k0 - k0 // 4)][self.rounds],
+                       self.k_max)
         k = self.best_k()
         if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             step = max(1, k // 4)
