@@ -59,7 +59,7 @@ class FixedPolicy:
         pass
 
     def describe(self) -> dict:
-        return {"policy": "fixed", "k": self.k, "calibrated": False}
+        return {"policy": "fixed", "k": self.k, "calibrated": None}  # no policy to calibrate
 
 
 class SourceEstimate:
@@ -76,6 +76,7 @@ class SourceEstimate:
         self.k = self.k_initial
         self.accepted, self.rejected = acceptance * weight, (1.0 - acceptance) * weight
         self.fit = [0.0] * 5  # decayed sums of 1, k, k^2, t, k*t
+        self._best = None  # best_k() until the estimates change
         self.rounds = 0
         self.warm = False  # a calibration gave the fit a slope: no first-rounds schedule
         self.prior_judged = False  # whether the calibration alone was asked if it loses
@@ -93,6 +94,7 @@ class SourceEstimate:
         d = self.decay if weight == 1.0 else 1.0
         row = (1.0, k, k * k, seconds, k * seconds)
         self.fit = [d * s + weight * x for s, x in zip(self.fit, row)]
+        self._best = None
 
     def seconds(self, k: int) -> Optional[float]:
         n, sk, skk, st, skt = self.fit
@@ -113,10 +115,13 @@ class SourceEstimate:
         return expected_tokens_per_round(self.acceptance, k) / seconds
 
     def best_k(self) -> int:
-        rates = {k: self.rate(k) for k in range(1, self.k_max + 1)}
-        if any(r is None for r in rates.values()):
-            return self.k
-        return max(rates, key=rates.get)
+        """argmax_k rate(k); kept until the estimates change (asked every round, up to 32 k)."""
+        if self._best is None:
+            rates = {k: self.rate(k) for k in range(1, self.k_max + 1)}
+            if any(r is None for r in rates.values()):
+                return self.k
+            self._best = max(rates, key=rates.get)
+        return self._best
 
     def length(self) -> int:
         """The next round's k: three different k first (so the fit has a slope), then the best."""
@@ -137,6 +142,7 @@ class SourceEstimate:
         d = self.decay
         self.accepted = d * self.accepted + accepted
         self.rejected = d * self.rejected + (accepted < k)
+        self._best = None
         if seconds is not None:
             self.add(k, seconds)
 

@@ -205,3 +205,51 @@ def test_bench_tune_stores_the_pair(model_dirs, pair, tmp_path):
     assert result.exit_code == 0, result.output
     assert str(calibration_path(pair[0])) in result.stdout
     assert load_calibration(pair[0]).draft(pair[1]) is not None
+
+
+def _losing(cal: Calibration, draft_model) -> Calibration:
+    """The same calibration, but verifying T tokens costs T steps and drafting is dear."""
+    one = cal.verify_s[1]
+    drafts = {model_fingerprint(draft_model): DraftCost(step_s=one, acceptance=0.3)}
+    return dataclasses.replace(cal, plain_step_s=one, drafts=drafts,
+                               verify_s={t: one * t for t in cal.verify_s})
+
+
+def test_the_policy_starts_from_a_calibration(pair, measured):
+    """A calibration that shows the draft losing: the first tokens are decoded plainly."""
+    from mlx_spec.generate import speculative_generate_step, stream_generate
+
+    cal, _ = measured
+    target_model, draft_model, tokenizer = pair
+    rounds = list(speculative_generate_step([1, 2, 3], target_model, draft_model, max_tokens=12,
+                                            prompt_lookup=False,
+                                            calibration=_losing(cal, draft_model)))
+    assert all(r.num_drafted == 0 for r in rounds)
+    cold = list(speculative_generate_step([1, 2, 3], target_model, draft_model, max_tokens=12,
+                                          prompt_lookup=False, calibration=None))
+    assert cold[0].num_drafted > 0  # no calibration: the cold start drafts
+    assert [t for r in rounds for t in r.tokens] == [t for r in cold for t in r.tokens]
+
+    def calibrated(**kwargs):
+        *_, last = stream_generate(target_model, tokenizer, "def f(x):", draft_model=draft_model,
+                                   max_tokens=8, **kwargs)
+        return last.stats.calibrated
+
+    assert calibrated() is False  # "auto", nothing stored
+    save_calibration(cal)
+    assert calibrated() is True
+    assert calibrated(calibration=None) is False
+    assert calibrated(num_draft_tokens=3) is None  # a pinned k: no policy to calibrate
+
+
+def test_a_corrupt_calibration_warns_and_generation_goes_on(pair, measured):
+    from mlx_spec.generate import stream_generate
+
+    cal, _ = measured
+    target_model, draft_model, tokenizer = pair
+    path = save_calibration(cal)
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="mlx-spec tune"):
+        *_, last = stream_generate(target_model, tokenizer, "def f(x):", draft_model=draft_model,
+                                   max_tokens=4)
+    assert last.stats.calibrated is False and last.stats.generation_tokens == 4
