@@ -122,3 +122,23 @@ def test_lookup_repeats_a_match_that_runs_into_the_end():
     assert lookup(history, 7) == [3, 1, 2, 3, 1, 2, 3]
     assert lookup([4, 5, 6, 4, 5], 2) == [6, 4]
     assert not PromptLookupDrafter(100, greedy=True).can_propose([4, 5, 6])
+
+
+def test_plain_blocks_stop_soon_after_lookup_finds_a_match(target_model, reference):
+    """Lookup alone: plain steps run in pipelined blocks; once the text has a match the
+    block ends one step later (the step already queued), and the next round is lookup's."""
+    from mlx_spec.drafters import PromptLookupDrafter
+
+    prompt = PROMPTS["short"]
+    rounds = list(speculative_generate_step(prompt, target_model, None, max_tokens=60,
+                                            prompt_lookup=True, num_draft_tokens=4))
+    assert [t for r in rounds for t in r.tokens][:60] == reference("short", 60)
+    offers, history = [], list(prompt)
+    for r in rounds:
+        history += r.tokens
+        offers.append(PromptLookupDrafter(10**6, True).can_propose(history))
+    for i in range(len(rounds) - 2):
+        plain = [rounds[j].source == "target" for j in (i, i + 1, i + 2)]
+        if all(plain) and offers[i] and offers[i + 1]:
+            raise AssertionError(f"plain step {i + 2} ran although lookup had a match before it")
+    assert {"target", "lookup"} <= {r.source for r in rounds}
