@@ -7,7 +7,10 @@ non-zero exit; `console.main`, the installed script, adds Ctrl-C handling.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import signal
 import sys
 import time
 
@@ -20,6 +23,7 @@ from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_
 
 SOURCE_COLORS = {"draft": "green", "lookup": "cyan"}
 SEED = click.IntRange(0, SEED_LIMIT - 1)  # what mx.random.seed accepts
+DEFAULT_MODEL_ID = "mlx-spec-default"  # what `serve` calls the shipped pair
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,27 +83,47 @@ def _resolve_models(model, draft_model, no_draft):
     return model, (None if no_draft else draft_model)
 
 
+def _options(*decorators):
+    """One decorator applying several click options, so commands share them."""
+    def apply(command):
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+    return apply
+
+
+_model_options = _options(
+    click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair)."),
+    click.option("--draft-model", "-d", default=None, help="Draft model: local directory or repo id sharing the target's tokenizer."),
+    click.option("--no-draft", is_flag=True, help="Decode with the target alone (the baseline)."),
+)
+_sampling_options = _options(
+    click.option("--temp", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy."),
+    click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True),
+    click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 disables top-k."),
+    click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True),
+)
+_speculation_options = _options(
+    click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help=f"Pin the tokens drafted per round (default: adaptive k; fixed k={DEFAULT_NUM_DRAFT_TOKENS} with --fixed, or with --seed at --temp > 0 so seeded runs repeat)."),
+    click.option("--adaptive/--fixed", default=None, help="Choose k each round from measured acceptance and cost, switching speculation off when it loses (the default)."),
+    click.option("--max-draft-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_DRAFT_TOKENS, show_default=True, help="Largest k the adaptive policy may choose."),
+    click.option("--no-auto-off", is_flag=True, help="Adaptive policy: never fall back to plain decoding."),
+    click.option("--draft-confidence", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True, help="Stop drafting when the draft's top probability falls below this."),
+    click.option("--prompt-lookup/--no-prompt-lookup", default=None, help="Draft by n-gram lookup in the prompt and output so far (default: on in front of a draft model at --temp 0; off otherwise)."),
+    click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True),
+    click.option("--calibration/--no-calibration", default=True, show_default=True, help="Start the adaptive policy from this machine's stored `mlx-spec tune` measurements, if any."),
+)
+
+
 @main.command()
-@click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair).")
-@click.option("--draft-model", "-d", default=None, help="Draft model: local directory or repo id sharing the target's tokenizer.")
+@_model_options
 @click.option("--prompt", "-p", default="def fibonacci(n):", show_default=True, help="Prompt text, or - to read standard input.")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=DEFAULT_MAX_TOKENS, show_default=True)
-@click.option("--temp", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")
-@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 disables top-k.")
-@click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True)
-@click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help=f"Pin the tokens drafted per round (default: adaptive k; fixed k={DEFAULT_NUM_DRAFT_TOKENS} with --fixed, or with --seed at --temp > 0 so seeded runs repeat).")
-@click.option("--adaptive/--fixed", default=None, help="Choose k each round from measured acceptance and cost, switching speculation off when it loses (the default).")
-@click.option("--max-draft-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_DRAFT_TOKENS, show_default=True, help="Largest k the adaptive policy may choose.")
-@click.option("--no-auto-off", is_flag=True, help="Adaptive policy: never fall back to plain decoding.")
-@click.option("--draft-confidence", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True, help="Stop drafting when the draft's top probability falls below this.")
+@_sampling_options
+@_speculation_options
 @click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
-@click.option("--no-draft", is_flag=True, help="Decode with the target alone (the baseline).")
-@click.option("--prompt-lookup/--no-prompt-lookup", default=None, help="Draft by n-gram lookup in the prompt and output so far (default: on in front of a draft model at --temp 0; off otherwise).")
-@click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True)
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, cyan = prompt lookup.")
-@click.option("--calibration/--no-calibration", default=True, show_default=True, help="Start the adaptive policy from this machine's stored `mlx-spec tune` measurements, if any.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
@@ -263,6 +287,79 @@ def _show_calibration(calibration, target_model, draft):
     click.echo(calibration.describe(cal, _fingerprint(calibration, draft)))
     click.echo(f"Measured {time.strftime('%Y-%m-%d %H:%M', time.localtime(cal.created))}; "
                f"stored in {calibration.calibration_path(target_model)}.")
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: 2147483648, 2GiB, 512MiB, 1.5GB (binary with i, decimal without)."""
+
+    name = "bytes"
+    UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", str(value), re.IGNORECASE)
+        if match is None:
+            self.fail(f"{value!r} is not a size; write it as 2147483648, 2GiB or 512MiB.", param, ctx)
+        return int(float(match.group(1)) * self.UNITS[(match.group(2) or "").lower()])
+
+
+@main.command()
+@_model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on; 0.0.0.0 exposes the server to the network.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every request (401 otherwise).")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Requests admitted at once (queued + generating); more get 429.")
+@click.option("--prompt-cache-bytes", type=ByteSize(), default="2GiB", show_default=True, help="Memory for prompt caches kept between requests (multi-turn reuse); 0 turns reuse off.")
+@click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=512, show_default=True, help="Token budget of a request that gives no max_tokens.")
+@_sampling_options
+@_speculation_options
+@click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
+def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
+          max_tokens, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
+          no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
+          verbose):
+    """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
+
+    Options other than the model's are defaults: a request may set its own
+    sampling, max_tokens, num_draft_tokens and prompt_lookup.
+    """
+    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
+        raise click.ClickException("mlx-spec serve needs its HTTP libraries; install them with "
+                                   "pip install 'mlx-spec[serve]'.")
+    from .server.app import bind, create_app, make_server
+    from .server.cache_store import PromptCacheStore
+    from .server.requests import Settings
+    from .server.worker import GenerationWorker, SpeculationOptions
+
+    model_id = model or DEFAULT_MODEL_ID
+    target_model, tokenizer, draft = _load_pair(model, draft_model, no_draft)
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                                   "choose another --port or --host.") from None
+    options = SpeculationOptions(adaptive=adaptive, max_draft_tokens=max_draft_tokens,
+                                 auto_off=not no_auto_off, draft_confidence=draft_confidence,
+                                 prompt_lookup_max_ngram=prompt_lookup_max_ngram,
+                                 calibration="auto" if calibration else None)
+    defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                        num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup)
+    store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+    worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency)
+    app = create_app(worker, model_id, defaults, api_key)
+    server = make_server(app, "info" if verbose else "warning")
+    address = f"[{host}]" if ":" in host else host
+    drafting = "no draft" if draft is None else f"draft {draft_model or 'the shipped one'}"
+    click.echo(f"Serving {model_id} ({drafting}) at http://{address}:{sock.getsockname()[1]}/v1; "
+               "Ctrl-C stops it.", err=True)
+    signal.signal(signal.SIGTERM, _terminated)  # uvicorn shuts down, then raises it again
+    server.run(sockets=[sock])
+
+
+def _terminated(signum, frame):
+    sys.exit(0)
 
 
 from .bench.cli import bench  # noqa: E402

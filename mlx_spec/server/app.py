@@ -1,0 +1,239 @@
+"""HTTP: routes, the API key and status codes; an answer as server-sent events or one JSON body.
+
+    POST /v1/chat/completions   messages -> chat.completion (or chunks with "stream": true)
+    POST /v1/completions        prompt -> text_completion (or chunks)
+    GET  /v1/models             the one model served (also GET /v1/models/{id})
+    GET  /health                {"status": "ok", ...}: queue, slots, prompt cache store
+
+A request is parsed and checked (requests.py), turned into token ids
+(prompts.py) and handed to the generation worker (worker.py) on the event
+loop; the handler then waits for the worker's first event, so an error
+before the answer starts is a proper status code. Every refusal is a 4xx (or
+503) with OpenAI's body `{"error": {"message", "type", "param", "code"}}`.
+A client that leaves (while queued, while a JSON answer is being made, or
+mid-stream) cancels its job: the worker sees it before the next token.
+
+The HTTP stack is starlette (ASGI routes, `StreamingResponse` for SSE) on
+uvicorn (signals: graceful shutdown on Ctrl-C and SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import socket
+import time
+from functools import partial
+from typing import Optional
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..loading import vocab_size
+from .prompts import chat_prompt_ids, check_context, completion_prompt_ids, context_length
+from .requests import RequestError, Settings, parse_request
+from .responses import DONE, Answer, error_body, models_body, sse
+from .worker import Busy, Failed, Finished, GenerationWorker, Job, TextDelta
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client is still there
+GRACEFUL_SHUTDOWN_S = 3  # then uvicorn cancels the requests still open (their jobs with them)
+WORKER_JOIN_S = 30
+CLIENT_GONE = 499  # nginx's "client closed request"; nobody reads it
+
+
+class ClientGone(Exception):
+    pass
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events whose end (done, or the client gone) cancels the job at once."""
+
+    def __init__(self, content, job: Job):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()  # a no-op once the job has finished
+
+
+def error_response(error: RequestError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if error.status == 429 else None
+    return JSONResponse(error_body(error), status_code=error.status, headers=headers)
+
+
+def create_app(worker: GenerationWorker, model_id: str,
+               defaults: Settings = Settings(),
+               api_key: Optional[str] = None) -> Starlette:
+    """The ASGI app serving `worker`'s models as `model_id`; it starts and stops the worker."""
+    tokenizer, target = worker.tokenizer, worker.target_model
+    vocab, context = vocab_size(target), context_length(target)
+    created = int(time.time())
+    expected = f"Bearer {api_key}".encode() if api_key is not None else None
+
+    def authorize(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise RequestError(401, "Missing or wrong API key: send `Authorization: Bearer KEY` "
+                                    "with the key the server was started with (--api-key).",
+                               code="invalid_api_key")
+
+    async def generation(request: Request, chat: bool) -> Response:
+        authorize(request)
+        req = parse_request(await _json(request), chat, model_id, defaults)
+        if chat:
+            ids, param = chat_prompt_ids(tokenizer, req.messages), "messages"
+        else:
+            ids, param = completion_prompt_ids(tokenizer, req.prompt, vocab), "prompt"
+        max_tokens = check_context(ids, context, req.settings.max_tokens, param)
+        events: asyncio.Queue = asyncio.Queue()
+        sink = partial(asyncio.get_running_loop().call_soon_threadsafe, events.put_nowait)
+        job = Job(req, ids, max_tokens, sink)
+        try:
+            worker.submit(job)
+        except Busy as exc:
+            raise RequestError(exc.status, str(exc), code="rate_limit_exceeded"
+                               if exc.status == 429 else "server_shutting_down") from None
+        answer = Answer(chat, model_id)
+        try:
+            first = await _next_event(request, events, job)
+            if isinstance(first, Failed):
+                return error_response(RequestError(first.status, first.message))
+            if req.stream:
+                return EventStream(_stream(answer, first, events, req.include_usage), job)
+            return await _collect(request, answer, first, events, job)
+        except ClientGone:
+            return Response(status_code=CLIENT_GONE)
+        except BaseException:
+            job.cancel()
+            raise
+
+    async def chat_completions(request: Request) -> Response:
+        return await generation(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generation(request, chat=False)
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse(models_body(model_id, created))
+
+    async def model(request: Request) -> Response:
+        authorize(request)
+        if request.path_params["name"] != model_id:
+            raise RequestError(404, f"The model {request.path_params['name']!r} does not exist "
+                                    f"here: this server serves {model_id!r}.", "model",
+                               "model_not_found")
+        return JSONResponse(models_body(model_id, created)["data"][0])
+
+    async def health(request: Request) -> Response:
+        authorize(request)
+        store = worker.store
+        return JSONResponse({
+            "status": "ok", "model": model_id,
+            "requests": {"admitted": worker.admitted, "running": worker.running is not None,
+                         "max_concurrency": worker.max_concurrency},
+            "prompt_cache": None if store is None else
+            {"entries": len(store), "bytes": store.nbytes, "max_bytes": store.max_bytes}})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.close, WORKER_JOIN_S)
+
+    routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{name:path}", model, methods=["GET"]),
+              Route("/health", health, methods=["GET"])]
+    handlers = {RequestError: _refused, HTTPException: _http_error, Exception: _server_error}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+async def _json(request: Request):
+    try:
+        return await request.json()
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise RequestError(400, f"The request body is not valid JSON: {exc}.",
+                           code="invalid_json") from None
+
+
+async def _next_event(request: Request, events: asyncio.Queue, job: Job):
+    """The worker's next event; a client that leaves meanwhile cancels the job."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+                raise ClientGone from None
+
+
+async def _collect(request: Request, answer: Answer, event, events, job) -> Response:
+    parts = []
+    while isinstance(event, TextDelta):
+        parts.append(event.text)
+        event = await _next_event(request, events, job)
+    if isinstance(event, Failed):
+        return error_response(RequestError(event.status, event.message))
+    return JSONResponse(answer.whole("".join(parts), event))
+
+
+async def _stream(answer: Answer, event, events: asyncio.Queue, include_usage: bool):
+    if answer.chat:
+        yield sse(answer.chunk(first=True))
+    while True:
+        if isinstance(event, TextDelta):
+            yield sse(answer.chunk(event.text))
+        elif isinstance(event, Finished):
+            yield sse(answer.last_chunk(event))
+            if include_usage:
+                yield sse(answer.usage_chunk(event))
+            break
+        else:  # failed after the answer started: an error event, then the end
+            yield sse(error_body(RequestError(event.status, event.message)))
+            break
+        event = await events.get()
+    yield DONE
+
+
+async def _refused(request: Request, exc: RequestError) -> Response:
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    message = {404: f"No route {request.url.path}; this server answers /v1/chat/completions, "
+                    "/v1/completions, /v1/models and /health.",
+               405: f"{request.method} is not allowed on {request.url.path}."}
+    return error_response(RequestError(exc.status_code, message.get(exc.status_code, exc.detail)))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(RequestError(500, f"Internal error: {type(exc).__name__}: {exc}"))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: any free one); OSError if it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def make_server(app: Starlette, log_level: str = "warning"):
+    """A uvicorn server for `app`; `.run(sockets=[bind(...)])` serves until a signal."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=log_level in ("info", "debug"),
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+    return uvicorn.Server(config)

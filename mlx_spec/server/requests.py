@@ -1,0 +1,180 @@
+"""A request body -> a checked `GenerationRequest`, or a `RequestError` that says what is wrong.
+
+Pure: no MLX, no HTTP library. Ranges and types are the API's own
+(`mlx_spec.arguments.check_arguments`), reported under the request's field
+names (`temperature`, not `temp`). A field that is absent or null takes the
+server's default (`Settings`, from the `serve` command line). Fields
+OpenAI defines that change nothing here (`user`, `logprobs`, `tools`, ...)
+are ignored; `n` other than 1 is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from ..arguments import check_arguments
+
+# status -> OpenAI's error type
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+               404: "invalid_request_error", 405: "invalid_request_error",
+               429: "requests", 500: "server_error", 503: "server_error"}
+DEFAULT_MODEL_ALIAS = "default"
+
+# request field -> the API argument it is checked as
+SAMPLING_FIELDS = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                   "seed": "seed", "num_draft_tokens": "num_draft_tokens",
+                   "prompt_lookup": "prompt_lookup"}
+
+
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def type(self) -> str:
+        return ERROR_TYPES.get(self.status, "invalid_request_error")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to generate: the server's defaults (the `serve` flags), or a request's values over them."""
+
+    max_tokens: int = 512
+    temp: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    num_draft_tokens: Optional[int] = None
+    prompt_lookup: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One checked request: what to continue, how to generate, how to answer."""
+
+    chat: bool  # /v1/chat/completions (messages) or /v1/completions (prompt)
+    settings: Settings = Settings()
+    messages: Tuple[Dict[str, str], ...] = ()  # role and content, both strings
+    prompt: Union[str, Tuple[int, ...]] = ""  # text, or token ids
+    stop: Tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+def parse_request(body: Any, chat: bool, model_id: str,
+                  defaults: Settings = Settings()) -> GenerationRequest:
+    """Check a decoded JSON body for /v1/chat/completions (`chat`) or /v1/completions."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "The request body must be a JSON object.")
+    _check_model(body.get("model"), model_id)
+    if body.get("n") not in (None, 1):
+        raise RequestError(400, "Only n = 1 is supported: one answer per request.", "n")
+    given: Dict[str, Any] = {"max_tokens": _max_tokens(body, defaults)}
+    for field, argument in SAMPLING_FIELDS.items():
+        if body.get(field) is not None:
+            _check(argument, body[field], field)
+            given[argument] = body[field]
+    fields: Dict[str, Any] = {"chat": chat, "settings": replace(defaults, **given)}
+    if chat:
+        fields["messages"] = _messages(body.get("messages"))
+    else:
+        fields["prompt"] = _prompt(body.get("prompt"))
+    fields["stop"] = _stop(body.get("stop"))
+    fields["stream"] = _flag(body, "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError(400, "stream_options must be an object.", "stream_options")
+    fields["include_usage"] = _flag(options, "include_usage", "stream_options.include_usage")
+    return GenerationRequest(**fields)
+
+
+def _check(argument: str, value, field: str) -> None:
+    try:
+        check_arguments(**{argument: value})
+    except ValueError as exc:  # "temp must be ..." -> "temperature must be ..."
+        message = str(exc)
+        if message.startswith(argument):
+            message = field + message[len(argument):]
+        raise RequestError(400, message, field, "invalid_value") from None
+
+
+def _check_model(model, model_id: str) -> None:
+    if model is None or model in (model_id, DEFAULT_MODEL_ALIAS):
+        return
+    raise RequestError(404, f"The model {model!r} does not exist here: this server serves "
+                            f"{model_id!r} (also called {DEFAULT_MODEL_ALIAS!r}).",
+                       "model", "model_not_found")
+
+
+def _max_tokens(body: dict, defaults: Settings) -> int:
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if value is not None:
+            _check("max_tokens", value, field)
+            return value
+    return defaults.max_tokens
+
+
+def _flag(body: dict, field: str, name: Optional[str] = None) -> bool:
+    value = body.get(field)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(400, f"{name or field} must be true or false, got {value!r}.",
+                           name or field, "invalid_type")
+    return value
+
+
+def _messages(messages) -> Tuple[Dict[str, str], ...]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "messages must be a non-empty list of {role, content} objects.",
+                           "messages", "invalid_value")
+    checked = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(400, f"messages[{i}] must be an object with a string role.",
+                               f"messages[{i}]", "invalid_value")
+        checked.append({"role": message["role"], "content": _content(message.get("content"), i)})
+    return tuple(checked)
+
+
+def _content(content, i: int) -> str:
+    """A message's text: a string, null (an assistant turn with tool calls), or text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise RequestError(400, f"messages[{i}].content must be a string or a list of text parts "
+                            "({\"type\": \"text\", \"text\": ...}); this server reads text only.",
+                       f"messages[{i}].content", "invalid_value")
+
+
+def _prompt(prompt) -> Union[str, Tuple[int, ...]]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return tuple(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        raise RequestError(400, "Send one prompt per request (a batch of prompts is not "
+                                "supported).", "prompt", "invalid_value")
+    raise RequestError(400, "prompt must be a non-empty string or a non-empty list of token ids.",
+                       "prompt", "invalid_value")
+
+
+def _stop(stop) -> Tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops: List[Any] = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(400, "stop must be a non-empty string or a list of them.", "stop",
+                           "invalid_value")
+    return tuple(stops)

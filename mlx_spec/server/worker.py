@@ -1,0 +1,238 @@
+"""The one generation thread: jobs in a FIFO queue, tokens streamed back, cancel between tokens.
+
+MLX generation is not thread-safe (README, "Thread safety"), so every
+generation runs on this one thread, one job at a time, in arrival order.
+The HTTP side `submit`s a `Job` and reads the events the job's sink is given:
+`TextDelta`s, then one `Finished` or `Failed`. Admission: at most
+`max_concurrency` jobs are queued or running; `submit` raises `Busy` beyond
+that, at once (the server answers 429). A slot is free again as soon as its
+job ends.
+
+`job.cancel()` (the client left) is seen between tokens: the worker closes the
+generator, which leaves a reused prompt cache holding exactly the prompt and
+the tokens handed out, so the cache goes back to the store. A cancelled job
+still queued is skipped. A stop string is handled the same way: the text
+before it is sent, then the generator is closed.
+
+The thread calls `mx.clear_streams()` before it ends (README, "Thread safety").
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import mlx.core as mx
+
+from ..cache import make_cache
+from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM
+from ..generate import stream_generate
+from ..stats import GenerationStats
+from .cache_store import PromptCacheStore
+from .requests import GenerationRequest
+from .stop_strings import StopMatcher
+
+DEFAULT_MAX_CONCURRENCY = 16
+CANCELLED = "The request was cancelled: the client left or the server is shutting down."
+logger = logging.getLogger("mlx_spec.server")
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" (end of sequence or a stop string) or "length"
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens found in a stored prompt cache (not prefilled)
+    completion_tokens: int
+    stats: Optional[GenerationStats]
+
+
+@dataclass(frozen=True)
+class Failed:
+    status: int
+    message: str
+
+
+class Busy(Exception):
+    """No slot free (status 429), or the server is closing (503): the request is not admitted."""
+
+    def __init__(self, message: str, status: int = 429):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """The server-wide speculation settings (the `serve` flags); a request can pin k and lookup."""
+
+    adaptive: Optional[bool] = None
+    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS
+    auto_off: bool = True
+    draft_confidence: float = 0.0
+    prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM
+    calibration: Optional[str] = "auto"  # "auto": this machine's `mlx-spec tune` file, if any
+
+
+class Job:
+    """One admitted request: its prompt ids, token budget, an event sink and a cancel flag."""
+
+    def __init__(self, request: GenerationRequest, prompt_ids: List[int], max_tokens: int,
+                 sink: Callable[[object], None]):
+        self.request, self.prompt_ids, self.max_tokens = request, list(prompt_ids), max_tokens
+        self._sink = sink
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def emit(self, event) -> None:
+        try:
+            self._sink(event)
+        except RuntimeError:  # the HTTP side's event loop has closed: nobody is listening
+            self.cancel()
+
+
+class GenerationWorker:
+    """Owns the models and the prompt cache store; runs the jobs on one thread."""
+
+    def __init__(self, target_model, tokenizer, draft_model=None,
+                 options: SpeculationOptions = SpeculationOptions(),
+                 store: Optional[PromptCacheStore] = None,
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY):
+        self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.options, self.store, self.max_concurrency = options, store, max_concurrency
+        self.calibration = _resolve_calibration(options.calibration, target_model)
+        self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self._admitted: set = set()
+        self._lock = threading.Lock()
+        self._closing = False
+        self.running: Optional[Job] = None
+        self._thread = threading.Thread(target=self._loop, name="mlx-spec-generation", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`, or raise Busy when max_concurrency jobs are already queued or running."""
+        with self._lock:
+            if self._closing:
+                raise Busy("The server is shutting down.", 503)
+            if len(self._admitted) >= self.max_concurrency:
+                raise Busy(f"The server is busy: {len(self._admitted)} requests are queued or "
+                           f"running (--max-concurrency {self.max_concurrency}); retry shortly.")
+            self._admitted.add(job)
+        self._queue.put(job)
+
+    @property
+    def admitted(self) -> int:
+        return len(self._admitted)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Cancel every admitted job, let the thread finish and clear its streams."""
+        with self._lock:
+            self._closing = True
+            for job in self._admitted:
+                job.cancel()
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        try:
+            while (job := self._queue.get()) is not None:
+                self.running = job
+                try:
+                    if job.cancelled:
+                        job.emit(Failed(503, CANCELLED))
+                    else:
+                        self._generate(job)
+                except Exception as exc:  # never let one request end the thread
+                    logger.exception("generation failed")
+                    job.emit(Failed(500, f"Generation failed: {type(exc).__name__}: {exc}"))
+                finally:
+                    self.running = None
+                    with self._lock:
+                        self._admitted.discard(job)
+        finally:
+            mx.clear_streams()
+
+    def _generate(self, job: Job) -> None:
+        cache, cached = self._cache_for(job.prompt_ids)
+        stops = StopMatcher(job.request.stop)
+        handed: List[int] = []  # every token the generator gave, the EOS included
+        response, finish = None, None
+        stream = stream_generate(
+            self.target_model, self.tokenizer, job.prompt_ids[cached:], self.draft_model,
+            max_tokens=job.max_tokens, prompt_cache=cache, **self._arguments(job.request))
+        try:
+            for response in stream:
+                handed.append(response.token)
+                if job.cancelled:
+                    break
+                text, stopped = stops.feed(response.text)
+                if text:
+                    job.emit(TextDelta(text))
+                if stopped:
+                    finish = "stop"
+                    break
+                finish = response.finish_reason
+        except ValueError as exc:  # an argument the API refused before generating
+            job.emit(Failed(500 if handed else 400, str(exc)))
+            return
+        finally:
+            stream.close()  # a reused cache now holds the prompt and `handed`
+        if self.store is not None:
+            self.store.put(job.prompt_ids + handed, cache)
+        if finish is None:
+            job.emit(Failed(503, CANCELLED))
+            return
+        rest = stops.flush()
+        if rest:
+            job.emit(TextDelta(rest))
+        eos = response.finish_reason == "stop"  # the last response carries the EOS token
+        job.emit(Finished(finish, len(job.prompt_ids), cached, len(handed) - int(eos), response.stats))
+
+    def _cache_for(self, prompt_ids: List[int]):
+        """(a cache to generate with, how many prompt tokens it already holds)."""
+        if self.store is None:
+            return None, 0
+        cache, cached = self.store.take(prompt_ids)
+        if cache is None:
+            cache = make_cache(self.target_model)
+            if self.draft_model is not None:
+                cache += make_cache(self.draft_model)
+        return cache, cached
+
+    def _arguments(self, request: GenerationRequest) -> dict:
+        o, s = self.options, request.settings
+        return dict(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed,
+                    num_draft_tokens=s.num_draft_tokens, prompt_lookup=s.prompt_lookup,
+                    adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
+                    draft_confidence=o.draft_confidence,
+                    prompt_lookup_max_ngram=o.prompt_lookup_max_ngram,
+                    calibration=self.calibration)
+
+
+def _resolve_calibration(calibration, target_model):
+    """Read this machine's calibration once, not at every request."""
+    if calibration != "auto":
+        return calibration
+    from ..calibration import load_calibration
+
+    try:
+        return load_calibration(target_model)
+    except ValueError as exc:  # a corrupt file must not stop the server
+        warnings.warn(f"{exc} Serving without it.", stacklevel=2)
+        return None
