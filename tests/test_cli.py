@@ -105,13 +105,15 @@ def test_seeded_sampling_repeats_from_the_command_line(model_dirs):
 
 
 def test_help_and_version_import_no_mlx():
-    """Start-up: `--version` and `--help` answer without importing MLX or mlx-lm."""
+    """Start-up: `--version` and `--help` answer without importing MLX, mlx-lm or the server's
+    HTTP libraries."""
     code = ("import sys\n"
             "from mlx_spec.cli import main\n"
             "for args in (['--version'], ['--help'], ['generate', '--help'], ['check', '--help'],\n"
-            "             ['bench', '--help']):\n"
+            "             ['bench', '--help'], ['serve', '--help']):\n"
             "    assert main(args, standalone_mode=False) in (None, 0)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))\n")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in\n"
+            "             ('mlx', 'mlx_lm', 'starlette', 'uvicorn')))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]"

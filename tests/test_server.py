@@ -1,0 +1,371 @@
+"""`mlx-spec serve` end to end: the real server on a free local port, the shipped pair.
+
+Clients are the official `openai` package and raw HTTP (httpx). Greedy answers
+must equal `mlx_spec.generate` on the same token ids, whether streamed or not,
+one client or several at once, fresh or continuing a conversation from a
+stored prompt cache. Bad requests get OpenAI's error body and leave the
+server healthy; a client that leaves mid-stream frees its slot at once.
+References are computed in this process only while the server is idle (MLX
+generation is not thread-safe).
+"""
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from click.testing import CliRunner
+
+for _name in ("starlette", "uvicorn", "openai", "httpx"):
+    pytest.importorskip(_name, reason="the server tests need the 'dev' extra (pip install -e '.[dev]')")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from mlx_spec import generate, load_default_pair  # noqa: E402
+from mlx_spec.cli import main  # noqa: E402
+from mlx_spec.server.app import bind, create_app, make_server  # noqa: E402
+from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
+from mlx_spec.server.prompts import chat_prompt_ids, completion_prompt_ids  # noqa: E402
+from mlx_spec.server.stop_strings import StopMatcher  # noqa: E402
+from mlx_spec.server.worker import GenerationWorker  # noqa: E402
+
+MODEL_ID = "mlx-spec-default"
+MAX_TOKENS = 16
+PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, x):", "import os\n\ndef main():",
+           "def quicksort(xs):"]
+CHAT = [{"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Write a function that adds two numbers."}]
+
+
+class Served:
+    def __init__(self, url, worker, tokenizer, target, draft):
+        self.url, self.worker, self.tokenizer = url, worker, tokenizer
+        self.target, self.draft = target, draft
+
+    def client(self, **kwargs):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0, **kwargs)
+
+    def http(self):
+        return httpx.Client(base_url=self.url, timeout=60)
+
+    def reference(self, ids, max_tokens=MAX_TOKENS):
+        """What mlx_spec.generate gives for these ids, greedy (call it while the server is idle)."""
+        return generate(self.target, self.tokenizer, list(ids), draft_model=self.draft,
+                        max_tokens=max_tokens)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_default_pair()
+
+
+@pytest.fixture(scope="module")
+def served(pair):
+    target, draft, tokenizer = pair
+    worker = GenerationWorker(target, tokenizer, draft, store=PromptCacheStore(2**30),
+                              max_concurrency=8)
+    sock = bind("127.0.0.1", 0)
+    server = make_server(create_app(worker, MODEL_ID))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", worker, tokenizer, target, draft)
+    server.should_exit = True
+    thread.join(30)
+    assert not thread.is_alive() and not worker._thread.is_alive()
+
+
+def completion_ids(served, prompt):
+    return completion_prompt_ids(served.tokenizer, prompt, 4096)
+
+
+def test_chat_and_completion_equal_generate_streamed_or_not(served):
+    client = served.client()
+    chat = client.chat.completions.create(model=MODEL_ID, messages=CHAT, max_tokens=MAX_TOKENS,
+                                          temperature=0)
+    chat_stream = client.chat.completions.create(model="default", messages=CHAT, temperature=0,
+                                                 max_completion_tokens=MAX_TOKENS, stream=True)
+    chunks = list(chat_stream)
+    text = client.completions.create(model=MODEL_ID, prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                     temperature=0)
+    text_stream = list(client.completions.create(model=MODEL_ID, prompt=PROMPTS[0], stream=True,
+                                                 max_tokens=MAX_TOKENS, temperature=0))
+    chat_ids = chat_prompt_ids(served.tokenizer, CHAT)
+    expected_chat = served.reference(chat_ids)
+    expected_text = served.reference(completion_ids(served, PROMPTS[0]))
+
+    assert chat.choices[0].message.content == expected_chat
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage.prompt_tokens == len(chat_ids)
+    assert chat.usage.completion_tokens == MAX_TOKENS
+    assert chat.usage.total_tokens == len(chat_ids) + MAX_TOKENS
+    spec = chat.model_extra["speculation"]
+    assert spec["rounds"] > 0 and 0 <= spec["acceptance_rate"] <= 1 and spec["tokens_per_round"] >= 1
+    assert "draft" in spec["accepted_by_source"] and "calibrated" in spec
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected_chat
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert text.choices[0].text == expected_text and text.object == "text_completion"
+    assert "".join(c.choices[0].text for c in text_stream) == expected_text
+    assert text_stream[-1].choices[0].finish_reason == "length"
+
+
+def test_stream_is_openai_sse_with_usage_last(served):
+    body = {"model": MODEL_ID, "prompt": PROMPTS[1], "max_tokens": 8, "stream": True,
+            "temperature": 0, "stream_options": {"include_usage": True}}
+    with served.http() as http, http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events)
+    assert events[-1] == "data: [DONE]"
+    usage_chunk, finish_chunk = json.loads(events[-2][6:]), json.loads(events[-3][6:])
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 8
+    assert usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert finish_chunk["choices"][0]["finish_reason"] == "length"
+    assert finish_chunk["speculation"]["drafted"] >= finish_chunk["speculation"]["accepted"]
+
+
+def test_seeded_sampling_repeats(served):
+    client = served.client()
+    answers = [client.completions.create(model=MODEL_ID, prompt=PROMPTS[2], max_tokens=MAX_TOKENS,
+                                         temperature=0.7, top_p=0.95, seed=3).choices[0].text
+               for _ in range(2)]
+    assert answers[0] == answers[1] and answers[0]
+
+
+def test_stop_string_cuts_the_text(served):
+    ids = completion_ids(served, PROMPTS[0])
+    full = served.reference(ids, 24)
+    stop = full[6:9]
+    client = served.client()
+    whole = client.completions.create(model=MODEL_ID, prompt=PROMPTS[0], max_tokens=24,
+                                      temperature=0, stop=[stop, "never appears"])
+    streamed = list(client.completions.create(model=MODEL_ID, prompt=PROMPTS[0], max_tokens=24,
+                                              temperature=0, stop=stop, stream=True))
+    assert whole.choices[0].text == full[:full.index(stop)]
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens < 24
+    assert "".join(c.choices[0].text for c in streamed) == full[:full.index(stop)]
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_concurrent_clients_each_get_their_own_answer(served):
+    """4 clients x 2 requests at once: every answer complete and equal to its one-client answer."""
+    alone = {p: served.reference(completion_ids(served, p)) for p in PROMPTS}
+
+    def client_run(prompt):
+        client = served.client(timeout=120)
+        out = []
+        for i in range(2):
+            if i % 2 == 0:
+                r = client.completions.create(model=MODEL_ID, prompt=prompt, temperature=0,
+                                              max_tokens=MAX_TOKENS)
+                out.append(r.choices[0].text)
+            else:
+                chunks = client.completions.create(model=MODEL_ID, prompt=prompt, temperature=0,
+                                                   max_tokens=MAX_TOKENS, stream=True)
+                out.append("".join(c.choices[0].text for c in chunks))
+        return prompt, out
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(client_run, PROMPTS))
+    for prompt, answers in results:
+        assert answers == [alone[prompt]] * 2
+
+
+def test_second_turn_reuses_the_prompt_cache(served):
+    client = served.client()
+    first = client.chat.completions.create(model=MODEL_ID, messages=CHAT, max_tokens=MAX_TOKENS,
+                                           temperature=0)
+    turn = CHAT + [{"role": "assistant", "content": first.choices[0].message.content},
+                   {"role": "user", "content": "Now one that multiplies them."}]
+    second = client.chat.completions.create(model=MODEL_ID, messages=turn, max_tokens=MAX_TOKENS,
+                                            temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == first.usage.prompt_tokens + first.usage.completion_tokens
+    fresh = served.reference(chat_prompt_ids(served.tokenizer, turn))
+    assert second.choices[0].message.content == fresh
+    assert second.usage.prompt_tokens == len(chat_prompt_ids(served.tokenizer, turn))
+
+
+def test_client_leaving_mid_stream_frees_its_slot(served):
+    body = {"model": MODEL_ID, "prompt": PROMPTS[3], "max_tokens": 1500, "temperature": 0,
+            "stream": True}
+    with served.http() as http:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            next(response.iter_lines())
+        start = time.monotonic()  # 1500 tokens would take tens of seconds here
+        answer = http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+        assert time.monotonic() - start < 10
+        assert http.get("/health").json()["requests"]["admitted"] == 0
+
+
+def test_full_server_answers_429(served):
+    served.worker.max_concurrency = 1
+    try:
+        with served.http() as http:
+            body = {"prompt": PROMPTS[3], "max_tokens": 1500, "stream": True}
+            with http.stream("POST", "/v1/completions", json=body) as response:
+                next(response.iter_lines())
+                refused = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                with pytest.raises(openai.RateLimitError):
+                    served.client().completions.create(model=MODEL_ID, prompt="x", max_tokens=2)
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    finally:
+        served.worker.max_concurrency = 8
+
+
+LONG = list(range(5, 2100))  # token ids: more than the shipped model's 2048-token context
+BAD_REQUESTS = [
+    ("/v1/chat/completions", b"{not json", 400, None, "invalid_json"),
+    ("/v1/completions", b"[1, 2]", 400, None, None),
+    ("/v1/chat/completions", {"model": "gpt-4o", "messages": CHAT}, 404, "model", "model_not_found"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": -3}, 400, "max_tokens", "invalid_value"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 2.5}, 400,
+     "max_completion_tokens", "invalid_value"),
+    ("/v1/chat/completions", {"messages": CHAT, "temperature": -0.5}, 400, "temperature",
+     "invalid_value"),
+    ("/v1/chat/completions", {"messages": CHAT, "top_p": 0}, 400, "top_p", "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p", "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "seed": -1}, 400, "seed", "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "num_draft_tokens": 0}, 400, "num_draft_tokens",
+     "invalid_value"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages", "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"content": "no role"}]}, 400, "messages[0]",
+     "invalid_value"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt", "invalid_value"),
+    ("/v1/completions", {}, 400, "prompt", "invalid_value"),
+    ("/v1/completions", {"prompt": [1, 99999]}, 400, "prompt", "invalid_value"),
+    ("/v1/completions", {"prompt": LONG}, 400, "prompt", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", None),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop", "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream", "invalid_type"),
+]
+
+
+def test_bad_requests_get_openai_errors_and_leave_the_server_healthy(served):
+    with served.http() as http:
+        for path, body, status, param, code in BAD_REQUESTS:
+            if isinstance(body, bytes):
+                response = http.post(path, content=body,
+                                     headers={"content-type": "application/json"})
+            else:
+                response = http.post(path, json=body)
+            assert response.status_code == status, (body, response.text)
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["message"].endswith(".") and error["type"] == "invalid_request_error"
+            assert (error["param"], error["code"]) == (param, code), (body, error)
+        assert http.get("/v1/nothing").status_code == 404
+        assert http.get("/v1/completions").status_code == 405
+        health = http.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert health.json()["requests"]["admitted"] == 0
+    with pytest.raises(openai.NotFoundError):
+        served.client().chat.completions.create(model="gpt-4o", messages=CHAT)
+
+
+def test_models_and_health(served):
+    models = served.client().models.list()
+    assert [m.id for m in models.data] == [MODEL_ID]
+    with served.http() as http:
+        assert http.get(f"/v1/models/{MODEL_ID}").json()["id"] == MODEL_ID
+        health = http.get("/health").json()
+        assert health["prompt_cache"]["max_bytes"] == 2**30
+
+
+def test_api_key_is_required_when_set(pair):
+    target, draft, tokenizer = pair
+    worker = GenerationWorker(target, tokenizer, draft)  # never started: no generation here
+    http = TestClient(create_app(worker, MODEL_ID, api_key="secret"))
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "secret"}):
+        for response in (http.get("/health", headers=headers),
+                         http.get("/v1/models", headers=headers),
+                         http.post("/v1/completions", json={"prompt": "x"}, headers=headers)):
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "invalid_api_key"
+    good = http.get("/v1/models", headers={"Authorization": "Bearer secret"})
+    assert good.status_code == 200 and good.json()["data"][0]["id"] == MODEL_ID
+
+
+def test_stop_matcher_holds_back_what_may_begin_a_stop_string():
+    matcher = StopMatcher(["END", "\n\n"])
+    assert matcher.feed("abc E") == ("abc ", False)
+    assert matcher.feed("N") == ("", False)
+    assert matcher.feed("Dx") == ("", True)
+    matcher = StopMatcher(["END"])
+    assert matcher.feed("aEN") == ("a", False)
+    assert matcher.feed("Y") == ("ENY", False)
+    assert matcher.feed("E") == ("", False) and matcher.flush() == "E"
+    assert StopMatcher().feed("END") == ("END", False)
+
+
+class FakeLayer:
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def test_cache_store_matches_exact_prefixes_and_evicts_least_recent():
+    store = PromptCacheStore(max_bytes=250)
+    a, b = [FakeLayer(100)], [FakeLayer(100)]
+    store.put([1, 2, 3], a)
+    store.put([1, 2, 3, 4, 5], b)
+    assert store.take([1, 2, 3]) == (None, 0)  # a key equal to the prompt leaves nothing to send
+    assert store.take([1, 2, 9]) == (None, 0)
+    assert store.take([1, 2, 3, 4, 5, 6]) == (b, 5)  # the longest prefix, taken out
+    assert store.take([1, 2, 3, 4, 5, 6]) == (a, 3)
+    assert len(store) == 0 and store.nbytes == 0
+    store.put([1], a)
+    store.put([2], b)
+    store.put([3], [FakeLayer(100)])  # over 250 bytes: [1] goes
+    assert store.take([1, 0]) == (None, 0) and store.take([2, 0]) == (b, 1)
+    store.put([4], [FakeLayer(300)])  # larger than the budget: not kept
+    assert len(store) == 1 and store.nbytes == 100
+
+
+def test_serve_cli_help_bad_flag_and_missing_extra(monkeypatch):
+    runner = CliRunner()
+    assert runner.invoke(main, ["serve", "--help"]).exit_code == 0
+    bad = runner.invoke(main, ["serve", "--port", "99999"])
+    assert bad.exit_code == 2
+    assert [line for line in bad.output.splitlines() if line.startswith("Error:")] == [
+        bad.output.strip().splitlines()[-1]]
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "uvicorn" else real_find_spec(name, *a))
+    missing = runner.invoke(main, ["serve"])
+    assert missing.exit_code == 1
+    assert missing.output.strip() == ("Error: mlx-spec serve needs its HTTP libraries; install "
+                                      "them with pip install 'mlx-spec[serve]'.")
+
+
+@pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_signal_shuts_the_server_down_cleanly(sig, status):
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec", "serve", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("Serving "), line
+        url = line.split(" at ")[1].split(";")[0]
+        assert httpx.get(url.replace("/v1", "/health"), timeout=30).status_code == 200
+        proc.send_signal(sig)
+        assert proc.wait(30) == status
+        rest = proc.stderr.read()
+        assert "Traceback" not in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
