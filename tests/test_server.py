@@ -199,12 +199,14 @@ def test_second_turn_reuses_the_prompt_cache(served):
     assert second.usage.prompt_tokens == len(chat_prompt_ids(served.tokenizer, turn))
 
 
-def test_client_leaving_mid_stream_frees_its_slot(served):
-    body = {"model": MODEL_ID, "prompt": PROMPTS[3], "max_tokens": 1500, "temperature": 0,
-            "stream": True}
+def test_client_leaving_mid_answer_frees_its_slot(served):
+    """A streamed answer left after one chunk, a whole one left after a second: both stop."""
+    body = {"model": MODEL_ID, "prompt": PROMPTS[3], "max_tokens": 1500, "temperature": 0}
     with served.http() as http:
-        with http.stream("POST", "/v1/completions", json=body) as response:
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
             next(response.iter_lines())
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/completions", json=body, timeout=1)
         start = time.monotonic()  # 1500 tokens would take tens of seconds here
         answer = http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4})
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
@@ -218,7 +220,8 @@ def test_full_server_answers_429(served):
         with served.http() as http:
             body = {"prompt": PROMPTS[3], "max_tokens": 1500, "stream": True}
             with http.stream("POST", "/v1/completions", json=body) as response:
-                next(response.iter_lines())
+                lines = response.iter_lines()  # held: a dropped iterator closes the connection
+                next(lines)
                 refused = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
                 with pytest.raises(openai.RateLimitError):
                     served.client().completions.create(model=MODEL_ID, prompt="x", max_tokens=2)

@@ -39,29 +39,27 @@ from .requests import RequestError, Settings, parse_request
 from .responses import DONE, Answer, error_body, models_body, sse
 from .worker import Busy, Failed, Finished, GenerationWorker, Job, TextDelta
 
-DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client is still there
 GRACEFUL_SHUTDOWN_S = 3  # then uvicorn cancels the requests still open (their jobs with them)
 WORKER_JOIN_S = 30
 CLIENT_GONE = 499  # nginx's "client closed request"; nobody reads it
 
 
-class ClientGone(Exception):
-    pass
+GONE = object()  # the event a handler gets when its client has left
 
 
 class EventStream(StreamingResponse):
     """Server-sent events whose end (done, or the client gone) cancels the job at once."""
 
-    def __init__(self, content, job: Job):
+    def __init__(self, content, worker: GenerationWorker, job: Job):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.job = job
+        self.worker, self.job = worker, job
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.cancel()  # a no-op once the job has finished
+            self.worker.cancel(self.job)  # a no-op once the job has finished
 
 
 def error_response(error: RequestError) -> JSONResponse:
@@ -105,17 +103,18 @@ def create_app(worker: GenerationWorker, model_id: str,
                                if exc.status == 429 else "server_shutting_down") from None
         answer = Answer(chat, model_id)
         try:
-            first = await _next_event(request, events, job)
-            if isinstance(first, Failed):
-                return error_response(RequestError(first.status, first.message))
-            if req.stream:
-                return EventStream(_stream(answer, first, events, req.include_usage), job)
-            return await _collect(request, answer, first, events, job)
-        except ClientGone:
-            return Response(status_code=CLIENT_GONE)
+            async with _watching(request, worker, job, events):
+                first = await events.get()
+                if first is GONE:
+                    return Response(status_code=CLIENT_GONE)
+                if isinstance(first, Failed):
+                    return error_response(RequestError(first.status, first.message))
+                if not req.stream:
+                    return await _collect(answer, first, events)
         except BaseException:
-            job.cancel()
+            worker.cancel(job)
             raise
+        return EventStream(_stream(answer, first, events, req.include_usage), worker, job)
 
     async def chat_completions(request: Request) -> Response:
         return await generation(request, chat=True)
@@ -170,22 +169,35 @@ async def _json(request: Request):
                            code="invalid_json") from None
 
 
-async def _next_event(request: Request, events: asyncio.Queue, job: Job):
-    """The worker's next event; a client that leaves meanwhile cancels the job."""
-    while True:
-        try:
-            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel()
-                raise ClientGone from None
+@contextlib.asynccontextmanager
+async def _watching(request: Request, worker: GenerationWorker, job: Job, events: asyncio.Queue):
+    """Inside, a client that leaves cancels its job and wakes the handler with GONE.
+
+    Only until the answer starts: a streamed answer's own disconnect listener
+    (starlette's) takes over then, so that one task at a time reads `receive`.
+    """
+    async def watch():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        worker.cancel(job)
+        events.put_nowait(GONE)
+
+    task = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
-async def _collect(request: Request, answer: Answer, event, events, job) -> Response:
+async def _collect(answer: Answer, event, events: asyncio.Queue) -> Response:
     parts = []
     while isinstance(event, TextDelta):
         parts.append(event.text)
-        event = await _next_event(request, events, job)
+        event = await events.get()
+    if event is GONE:
+        return Response(status_code=CLIENT_GONE)
     if isinstance(event, Failed):
         return error_response(RequestError(event.status, event.message))
     return JSONResponse(answer.whole("".join(parts), event))

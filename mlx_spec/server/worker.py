@@ -8,10 +8,10 @@ The HTTP side `submit`s a `Job` and reads the events the job's sink is given:
 that, at once (the server answers 429). A slot is free again as soon as its
 job ends.
 
-`job.cancel()` (the client left) is seen between tokens: the worker closes the
-generator, which leaves a reused prompt cache holding exactly the prompt and
-the tokens handed out, so the cache goes back to the store. A cancelled job
-still queued is skipped. A stop string is handled the same way: the text
+`worker.cancel(job)` (the client left) frees a queued job's slot at once; a
+running job sees it between tokens: the worker closes the generator, which leaves a reused prompt cache holding exactly the prompt and
+the tokens handed out, so the cache goes back to the store, and frees the
+slot. A cancelled job still queued is skipped. A stop string is handled the same way: the text
 before it is sent, then the generator is closed.
 
 The thread calls `mx.clear_streams()` before it ends (README, "Thread safety").
@@ -143,32 +143,42 @@ class GenerationWorker:
         """Cancel every admitted job, let the thread finish and clear its streams."""
         with self._lock:
             self._closing = True
-            for job in self._admitted:
-                job.cancel()
+            jobs = list(self._admitted)
+        for job in jobs:
+            self.cancel(job)
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout)
 
+    def cancel(self, job: Job) -> None:
+        """Stop `job`: a queued one frees its slot now, a running one before its next token."""
+        with self._lock:
+            job.cancel()
+            if job is not self.running:
+                self._admitted.discard(job)
+
     def _loop(self) -> None:
         try:
             while (job := self._queue.get()) is not None:
-                self.running = job
+                with self._lock:
+                    self.running = None if job.cancelled else job
+                if self.running is None:  # cancelled while queued: its slot is already free
+                    job.emit(Failed(503, CANCELLED))
+                    continue
                 try:
-                    if job.cancelled:
-                        job.emit(Failed(503, CANCELLED))
-                    else:
-                        self._generate(job)
+                    last = self._generate(job)
                 except Exception as exc:  # never let one request end the thread
                     logger.exception("generation failed")
-                    job.emit(Failed(500, f"Generation failed: {type(exc).__name__}: {exc}"))
-                finally:
+                    last = Failed(500, f"Generation failed: {type(exc).__name__}: {exc}")
+                with self._lock:  # the slot is free before the client hears the end
                     self.running = None
-                    with self._lock:
-                        self._admitted.discard(job)
+                    self._admitted.discard(job)
+                job.emit(last)
         finally:
             mx.clear_streams()
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job):
+        """Stream the job's text; return its last event (Finished or Failed) for the loop to send."""
         cache, cached = self._cache_for(job.prompt_ids)
         stops = StopMatcher(job.request.stop)
         handed: List[int] = []  # every token the generator gave, the EOS included
@@ -189,20 +199,18 @@ class GenerationWorker:
                     break
                 finish = response.finish_reason
         except ValueError as exc:  # an argument the API refused before generating
-            job.emit(Failed(500 if handed else 400, str(exc)))
-            return
+            return Failed(500 if handed else 400, str(exc))
         finally:
             stream.close()  # a reused cache now holds the prompt and `handed`
         if self.store is not None:
             self.store.put(job.prompt_ids + handed, cache)
         if finish is None:
-            job.emit(Failed(503, CANCELLED))
-            return
+            return Failed(503, CANCELLED)
         rest = stops.flush()
         if rest:
             job.emit(TextDelta(rest))
         eos = response.finish_reason == "stop"  # the last response carries the EOS token
-        job.emit(Finished(finish, len(job.prompt_ids), cached, len(handed) - int(eos), response.stats))
+        return Finished(finish, len(job.prompt_ids), cached, len(handed) - int(eos), response.stats)
 
     def _cache_for(self, prompt_ids: List[int]):
         """(a cache to generate with, how many prompt tokens it already holds)."""
