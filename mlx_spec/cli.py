@@ -309,7 +309,7 @@ class ByteSize(click.ParamType):
 @_model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on; 0.0.0.0 exposes the server to the network.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every request (401 otherwise).")
+@click.option("--api-key", default=None, envvar="MLX_SPEC_API_KEY", help="Require `Authorization: Bearer KEY` on every request (401 otherwise); also read from $MLX_SPEC_API_KEY.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Requests admitted at once (queued + generating); more get 429.")
 @click.option("--prompt-cache-bytes", type=ByteSize(), default="2GiB", show_default=True, help="Memory for prompt caches kept between requests (multi-turn reuse); 0 turns reuse off.")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=512, show_default=True, help="Token budget of a request that gives no max_tokens.")
