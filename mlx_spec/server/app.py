@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from ..loading import vocab_size
 from .prompts import chat_prompt_ids, check_context, completion_prompt_ids, context_length
-from .requests import RequestError, Settings, parse_request
+from .requests import GenerationRequest, RequestError, Settings, parse_request
 from .responses import DONE, Answer, error_body, models_body, sse
 from .worker import Busy, Failed, Finished, GenerationWorker, Job, TextDelta
 
@@ -67,41 +67,75 @@ def error_response(error: RequestError) -> JSONResponse:
     return JSONResponse(error_body(error), status_code=error.status, headers=headers)
 
 
-def create_app(worker: GenerationWorker, model_id: str,
-               defaults: Settings = Settings(),
-               api_key: Optional[str] = None) -> Starlette:
-    """The ASGI app serving `worker`'s models as `model_id`; it starts and stops the worker."""
-    tokenizer, target = worker.tokenizer, worker.target_model
-    vocab, context = vocab_size(target), context_length(target)
-    created = int(time.time())
-    expected = f"Bearer {api_key}".encode() if api_key is not None else None
+class Endpoints:
+    """The route handlers for one served model (its worker, id, defaults and API key)."""
 
-    def authorize(request: Request) -> None:
-        if expected is None:
+    def __init__(self, worker: GenerationWorker, model_id: str, defaults: Settings,
+                 api_key: Optional[str]):
+        self.worker, self.model_id, self.defaults = worker, model_id, defaults
+        self.vocab, self.context = vocab_size(worker.target_model), context_length(worker.target_model)
+        self.created = int(time.time())
+        self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
+
+    def authorize(self, request: Request) -> None:
+        if self.expected is None:
             return
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        if not hmac.compare_digest(given, self.expected):
             raise RequestError(401, "Missing or wrong API key: send `Authorization: Bearer KEY` "
                                     "with the key the server was started with (--api-key).",
                                code="invalid_api_key")
 
-    async def generation(request: Request, chat: bool) -> Response:
-        authorize(request)
-        req = parse_request(await _json(request), chat, model_id, defaults)
-        if chat:
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generation(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generation(request, chat=False)
+
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        return JSONResponse(models_body(self.model_id, self.created))
+
+    async def model(self, request: Request) -> Response:
+        self.authorize(request)
+        name = request.path_params["name"]
+        if name != self.model_id:
+            raise RequestError(404, f"The model {name!r} does not exist here: this server serves "
+                                    f"{self.model_id!r}.", "model", "model_not_found")
+        return JSONResponse(models_body(self.model_id, self.created)["data"][0])
+
+    async def health(self, request: Request) -> Response:
+        self.authorize(request)
+        worker, store = self.worker, self.worker.store
+        return JSONResponse({
+            "status": "ok", "model": self.model_id,
+            "requests": {"admitted": worker.admitted, "running": worker.running is not None,
+                         "max_concurrency": worker.max_concurrency},
+            "prompt_cache": None if store is None else
+            {"entries": len(store), "bytes": store.nbytes, "max_bytes": store.max_bytes}})
+
+    def _job(self, req: GenerationRequest, events: asyncio.Queue) -> Job:
+        """The request's token ids and budget, with a sink that feeds `events` on this loop."""
+        tokenizer = self.worker.tokenizer
+        if req.chat:
             ids, param = chat_prompt_ids(tokenizer, req.messages), "messages"
         else:
-            ids, param = completion_prompt_ids(tokenizer, req.prompt, vocab), "prompt"
-        max_tokens = check_context(ids, context, req.settings.max_tokens, param)
-        events: asyncio.Queue = asyncio.Queue()
+            ids, param = completion_prompt_ids(tokenizer, req.prompt, self.vocab), "prompt"
+        max_tokens = check_context(ids, self.context, req.settings.max_tokens, param)
         sink = partial(asyncio.get_running_loop().call_soon_threadsafe, events.put_nowait)
-        job = Job(req, ids, max_tokens, sink)
+        return Job(req, ids, max_tokens, sink)
+
+    async def _generation(self, request: Request, chat: bool) -> Response:
+        self.authorize(request)
+        req = parse_request(await _json(request), chat, self.model_id, self.defaults)
+        events: asyncio.Queue = asyncio.Queue()
+        job, worker = self._job(req, events), self.worker
         try:
             worker.submit(job)
         except Busy as exc:
             raise RequestError(exc.status, str(exc), code="rate_limit_exceeded"
                                if exc.status == 429 else "server_shutting_down") from None
-        answer = Answer(chat, model_id)
+        answer = Answer(chat, self.model_id)
         try:
             async with _watching(request, worker, job, events):
                 first = await events.get()
@@ -116,33 +150,11 @@ def create_app(worker: GenerationWorker, model_id: str,
             raise
         return EventStream(_stream(answer, first, events, req.include_usage), worker, job)
 
-    async def chat_completions(request: Request) -> Response:
-        return await generation(request, chat=True)
 
-    async def completions(request: Request) -> Response:
-        return await generation(request, chat=False)
-
-    async def models(request: Request) -> Response:
-        authorize(request)
-        return JSONResponse(models_body(model_id, created))
-
-    async def model(request: Request) -> Response:
-        authorize(request)
-        if request.path_params["name"] != model_id:
-            raise RequestError(404, f"The model {request.path_params['name']!r} does not exist "
-                                    f"here: this server serves {model_id!r}.", "model",
-                               "model_not_found")
-        return JSONResponse(models_body(model_id, created)["data"][0])
-
-    async def health(request: Request) -> Response:
-        authorize(request)
-        store = worker.store
-        return JSONResponse({
-            "status": "ok", "model": model_id,
-            "requests": {"admitted": worker.admitted, "running": worker.running is not None,
-                         "max_concurrency": worker.max_concurrency},
-            "prompt_cache": None if store is None else
-            {"entries": len(store), "bytes": store.nbytes, "max_bytes": store.max_bytes}})
+def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Settings(),
+               api_key: Optional[str] = None) -> Starlette:
+    """The ASGI app serving `worker`'s models as `model_id`; it starts and stops the worker."""
+    endpoints = Endpoints(worker, model_id, defaults, api_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -152,11 +164,11 @@ def create_app(worker: GenerationWorker, model_id: str,
         finally:
             await asyncio.to_thread(worker.close, WORKER_JOIN_S)
 
-    routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]),
-              Route("/v1/models/{name:path}", model, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+    routes = [Route("/v1/chat/completions", endpoints.chat_completions, methods=["POST"]),
+              Route("/v1/completions", endpoints.completions, methods=["POST"]),
+              Route("/v1/models", endpoints.models, methods=["GET"]),
+              Route("/v1/models/{name:path}", endpoints.model, methods=["GET"]),
+              Route("/health", endpoints.health, methods=["GET"])]
     handlers = {RequestError: _refused, HTTPException: _http_error, Exception: _server_error}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
@@ -214,9 +226,11 @@ async def _stream(answer: Answer, event, events: asyncio.Queue, include_usage: b
             if include_usage:
                 yield sse(answer.usage_chunk(event))
             break
-        else:  # failed after the answer started: an error event, then the end
+        elif isinstance(event, Failed):  # after the answer started: an error event, then the end
             yield sse(error_body(RequestError(event.status, event.message)))
             break
+        else:  # GONE: the client left as the answer started
+            return
         event = await events.get()
     yield DONE
 

@@ -184,7 +184,7 @@ class GenerationWorker:
         handed: List[int] = []  # every token the generator gave, the EOS included
         response, finish = None, None
         stream = stream_generate(
-            self.target_model, self.tokenizer, job.prompt_ids[cached:], self.draft_model,
+            self.target_model, self.tokenizer, job.prompt_ids[cached:], draft_model=self.draft_model,
             max_tokens=job.max_tokens, prompt_cache=cache, **self._arguments(job.request))
         try:
             for response in stream:
