@@ -43,6 +43,16 @@ def _is_model(value) -> bool:
     return callable(value) and hasattr(value, "layers")
 
 
+def _is_draft(value) -> bool:
+    return value is None or value == "mtp" or (not isinstance(value, str) and _is_model(value))
+
+
+def _is_path(value) -> bool:
+    import os
+
+    return value is None or isinstance(value, (str, os.PathLike))
+
+
 def _is_sampling_config(value) -> bool:
     from .sampling import SamplingConfig  # sampling imports this module
 
@@ -67,7 +77,8 @@ _SEED = ("an int in [0, 2**64) (MLX's seed range)", lambda v: _is_int(v) and 0 <
 CHECKS: Dict[str, Tuple[str, Callable]] = {
     "model": _MODEL,
     "target_model": _MODEL,
-    "draft_model": _optional(_MODEL),
+    "draft_model": ('None, a model such as load() returns, or "mtp"', _is_draft),
+    "mtp_weights": ("None, a directory or a Hugging Face repo id", _is_path),
     "tokenizer": ("a tokenizer such as load() returns", lambda v: hasattr(v, "encode")),
     "max_tokens": _int(1),
     "num_draft_tokens": _optional(_int(1)),

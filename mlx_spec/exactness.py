@@ -9,7 +9,8 @@ exactly, so nothing is approximated).
 
 The prompt is prefilled once; after each sample both caches are rewound to
 the prompt, so a sample costs one or two rounds. Prompt lookup needs the
-prompt as its history, so with it each sample re-runs the (short) prompt.
+prompt as its history, and an MTP layer (`draft_model="mtp"`) the target's
+hidden states over it, so with them each sample re-runs the (short) prompt.
 """
 
 from __future__ import annotations
@@ -66,10 +67,12 @@ def exact_distribution(target_model, prompt: List[int], sampling: SamplingConfig
 
 def sample_first_two(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
                      samples: int, num_draft_tokens: int = 2, accept=None,
-                     prompt_lookup: bool = False) -> Tuple[Dict[Tuple[int, int], int], float]:
+                     prompt_lookup: bool = False,
+                     mtp_weights=None) -> Tuple[Dict[Tuple[int, int], int], float]:
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
+    fresh = prompt_lookup or isinstance(draft_model, str)  # the whole prompt every sample
     target_cache = make_cache(target_model)
-    draft_cache = make_cache(draft_model) if draft_model is not None and not prompt_lookup else []
+    draft_cache = make_cache(draft_model) if draft_model is not None and not fresh else []
     caches = [ModelCache(target_model, target_cache)]
     if draft_cache:
         caches.append(ModelCache(draft_model, draft_cache))
@@ -81,10 +84,11 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
     for _ in range(samples):
         out = []
         for round_ in speculative_generate_step(
-            prompt if prompt_lookup else prompt[-1:], target_model, draft_model,
+            prompt if fresh else prompt[-1:], target_model, draft_model,
             max_tokens=3, num_draft_tokens=num_draft_tokens, sampling=sampling,
-            accept=accept, prompt_lookup=prompt_lookup,
-            prompt_cache=None if prompt_lookup else target_cache + draft_cache,
+            accept=accept, prompt_lookup=prompt_lookup, mtp_weights=mtp_weights,
+            prompt_cache=None if fresh else target_cache + draft_cache,
+            calibration=None,  # k is fixed: nothing to calibrate (and no fingerprint per sample)
         ):
             out += round_.tokens
             drafted += round_.num_drafted
@@ -166,11 +170,12 @@ def _upper_regularized_gamma(a: float, x: float) -> float:
 def check_exactness(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
                     samples: int = DEFAULT_SAMPLES, num_draft_tokens: int = 2,
                     alpha: float = DEFAULT_ALPHA, accept=None, prompt_lookup: bool = False,
-                    seed: Optional[int] = 0) -> ExactnessResult:
+                    seed: Optional[int] = 0, mtp_weights=None) -> ExactnessResult:
     """Run the whole check; `result.passed` is False when speculation changed the output."""
     check_arguments(target_model=target_model, draft_model=draft_model, prompt=prompt,
                     sampling=sampling, samples=samples, num_draft_tokens=num_draft_tokens,
-                    alpha=alpha, accept=accept, prompt_lookup=prompt_lookup, seed=seed)
+                    alpha=alpha, accept=accept, prompt_lookup=prompt_lookup, seed=seed,
+                    mtp_weights=mtp_weights)
     if isinstance(prompt, str):
         raise ValueError("prompt must be token ids here; encode the text with the tokenizer first.")
     prompt = [int(t) for t in prompt]
@@ -182,6 +187,6 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
         mx.random.seed(seed)
     exact = exact_distribution(target_model, prompt, sampling)
     counts, acceptance = sample_first_two(target_model, draft_model, prompt, sampling, samples,
-                                          num_draft_tokens, accept, prompt_lookup)
+                                          num_draft_tokens, accept, prompt_lookup, mtp_weights)
     statistic, dof, p_value = chi_square(counts, exact)
     return ExactnessResult(samples, statistic, dof, p_value, acceptance, alpha)

@@ -18,13 +18,14 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .arguments import check_arguments
 from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, check_rewindable, make_cache,
                     make_rewindable)
-from .drafters import DraftModelDrafter, PromptLookupDrafter
+from .drafters import DraftModelDrafter, MTPDrafter, PromptLookupDrafter
 from .costmodel import CostPrior
 from .defaults import DEFAULT_MAX_LOOKUP_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
 from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
 from .memory import wired_limit
+from .mtp import load_mtp, split_target
 from .session import Session
 from .policy import DEFAULT_MAX_DRAFT_TOKENS, make_policy
 from .sampling import SamplingConfig
@@ -53,7 +54,7 @@ class GenerationResponse:
     generation_tps: float
     peak_memory: float  # GB
     finish_reason: Optional[str] = None  # "stop", "length" or None
-    source: str = "target"  # "draft", "lookup" or "target"
+    source: str = "target"  # "draft", "lookup", "mtp" or "target"
     stats: Optional[GenerationStats] = None
 
 
@@ -149,6 +150,7 @@ def speculative_generate_step(
     accept=None,
     stop_tokens=(),
     calibration="auto",
+    mtp_weights=None,
 ) -> "RoundStream":
     """Rounds of token ids from `model` (the target), speculating with the drafters.
 
@@ -174,25 +176,35 @@ def speculative_generate_step(
     `calibration`: "auto" (the default) starts the adaptive policy from this
     machine's stored calibration (`mlx-spec tune`) when there is one for the
     target; None starts cold; a `Calibration` object is used as given.
+
+    `draft_model="mtp"`: the target drafts for itself with its multi-token-
+    prediction layer (qwen3_next, qwen3_5, deepseek_v3, glm4_moe), weights
+    from `mtp_weights` (a local directory or Hugging Face repo of the
+    original checkpoint) or else from the directory `mlx_spec.load` read the
+    model from. A reused `prompt_cache` then holds the target's layers only.
     """
     check_arguments(**locals())  # every parameter, by name
     prompt = _as_tokens(None, prompt)
     target_vocab = vocab_size(model)
     _check_token_ids(prompt, target_vocab)
+    mtp_head = _mtp_head(model, draft_model, mtp_weights)
+    if mtp_head is not None:
+        draft_model = None  # no second model: no draft cache, no pair to check
     if draft_model is not None:
         check_pair(model, draft_model)
+    drafting = draft_model is not None or mtp_head is not None
     if prompt_lookup is None:
-        prompt_lookup = draft_model is not None and sampling.greedy
+        prompt_lookup = drafting and sampling.greedy
     reserve = max(DEFAULT_RESERVE,
                   max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS) + 2)
-    speculating = draft_model is not None or prompt_lookup
+    speculating = drafting or prompt_lookup
     target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
                                         speculating, reserve)
     drafters = []
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
         # in code the last token has nearly always occurred before.
-        min_ngram = min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram) if draft_model is not None else 1
+        min_ngram = min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram) if drafting else 1
         drafters.append(PromptLookupDrafter(target_vocab, sampling.greedy,
                                             max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram))
     draft = None
@@ -200,18 +212,29 @@ def speculative_generate_step(
         draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
                                   confidence=draft_confidence)
         drafters.append(draft)
+    if mtp_head is not None:
+        drafters.append(MTPDrafter(mtp_head, sampling))
     if policy is None:
         prior = _cost_prior(calibration, model, draft_model, sampling)
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior)
     # A reused cache is shown at each response by a trim: sliding windows must rewind too.
     target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
-                        reserve=reserve)
+                        reserve=reserve, split=split_target(model) if mtp_head is not None else None)
     rounds = generate_rounds(
         prompt, target, drafters, policy, sampling=sampling, max_tokens=max_tokens,
         prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
         prompt_progress_callback=prompt_progress_callback, accept=accept,
     )
     return RoundStream(rounds, Session(target, draft, target.length, prompt_cache), policy)
+
+
+def _mtp_head(model, draft_model, mtp_weights):
+    """The target's MTP layer when draft_model is "mtp" (check_arguments allows no other string)."""
+    if isinstance(draft_model, str):
+        return load_mtp(model, mtp_weights)
+    if mtp_weights is not None:
+        raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or neither.')
+    return None
 
 
 def _cost_prior(calibration, target_model, draft_model, sampling) -> Optional[CostPrior]:
@@ -286,7 +309,7 @@ def stream_generate(
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
-    if draft_model is not None:
+    if draft_model is not None and not isinstance(draft_model, str):  # "mtp": no second model
         check_pair(model, draft_model, tokenizer)
     tokens = _as_tokens(tokenizer, prompt)
     if seed is not None:
@@ -308,7 +331,7 @@ def stream_generate(
     session = rounds.session
     seen = list(tokens)  # the prompt, then every token the caller is given
     started = False  # caches are only settled once generation got going
-    with wired_limit(model, draft_model):
+    with wired_limit(model, None if isinstance(draft_model, str) else draft_model):
         try:
             handed = _handed_out(rounds, eos, max_tokens, recorder,
                                  session if reused else None, len(tokens))

@@ -45,7 +45,7 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
             "or a Hugging Face repo id such as mlx-community/Qwen2.5-0.5B-Instruct-4bit."
         )
     try:
-        return mlx_lm.load(path, **kwargs)
+        loaded = mlx_lm.load(path, **kwargs)
     except ValueError:
         raise
     except Exception as exc:  # hub errors, missing files, unreadable weights
@@ -56,6 +56,21 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
         raise ValueError(
             f"Could not load model '{path}'{hint}: {type(exc).__name__}: {exc}".strip()
         ) from exc
+    _remember_directory(loaded[0], path)
+    return loaded
+
+
+def _remember_directory(model, path: str) -> None:
+    """Note on the model where it was read from: its MTP weights may be there (mlx-lm drops them)."""
+    from mlx_lm.utils import hf_repo_to_path
+
+    from .mtp import MODEL_DIR_ATTR
+
+    try:
+        directory = Path(path) if Path(path).exists() else hf_repo_to_path(path)
+    except Exception:  # not resolvable offline: MTP drafting then needs mtp_weights
+        return
+    object.__setattr__(model, MODEL_DIR_ATTR, str(directory))  # not a parameter of the model
 
 
 def vocab_size(model) -> int:

@@ -32,7 +32,7 @@ class Round:
     tokens: List[int]
     num_drafted: int
     num_accepted: int
-    source: str  # "draft", "lookup" or "target" (a plain decoding step)
+    source: str  # "draft", "lookup", "mtp" or "target" (a plain decoding step)
     logprobs: mx.array  # (len(tokens), V) the target's own log-probabilities (as mlx-lm), lazy
 
 
@@ -46,14 +46,25 @@ class Decoder:
     history: List[int]
     accept: AcceptanceRule
     stop_tokens: Collection[int] = ()  # a round ends at the first accepted stop token
+    followers: Sequence = ()  # drafters handed the target's hidden states (MTP): see _follow
 
 
 def prefill(cache: ModelCache, tokens: List[int], step_size: int,
-            progress: Optional[Callable[[int, int], None]] = None) -> None:
-    """Run `tokens` through the model in chunks, filling its cache."""
+            progress: Optional[Callable[[int, int], None]] = None,
+            followers: Sequence = (), next_token: Optional[int] = None) -> None:
+    """Run `tokens` through the model in chunks, filling its cache.
+
+    `followers` (MTP drafters) are handed each chunk's hidden states with the
+    tokens after them (`next_token` follows the last) and evaluated with it.
+    """
+    after = tokens[1:] + [next_token]
     for start in range(0, len(tokens), step_size):
         cache.forward(mx.array(tokens[start:start + step_size], mx.uint32))
-        mx.eval([c.state for c in cache.layers])
+        pending = [c.state for c in cache.layers]
+        for drafter in followers:
+            drafter.follow(after[start:start + step_size], cache.hidden)
+            pending += drafter.catch_up()
+        mx.eval(pending)
         if progress:
             progress(min(start + step_size, len(tokens)), len(tokens))
     mx.clear_cache()
@@ -76,6 +87,7 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
     decoder.target.anchor()
     with round_attention():
         target_logits = decoder.target.forward(verify_input)  # (k+1, V)
+    hidden = decoder.target.hidden  # (k+1, H) when an MTP drafts; before a rewind replaces it
     target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (k+1, V)
     n, token, drafted = _judge(decoder.accept, proposal, target_logprobs)  # the only sync
     n, token = _stop_at(decoder.stop_tokens, drafted, n, token)
@@ -83,6 +95,7 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
     decoder.target.keep(n + 1)  # y and the accepted drafts
     proposal.drafter.commit(n)
     tokens = drafted[:n] + [token]
+    _follow(decoder, tokens, hidden)
     decoder.history.extend(tokens)
     return Round(tokens, len(drafted), n, proposal.source,
                  _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling))
@@ -112,6 +125,12 @@ def _judge(accept, proposal, target_logprobs):
     return n, token, drafted
 
 
+def _follow(decoder: Decoder, tokens: List[int], hidden) -> None:
+    """Hand the target's hidden states at the kept positions, with the token after each, on."""
+    for drafter in decoder.followers:
+        drafter.follow(tokens, hidden[: len(tokens)])
+
+
 def _stop_at(stop_tokens, drafted: List[int], n: int, token: int):
     """End the round at an accepted stop token: nothing after it is kept."""
     for i, t in enumerate(drafted[:n]):
@@ -138,19 +157,21 @@ def plain_rounds(decoder: Decoder, count: int,
         target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (V,)
         token = sample(target_logprobs, decoder.sampling)
         mx.async_eval(token)
-        return token, _reported(target_logits, target_logprobs, decoder.sampling)
+        return token, _reported(target_logits, target_logprobs, decoder.sampling), \
+            decoder.target.hidden
 
-    token, logprobs = step(mx.array(decoder.history[-1:], mx.uint32))
+    token, logprobs, hidden = step(mx.array(decoder.history[-1:], mx.uint32))
     for i in range(count):
         pending = step(token[None]) if i + 1 < count else None
         value = token.item()  # the only sync of the step
+        _follow(decoder, [value], hidden)
         decoder.history.append(value)
         yield Round([value], 0, 0, "target", logprobs[None])
         if value in decoder.stop_tokens or pending is None:
             return
         if until is not None and i + 2 < count and until(decoder.history):
             count = i + 2  # the queued step is the last
-        token, logprobs = pending
+        token, logprobs, hidden = pending
 
 
 def generate_rounds(
@@ -172,9 +193,11 @@ def generate_rounds(
     caches never hold more than what was emitted (plus the last token, which
     the next pass starts from).
     """
+    followers = [d for d in drafters if getattr(d, "follows_target", False)]
     decoder = Decoder(target, drafters, sampling, list(prompt),
-                      accept or rule_for(sampling.greedy), frozenset(stop_tokens))
-    prefill(target, prompt[:-1], prefill_step_size, prompt_progress_callback)
+                      accept or rule_for(sampling.greedy), frozenset(stop_tokens), followers)
+    prefill(target, prompt[:-1], prefill_step_size, prompt_progress_callback,
+            followers, prompt[-1])
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             drafter.prefill(prompt, prefill_step_size)

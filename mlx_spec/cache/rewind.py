@@ -14,7 +14,9 @@ of what it fed (`keep`). How a layer goes back depends on its kind:
   and full acceptance costs nothing.
 
 `checkpoint()` / `restore()` also give exact per-step states for free where
-the caller feeds one token at a time (the draft model's steps).
+the caller feeds one token at a time (the draft model's steps). Given
+`split=(trunk, head)`, `forward` also keeps the hidden states it computed
+(`hidden`), for an MTP drafter; the logits are the same computation.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ class ModelCache:
     """A model and its cache list; `length` counts the tokens the cache holds."""
 
     def __init__(self, model, layers: list, length: Optional[int] = None,
-                 rewindable: bool = True, reserve: int = DEFAULT_RESERVE):
+                 rewindable: bool = True, reserve: int = DEFAULT_RESERVE,
+                 split: Optional[tuple] = None):
         if rewindable:  # sliding windows become WindowKVCache, in `layers` itself
             make_rewindable(layers, reserve)
         self.model = model
@@ -100,6 +103,11 @@ class ModelCache:
         self.mixers = MixerReplay(model, self.recurrent) if self.recurrent else None
         self.replayed_tokens = 0  # tokens re-run to rebuild recurrent state
         self.rewind_path = "trim" if not self.recurrent else None  # "mixers" or "model" once used
+        # Hidden states for an MTP drafter: with split = (trunk, head), where
+        # head(trunk(x)) is the model's own computation, `forward` keeps the
+        # trunk's output in `hidden` (the logits are unchanged). None: no cost.
+        self.split = split
+        self.hidden: Optional[mx.array] = None  # (T, H) of the last forward, lazy
 
     @property
     def has_recurrent(self) -> bool:
@@ -112,13 +120,21 @@ class ModelCache:
         if self._record:  # the first forward after anchor(): note the recurrent mixers' inputs
             self._record = False
             with self.mixers.recording(tokens.shape[0]):
-                logits = self.model(tokens[None], cache=self.layers)[0]
+                logits = self._run(tokens)
         else:
             if self.mixers is not None:  # recordings hold only for the forward they saw
                 self.mixers.calls.clear()
-            logits = self.model(tokens[None], cache=self.layers)[0]
+            logits = self._run(tokens)
         self.length += tokens.shape[0]
         return logits
+
+    def _run(self, tokens: mx.array) -> mx.array:
+        if self.split is None:
+            return self.model(tokens[None], cache=self.layers)[0]
+        trunk, head = self.split
+        hidden = trunk(tokens[None], cache=self.layers)  # (1, T, H)
+        self.hidden = hidden[0]
+        return head(hidden)[0]
 
     def checkpoint(self) -> Checkpoint:
         return Checkpoint(self.length, [list(c.cache) for c in self.recurrent])

@@ -1,11 +1,15 @@
-"""Where proposals come from: a draft model, or n-gram lookup in the text so far.
+"""Where proposals come from: a draft model, n-gram lookup in the text so far, the target's MTP layer.
 
-A drafter has two methods, called once per round by the loop:
+A drafter has these methods, called by the loop:
 
     propose(history, k) -> Proposal | None   lazy tokens (and q) for this round
     commit(num_accepted)                     rewind its state after verification
     can_propose(history) -> bool             would it propose (cheap: decides when plain
                                              decoding stops to let it try)
+    follow(tokens, hidden)                   only with `follows_target = True` (MTP): after
+                                             every round and prefill chunk, the target's hidden
+                                             states at the kept positions (T, H) and the token
+                                             after each
 
 `history` is every token known so far (prompt + generated, host ints); its
 last token is the one the target has not processed yet. None means "no
@@ -24,7 +28,7 @@ import mlx.core as mx
 class Proposal:
     tokens: mx.array  # (k,) uint32, lazy
     probs: Optional[mx.array]  # (k, V) q, probabilities; None when decoding greedily
-    source: str  # "draft" or "lookup": where accepted tokens came from
+    source: str  # "draft", "lookup" or "mtp": where accepted tokens came from
     drafter: object  # the drafter to commit() after verification
 
     @property
@@ -33,6 +37,7 @@ class Proposal:
 
 
 from .draft_model import DraftModelDrafter  # noqa: E402
+from .mtp import MTPDrafter  # noqa: E402
 from .prompt_lookup import PromptLookupDrafter  # noqa: E402
 
-__all__ = ["Proposal", "DraftModelDrafter", "PromptLookupDrafter"]
+__all__ = ["Proposal", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter"]

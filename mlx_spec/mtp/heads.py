@@ -1,0 +1,153 @@
+"""MTP layers of the families that ship them, bound to their target's embedding and output head.
+
+An MTP layer predicts the token two places after a target position i from
+the target's hidden state there and the embedding of the token after it:
+
+    qwen (qwen3_next, qwen3_5, qwen3_5_moe):
+        g = norm(layer(fc([pre_fc_norm_embedding(e(x_{i+1})), pre_fc_norm_hidden(h_i)])))
+    deepseek (deepseek_v3, glm4_moe):
+        g = shared_head.norm(layer(eh_proj([enorm(e(x_{i+1})), hnorm(h_i)])))
+
+then logits = the target's own head(g). The embedding comes first in the
+concatenation in both (vLLM's qwen3_next_mtp.py, qwen3_5_mtp.py and
+deepseek_mtp.py). `layer` is a full-attention decoder layer of the target's
+own class with its own KV cache. h_i is the target's hidden state after its
+final norm, as mlx-lm's `model.model(...)` returns it (vLLM and mlx-vlm feed
+the same). A draft of depth d feeds the layer its own output g (after the
+MTP norm) in place of h, with the embedding of the token it just drafted.
+DeepSeek's embedding is zeroed at position 0, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+QWEN, DEEPSEEK = "qwen", "deepseek"
+STYLES = {"qwen3_next": QWEN, "qwen3_5": QWEN, "qwen3_5_moe": QWEN,
+          "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK}
+
+
+def text_model(model):
+    """The module holding `.model` (the trunk), `.args` and the output head (qwen3_5 wraps one)."""
+    return getattr(model, "language_model", model)
+
+
+def model_type(model) -> str:
+    args = getattr(text_model(model), "args", None)
+    return str(getattr(model, "model_type", None) or getattr(args, "model_type", "unknown"))
+
+
+def mtp_style(model) -> str:
+    """"qwen" or "deepseek"; ValueError for a family without MTP support here."""
+    name = model_type(model)
+    if name not in STYLES:
+        raise ValueError(
+            f"MTP drafting supports qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3 and glm4_moe "
+            f"targets, and this target is a {name}; draft with a draft model or prompt lookup.")
+    if getattr(text_model(model), "sharding_group", None) is not None:
+        raise ValueError("MTP drafting does not support a target sharded across machines; "
+                         "run the target on one machine or draft with a draft model.")
+    return STYLES[name]
+
+
+def split_target(model) -> Tuple[Callable, Callable]:
+    """(trunk, head): head(trunk(x, cache=c)) is exactly what `model(x, cache=c)` computes.
+
+    The trunk returns the hidden states after the final norm (B, T, H); the
+    head is `lm_head`, or the embedding as a linear layer when tied.
+    """
+    text = text_model(model)
+    trunk = text.model
+    tied = getattr(text.args, "tie_word_embeddings", False) or "lm_head" not in text
+    head = trunk.embed_tokens.as_linear if tied else text.lm_head
+    return (lambda inputs, cache=None: trunk(inputs, cache)), head
+
+
+class QwenBlock(nn.Module):
+    """mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*, mtp.norm."""
+
+    def __init__(self, layer: nn.Module, hidden_size: int, eps: float):
+        super().__init__()
+        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.pre_fc_norm_embedding = nn.RMSNorm(hidden_size, eps=eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(hidden_size, eps=eps)
+        self.layers = [layer]
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+
+    def __call__(self, embeds, hidden, cache):
+        x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embeds),
+                                    self.pre_fc_norm_hidden(hidden)], axis=-1))  # (1, T, H)
+        x = self.layers[0](x, mask=create_attention_mask(x, cache), cache=cache)
+        return self.norm(x)
+
+
+class SharedHead(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+
+
+class DeepSeekBlock(nn.Module):
+    """model.layers.{N}.{enorm, hnorm, eh_proj, shared_head.norm} and the decoder layer's own names."""
+
+    def __init__(self, layer: nn.Module, hidden_size: int, eps: float, mask_array: bool):
+        super().__init__()
+        self.enorm = nn.RMSNorm(hidden_size, eps=eps)
+        self.hnorm = nn.RMSNorm(hidden_size, eps=eps)
+        self.eh_proj = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.shared_head = SharedHead(hidden_size, eps)
+        self.block = layer
+        self.mask_array = mask_array  # multi-head latent attention takes only an array mask
+
+    def __call__(self, embeds, hidden, cache):
+        if cache.offset == 0:  # position 0 has no embedding input (vLLM's deepseek_mtp.py)
+            embeds = embeds * (mx.arange(embeds.shape[1]) > 0)[None, :, None]
+        x = self.eh_proj(mx.concatenate([self.enorm(embeds), self.hnorm(hidden)], axis=-1))
+        mask = create_attention_mask(x, cache, return_array=self.mask_array)
+        return self.shared_head.norm(self.block(x, mask, cache))
+
+
+def make_block(model) -> Tuple[nn.Module, str]:
+    """A fresh (random) MTP block for `model`'s family, with the layer naming of its checkpoints."""
+    style = mtp_style(model)
+    text = text_model(model)
+    args, layers = text.args, text.model.layers
+    hidden_size, eps = args.hidden_size, args.rms_norm_eps
+    if style == QWEN:  # a full-attention layer of the trunk's own class (and MLP kind)
+        index = next(i for i, layer in enumerate(layers) if not layer.is_linear)
+        return QwenBlock(type(layers[index])(args, index), hidden_size, eps), style
+    layer = type(layers[0])(args, args.num_hidden_layers)  # its real index: MoE as the checkpoint
+    return DeepSeekBlock(layer, hidden_size, eps, model_type(model) == "deepseek_v3"), style
+
+
+@dataclass
+class MTPHead:
+    """An MTP block with the target's embedding and output head; `source` says where its weights came from."""
+
+    block: nn.Module
+    embed: Callable
+    head: Callable
+    source: str = ""
+
+    def __call__(self, tokens: mx.array, hidden: mx.array, cache: KVCache) -> mx.array:
+        """Feed pairs (h_i, x_{i+1}): tokens (T,), hidden (T, H) -> the block's output (T, H)."""
+        return self.block(self.embed(tokens[None]), hidden[None], cache)[0]
+
+    def logits(self, g: mx.array) -> mx.array:
+        return self.head(g)
+
+    def make_cache(self) -> List[KVCache]:
+        return [KVCache()]
+
+
+def bind(model, block: nn.Module, source: str = "") -> MTPHead:
+    """`block` (weights loaded) drafting with `model`'s embedding and output head."""
+    block.eval()
+    _, head = split_target(model)
+    return MTPHead(block, text_model(model).model.embed_tokens, head, source)
