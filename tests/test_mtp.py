@@ -211,6 +211,40 @@ def test_original_checkpoint_and_mlx_form_give_the_same_layer(name, pairs):
         assert mx.array_equal(from_mlx[k], w.astype(from_mlx[k].dtype)).item(), k
 
 
+def _qwen_moe_target(name):
+    """qwen3_next (experts stored one by one) or qwen3_5_moe (fused) with 4 experts."""
+    import importlib
+
+    dense = make_family("qwen3_next" if name == "qwen3_next" else "qwen3_5", vocab_size=64)
+    config = dict(getattr(dense.args, "text_config", None) or vars(dense.args))
+    config |= {"model_type": name, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16}
+    module = importlib.import_module(f"mlx_lm.models.{name}")
+    return module.Model(module.ModelArgs.from_dict(config))
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
+def test_qwen_experts_are_stacked(name, tmp_path):
+    """Original checkpoints store MoE experts one by one (Qwen3-Next) or fused (Qwen3.5 MoE)."""
+    target = _qwen_moe_target(name)
+    params = mtp_params(target, good=False)
+    tensors = checkpoint_tensors(target, params, original=True)
+    prefix = "mtp.layers.0.mlp."
+    gate, up, down = (tensors.pop(f"{prefix}switch_mlp.{p}.weight")
+                      for p in ("gate_proj", "up_proj", "down_proj"))
+    if name == "qwen3_5_moe":
+        tensors[prefix + "experts.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        tensors[prefix + "experts.down_proj"] = down
+    else:
+        for e in range(gate.shape[0]):
+            for proj, w in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+                tensors[f"{prefix}experts.{e}.{proj}.weight"] = w[e]
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), tensors, metadata={"format": "pt"})
+    loaded = block_params(load_mtp(target, str(tmp_path)))
+    for k, w in params.items():
+        assert mx.array_equal(loaded[k], w.astype(mx.bfloat16)).item(), k
+
+
 def test_hugging_face_repo_from_the_local_cache(pairs, tmp_path, monkeypatch):
     import huggingface_hub.constants as constants
 
@@ -319,24 +353,51 @@ def test_exact_sampling_at_temperature_one(accept, exact, pairs):
 
 # --- the API, from a model directory -------------------------------------------------
 
-def test_stream_generate_from_a_model_directory(tmp_path):
-    """mlx_spec.load notes the directory; draft_model="mtp" finds the MTP tensors there."""
-    import mlx_lm
-
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """(model, tokenizer) that mlx_spec.load read from a qwen3_5 directory holding mtp.*."""
     import mlx_spec
 
-    path = tmp_path / "qwen35"
-    path.mkdir()
+    path = tmp_path_factory.mktemp("qwen35")
     vocab_size = write_tokenizer(path)
     target = make_target("qwen3_5", vocab_size=vocab_size)
     args = dict(target.args.text_config)
     (path / "config.json").write_text(json.dumps(args | {"eos_token_id": 0}))
     write_mlx_dir(path, target, mtp_params(target))
-    model, tokenizer = mlx_spec.load(str(path))
+    return mlx_spec.load(str(path))
+
+
+def test_stream_generate_from_a_model_directory(loaded):
+    """mlx_spec.load notes the directory; draft_model="mtp" finds the MTP tensors there."""
+    import mlx_lm
+
+    import mlx_spec
+
+    model, tokenizer = loaded
     expected = mlx_lm.generate(model, tokenizer, "def fib", max_tokens=30)
-    text = "".join(r.text for r in mlx_spec.stream_generate(
-        model, tokenizer, "def fib", draft_model="mtp", max_tokens=30, calibration=None))
-    assert text == expected
+    responses = list(mlx_spec.stream_generate(model, tokenizer, "def fib", draft_model="mtp",
+                                              max_tokens=30, calibration=None))
+    assert "".join(r.text for r in responses) == expected
+    assert any(r.source == "mtp" for r in responses)
+
+
+@pytest.mark.parametrize("how", ["full", "break-held"])
+def test_conversation_with_a_reused_prompt_cache(loaded, how):
+    """The prompt cache holds the target's layers; the MTP layer starts afresh each turn."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from test_multiturn import MAX_TOKENS, converse, mlx_lm_turns
+
+    import mlx_spec
+
+    model, tokenizer = loaded
+
+    def turn(ids, cache):
+        return mlx_spec.stream_generate(model, tokenizer, ids, draft_model="mtp",
+                                        max_tokens=MAX_TOKENS, prompt_cache=cache,
+                                        calibration=None)
+    cache = make_prompt_cache(model)
+    ours = converse(turn, cache, tokenizer, how, len(cache))
+    assert [t[:2] for t in ours] == [t[:2] for t in mlx_lm_turns(model, tokenizer, how)]
 
 
 # --- bad input -----------------------------------------------------------------------

@@ -15,7 +15,8 @@ own class with its own KV cache. h_i is the target's hidden state after its
 final norm, as mlx-lm's `model.model(...)` returns it (vLLM and mlx-vlm feed
 the same). A draft of depth d feeds the layer its own output g (after the
 MTP norm) in place of h, with the embedding of the token it just drafted.
-DeepSeek's embedding is zeroed at position 0, as vLLM does.
+DeepSeek's embedding is zeroed at position 0, as vLLM does (here: where the
+MTP cache is empty, which with a reused prompt cache is the call's first token).
 """
 
 from __future__ import annotations
