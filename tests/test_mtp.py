@@ -418,6 +418,14 @@ def test_missing_weights_name_both_sources(pairs, tmp_path):
         run(target, PROMPT, mtp_weights=str(empty))
 
 
+def test_an_unreadable_mtp_shard_is_one_sentence(pairs, tmp_path):
+    target, _, _, params = pairs["qwen3_5"]
+    path = write_original(tmp_path / "broken", target, params)
+    (path / MTP_SHARD).write_bytes(b"truncated")
+    with pytest.raises(ValueError, match=r"Could not read the MTP weights' shard .*complete"):
+        load_mtp(target, str(path))
+
+
 def test_mismatched_shapes_are_one_sentence(pairs, tmp_path):
     target = pairs["qwen3_5"][0]
     other = make_family("qwen3_5", seed=0, vocab_size=64)

@@ -80,23 +80,23 @@ def _local_files(path: Path):
 
 
 def _hub_files(repo: str):
+    """The repo's weight map (or its single file) and a function fetching one file (cached)."""
     from huggingface_hub import hf_hub_download
 
     def fetch(filename: str) -> str:
-        return hf_hub_download(repo, filename)
+        try:
+            return hf_hub_download(repo, filename)
+        except Exception as exc:  # offline and not cached, no such repo or file, network
+            raise ValueError(
+                f"Could not get {filename} of the Hugging Face repo {repo} for its MTP weights "
+                f"({type(exc).__name__}); with HF_HUB_OFFLINE=1 the index and the shards "
+                "holding them must be in the local Hugging Face cache.") from exc
 
     try:
         return json.loads(Path(fetch(INDEX)).read_text())["weight_map"], fetch
-    except Exception:  # not sharded, or not reachable: try the single file
-        pass
-    try:
+    except ValueError:  # not sharded (or not reachable): the single file
         fetch(SINGLE)
-    except Exception as exc:
-        raise ValueError(
-            f"Could not get MTP weights from the Hugging Face repo {repo} "
-            f"({type(exc).__name__}); with HF_HUB_OFFLINE=1 the repo's index and shards must "
-            "be in the local Hugging Face cache.") from exc
-    return [SINGLE], fetch
+        return [SINGLE], fetch
 
 
 def _read(files, fetch: Callable[[str], str], wanted) -> Tuple[Dict[str, mx.array], bool]:
@@ -107,7 +107,12 @@ def _read(files, fetch: Callable[[str], str], wanted) -> Tuple[Dict[str, mx.arra
         shards = files
     tensors, raw = {}, False
     for shard in shards:
-        arrays, metadata = mx.load(fetch(shard), return_metadata=True)  # lazy: nothing read yet
+        path = fetch(shard)
+        try:
+            arrays, metadata = mx.load(path, return_metadata=True)  # lazy: reads the header only
+        except Exception as exc:
+            raise ValueError(f"Could not read the MTP weights' shard {path} ({exc}); check "
+                             "that the checkpoint is complete.") from exc
         found = {local: arrays[name] for name in arrays if (local := wanted(name))}
         if found:
             raw = raw or (metadata or {}).get("format") != "mlx"
