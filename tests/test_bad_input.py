@@ -100,7 +100,8 @@ def test_models_and_flags_of_generate_are_checked(pair, case):
             "verbose": lambda: generate(target_model, tokenizer, "x", verbose="yes")}[case]
     sentence = {"swapped": "model must be a model such as load() returns, got a TokenizerWrapper.",
                 "tokenizer": "tokenizer must be a tokenizer such as load() returns, got 5.",
-                "draft": "draft_model must be None or a model such as load() returns, got 'draft'.",
+                "draft": "draft_model must be None, a model such as load() returns, or \"mtp\", "
+                         "got 'draft'.",
                 "verbose": "verbose must be True or False, got 'yes'."}[case]
     with pytest.raises(ValueError) as error:
         call()
