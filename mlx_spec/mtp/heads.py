@@ -67,7 +67,7 @@ def split_target(model) -> Tuple[Callable, Callable]:
     trunk = text.model
     tied = getattr(text.args, "tie_word_embeddings", False) or "lm_head" not in text
     head = trunk.embed_tokens.as_linear if tied else text.lm_head
-    return (lambda inputs, cache=None: trunk(inputs, cache)), head
+    return trunk, head
 
 
 class QwenBlock(nn.Module):
