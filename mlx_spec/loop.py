@@ -67,7 +67,8 @@ def prefill(cache: ModelCache, tokens: List[int], step_size: int,
         mx.eval(pending)
         if progress:
             progress(min(start + step_size, len(tokens)), len(tokens))
-    mx.clear_cache()
+    if tokens:  # free the prefill's buffers; with nothing prefilled, keep the warm ones
+        mx.clear_cache()
 
 
 def _propose(decoder: Decoder, lengths: Dict[str, int]):
