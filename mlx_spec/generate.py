@@ -27,7 +27,8 @@ from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
 from .memory import wired_limit
 from .mtp import load_mtp, split_target
 from .session import Session
-from .policy import DEFAULT_MAX_DRAFT_TOKENS, make_policy
+from .policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_MAX_DRAFT_TOKENS,
+                     SAMPLING_ACCEPTANCE_PRIOR, make_policy)
 from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
 
@@ -216,7 +217,9 @@ def speculative_generate_step(
         drafters.append(MTPDrafter(mtp_head, sampling))
     if policy is None:
         prior = _cost_prior(calibration, model, draft_model, sampling)
-        policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior)
+        acceptance = DEFAULT_ACCEPTANCE_PRIOR if sampling.greedy else SAMPLING_ACCEPTANCE_PRIOR
+        policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
+                             acceptance_prior=acceptance)
     # A reused cache is shown at each response by a trim: sliding windows must rewind too.
     target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
                         reserve=reserve, split=split_target(model) if mtp_head is not None else None)
@@ -255,8 +258,9 @@ def _cost_prior(calibration, target_model, draft_model, sampling) -> Optional[Co
     draft = calibration.draft(draft_model) if draft_model is not None else None
     if draft is not None:
         steps["draft"] = draft.step_s
-        if draft.acceptance is not None and sampling.greedy:  # measured greedy
-            acceptance["draft"] = draft.acceptance
+        if draft.acceptance is not None:  # measured greedy; sampling accepts less, as a rule
+            acceptance["draft"] = (draft.acceptance if sampling.greedy
+                                   else min(draft.acceptance, SAMPLING_ACCEPTANCE_PRIOR))
     return CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps, acceptance)
 
 

@@ -29,6 +29,8 @@ OFF_MARGIN = 0.05  # switch off only when predicted >5% slower: estimates are no
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
+DEFAULT_ACCEPTANCE_PRIOR = 0.75  # per-draft acceptance before any round (greedy)
+SAMPLING_ACCEPTANCE_PRIOR = 0.5  # at temperature > 0 drafts are accepted less often
 
 
 class DraftPolicy(Protocol):
@@ -197,7 +199,8 @@ class AdaptivePolicy:
                  initial_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
                  decay: float = DEFAULT_DECAY, auto_off: bool = True, clock=time.perf_counter,
                  max_lookup_tokens: int = DEFAULT_MAX_LOOKUP_TOKENS,
-                 prior: Optional[CostPrior] = None):
+                 prior: Optional[CostPrior] = None,
+                 acceptance_prior: float = DEFAULT_ACCEPTANCE_PRIOR):
         for name, value in (("max_draft_tokens", max_draft_tokens),
                             ("max_lookup_tokens", max_lookup_tokens)):
             if value < 1:
@@ -210,9 +213,10 @@ class AdaptivePolicy:
         self.clock = clock
         self.prior = prior
         self.sources: Dict[str, SourceEstimate] = {}
+        self.acceptance_prior = acceptance_prior
+        # Timed plain steps only: a calibrated plain step may be from another load on
+        # the machine; the fits' t(0) (seeded by it, then today's rounds) follows the load.
         self.plain_time = [0.0, 0.0]  # decayed sums of 1 and seconds over timed plain steps
-        if prior is not None:
-            self.plain_time = [PRIOR_ROUNDS, PRIOR_ROUNDS * prior.plain_seconds]
         self.plain_trial = 0  # plain steps still to time before judging
         self._last = None
 
@@ -223,7 +227,7 @@ class AdaptivePolicy:
             k0 = min(FIRST_LOOKUP_TOKENS, k_max) if lookup else self.k_initial
             prior = self.prior
             a = prior.acceptance.get(name) if prior is not None else None
-            estimate = SourceEstimate(k_max, k0, self.decay, *((a,) if a is not None else ()))
+            estimate = SourceEstimate(k_max, k0, self.decay, self.acceptance_prior if a is None else a)
             if prior is not None and prior.knows(name):
                 for k in sorted({1, (1 + k_max) // 2, k_max}):
                     estimate.add(k, prior.round_seconds(name, k), PRIOR_ROUNDS)
@@ -265,6 +269,8 @@ class AdaptivePolicy:
         estimate = self.measured_plain_seconds
         for source in self.sources.values():
             estimate = estimate or source.seconds(0)
+        if not estimate and self.prior is not None:
+            estimate = self.prior.plain_seconds
         return estimate if estimate and estimate > 0 else None
 
     # --- the policy protocol ---
@@ -316,9 +322,10 @@ class AdaptivePolicy:
             return
         if not self._loses(estimate):
             estimate.off_steps = FIRST_OFF_STEPS
-        elif self.measured_plain_seconds is None:
+        elif self.measured_plain_seconds is None and not estimate.warm:
             # The verdict rests on the fit's extrapolated t(0), which timing noise
-            # easily halves: time a few real plain steps, then judge again.
+            # easily halves: time a few real plain steps, then judge again (a
+            # calibrated fit measured t(0): no trial).
             self.plain_trial = PLAIN_TRIAL_STEPS
         else:
             estimate.switch_off()
@@ -336,7 +343,8 @@ class AdaptivePolicy:
 
 def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_MAX_DRAFT_TOKENS,
                 auto_off=True, prior: Optional[CostPrior] = None,
-                max_lookup_tokens: int = DEFAULT_MAX_LOOKUP_TOKENS):
+                max_lookup_tokens: int = DEFAULT_MAX_LOOKUP_TOKENS,
+                acceptance_prior: float = DEFAULT_ACCEPTANCE_PRIOR):
     """A pinned k gives FixedPolicy; otherwise the default policy."""
     if adaptive is None:
         adaptive = num_draft_tokens is None and DEFAULT_ADAPTIVE
@@ -345,5 +353,6 @@ def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_M
     if adaptive:
         initial = num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
         return AdaptivePolicy(max_draft_tokens, initial, auto_off=auto_off,
-                              max_lookup_tokens=max_lookup_tokens, prior=prior)
+                              max_lookup_tokens=max_lookup_tokens, prior=prior,
+                              acceptance_prior=acceptance_prior)
     return FixedPolicy(num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS)
