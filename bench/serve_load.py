@@ -4,7 +4,9 @@
 
 Starts `mlx-spec serve` (the shipped pair) as a child process on a free local
 port, once with speculation (the defaults: adaptive k, prompt lookup in front
-of the draft at temperature 0) and once with `--no-draft` (the target alone).
+of the draft at temperature 0), once with `--no-draft` (the target alone) and
+once with speculation but no prompt cache store (`--prompt-cache-bytes 0`:
+no cache is passed to the API, so the reuse contract costs nothing).
 Each client streams greedy /v1/completions requests for code prompts one
 after another; at each level the clients send max(MIN_REQUESTS, 2 x clients)
 requests in all. Per request: time to the first text chunk (TTFT), time to
@@ -33,6 +35,11 @@ PROMPTS = ["def fibonacci(n):", "def quicksort(xs):", "class Stack:\n    def __i
            "def binary_search(xs, target):", "class Node:\n    def __init__(self, value):",
            "def merge(a, b):"]
 MIN_REQUESTS = 8
+MODES = {  # name -> `mlx-spec serve` flags
+    "speculative": [],
+    "target alone": ["--no-draft"],
+    "speculative, no reuse": ["--prompt-cache-bytes", "0"],  # no prompt cache passed at all
+}
 START_TIMEOUT_S = 120
 
 
@@ -115,7 +122,7 @@ def measure(mode: str, extra_args, levels, max_tokens: int) -> list:
             level = run_level(url, clients, max_tokens)
             level["mode"] = mode
             results.append(level)
-            print(f"{mode:>12} {clients} clients: {level['requests_per_s']:.2f} req/s, "
+            print(f"{mode:>21} {clients} clients: {level['requests_per_s']:.2f} req/s, "
                   f"{level['tokens_per_s']:.1f} tok/s, TTFT {level['ttft_median_s'] * 1e3:.0f} ms, "
                   f"latency {level['latency_median_s']:.2f} s", file=sys.stderr)
         return results
@@ -142,8 +149,9 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write every request's figures here")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
-    results = (measure("speculative", [], levels, args.max_tokens)
-               + measure("target alone", ["--no-draft"], levels, args.max_tokens))
+    results = []
+    for mode, extra_args in MODES.items():
+        results += measure(mode, extra_args, levels, args.max_tokens)
     print(markdown(results, args.max_tokens))
     if args.json:
         import mlx.core as mx

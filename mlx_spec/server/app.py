@@ -42,8 +42,6 @@ from .worker import Busy, Failed, Finished, GenerationWorker, Job, TextDelta
 GRACEFUL_SHUTDOWN_S = 3  # then uvicorn cancels the requests still open (their jobs with them)
 WORKER_JOIN_S = 30
 CLIENT_GONE = 499  # nginx's "client closed request"; nobody reads it
-
-
 GONE = object()  # the event a handler gets when its client has left
 
 
