@@ -21,6 +21,8 @@ DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the pr
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 FIRST_OFF_STEPS = 32  # tokens decoded without a source after it is switched off; doubles each time
 MAX_OFF_STEPS = 256
+CALIBRATED_OFF_STEPS = 128  # the first off period when the calibration alone says a source loses
+BAD_LOSS = 0.8  # ... by this much (predicted tokens/s over plain's)
 FIRST_ROUNDS = 3  # rounds (k/2, k/4, 3k/4) before a source is judged, with no calibration
 PROBE_ROUNDS = 3  # rounds tried after an off period before the source is judged again
 PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
@@ -217,7 +219,10 @@ class AdaptivePolicy:
         # Timed plain steps only: a calibrated plain step may be from another load on
         # the machine; the fits' t(0) (seeded by it, then today's rounds) follows the load.
         self.plain_time = [0.0, 0.0]  # decayed sums of 1 and seconds over timed plain steps
-        self.plain_trial = 0  # plain steps still to time before judging
+        # Plain steps still to time before speculating or judging. With no calibration the
+        # first tokens are decoded plainly: every later verdict compares against a timed
+        # plain step, not the round-time fit's t(0), which carries the round's overhead.
+        self.plain_trial = PLAIN_TRIAL_STEPS if prior is None and auto_off else 0
         self._last = None
 
     def source(self, name: str) -> SourceEstimate:
@@ -281,6 +286,10 @@ class AdaptivePolicy:
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
             if self._loses(estimate):  # the calibration already says it loses: start without it
+                # When it loses badly, for longer than after a few noisy rounds: a probe costs
+                # rounds, and a draft model's catch-up over every token decoded meanwhile.
+                if self._predicted_ratio(estimate) < BAD_LOSS:
+                    estimate.off_steps = CALIBRATED_OFF_STEPS
                 estimate.switch_off()
                 return 0
         return estimate.length()
@@ -289,8 +298,10 @@ class AdaptivePolicy:
         return self.proposal_length("draft")
 
     def plain_steps(self) -> int:
-        waits = [s.off_left for s in self.sources.values() if s.off_left > 0]
-        return max(self.plain_trial, min(waits, default=PLAIN_BLOCK), 1)
+        if self.plain_trial:
+            return self.plain_trial
+        return min((s.off_left for s in self.sources.values() if s.off_left > 0),
+                   default=PLAIN_BLOCK)
 
     def observe(self, round_) -> None:
         now = self.clock()
@@ -309,10 +320,16 @@ class AdaptivePolicy:
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds)
         self._judge(estimate)
 
-    def _loses(self, estimate: SourceEstimate) -> bool:
+    def _predicted_ratio(self, estimate: SourceEstimate) -> Optional[float]:
+        """The source's best predicted tokens/s over plain decoding's (None: not known yet)."""
         best = estimate.rate(estimate.best_k())
-        return best is not None and self.plain_seconds is not None and (
-            best < (1.0 - OFF_MARGIN) / self.plain_seconds)
+        if best is None or self.plain_seconds is None:
+            return None
+        return best * self.plain_seconds
+
+    def _loses(self, estimate: SourceEstimate) -> bool:
+        ratio = self._predicted_ratio(estimate)
+        return ratio is not None and ratio < 1.0 - OFF_MARGIN
 
     def _judge(self, estimate: SourceEstimate) -> None:
         if not self.auto_off or not self.plain_seconds:

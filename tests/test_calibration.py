@@ -227,7 +227,7 @@ def test_the_policy_starts_from_a_calibration(pair, measured):
     assert all(r.num_drafted == 0 for r in rounds)
     cold = list(speculative_generate_step([1, 2, 3], target_model, draft_model, max_tokens=12,
                                           prompt_lookup=False, calibration=None))
-    assert cold[0].num_drafted > 0  # no calibration: the cold start drafts
+    assert any(r.num_drafted > 0 for r in cold)  # no calibration: drafts after 4 timed plain steps
     assert [t for r in rounds for t in r.tokens] == [t for r in cold for t in r.tokens]
 
     def calibrated(**kwargs):

@@ -7,7 +7,7 @@ import pytest
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loop import Round
 from mlx_spec.costmodel import CostPrior
-from mlx_spec.policy import AdaptivePolicy, FixedPolicy, make_policy
+from mlx_spec.policy import PLAIN_TRIAL_STEPS, AdaptivePolicy, FixedPolicy, make_policy
 
 
 class FakeClock:
@@ -134,8 +134,13 @@ def test_flat_noisy_round_times_keep_speculation_on():
     rng = random.Random(0)
     clock = FakeClock()
     policy = AdaptivePolicy(clock=clock)
-    for _ in range(300):
+    for step in range(300):
         k = policy.num_draft_tokens()
+        if step < PLAIN_TRIAL_STEPS:  # an uncalibrated policy times plain steps first
+            assert k == 0
+            clock.now += 0.050
+            policy.observe(Round([0], 0, 0, "target", None))
+            continue
         assert k > 0, "speculation was switched off"
         n = 0
         while n < k and rng.random() < 0.94:
