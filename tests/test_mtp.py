@@ -44,7 +44,7 @@ QUIET = ("o_proj.weight", "out_proj.weight", "down_proj.weight")  # a layer's ou
 EPS = 0.03  # their scale in the near-bigram target and the good MTP layer
 PROMPT = [5, 9, 14, 3, 27, 8, 41, 3, 27]
 MTP_SHARD = "model-00002-of-00003.safetensors"
-EXACTNESS_SAMPLES = 800
+EXACTNESS_SAMPLES = 500
 
 
 # --- tiny targets ----------------------------------------------------------------------
@@ -273,7 +273,9 @@ def test_greedy_parity(name, k, pairs):
     tokens, drafted, accepted = run(target, PROMPT, num_draft_tokens=k,
                                     mtp_weights=str(original), prompt_lookup=False)
     assert tokens == reference
-    assert drafted > 0 and 0 < accepted < drafted  # partial acceptance: rewinds ran
+    assert drafted > 0
+    if k is not None:  # (adaptive k follows timings: what it accepts varies with the machine)
+        assert 0 < accepted < drafted  # partial acceptance: rewinds ran
 
 
 @pytest.mark.parametrize("name", ["qwen3_5", "deepseek_v3"])
@@ -338,16 +340,19 @@ def test_drafts_equal_a_slow_reference(name, prompt, lookup, pairs, monkeypatch)
 
 @pytest.mark.parametrize("accept,exact", [(None, True), (resample_from_target_accept, False)])
 def test_exact_sampling_at_temperature_one(accept, exact, pairs):
-    """Chi-square of the first two tokens against the target's exact distribution, with a
-    random (poor) MTP layer; resampling rejections from p instead of p - q must fail it."""
-    target = pairs["deepseek_v3"][0]  # the cheapest family per sample (each re-runs the prompt)
-    poor = pairs["deepseek_v3"][1].parent / "deepseek_v3-poor"
-    if not poor.exists():
-        write_original(poor, target, mtp_params(target, seed=5, good=False))
+    """Chi-square of the first two tokens against the target's exact distribution; resampling
+    rejections from p instead of p - q must fail it. The MTP layer is the good one made
+    over-confident (its final norm x3): q far sharper than p, so a rule ignoring q shows."""
+    target, original = pairs["deepseek_v3"][:2]  # the cheapest family (each sample re-runs the prompt)
+    sharp = original.parent / "deepseek_v3-sharp"
+    if not sharp.exists():
+        params = mtp_params(target, seed=5)
+        params["shared_head.norm.weight"] = params["shared_head.norm.weight"] * 3
+        write_original(sharp, target, params)
     result = check_exactness(target, "mtp", PROMPT[:4], SamplingConfig(temp=1.0),
                              samples=EXACTNESS_SAMPLES, num_draft_tokens=2, alpha=1e-3, seed=3,
-                             mtp_weights=str(poor), accept=accept)
-    assert 0 < result.acceptance_rate < 0.5, result
+                             mtp_weights=str(sharp), accept=accept)
+    assert 0 < result.acceptance_rate < 0.5, result  # rejections: the residual is sampled
     assert result.passed == exact, result
 
 
@@ -376,7 +381,8 @@ def test_stream_generate_from_a_model_directory(loaded):
     model, tokenizer = loaded
     expected = mlx_lm.generate(model, tokenizer, "def fib", max_tokens=30)
     responses = list(mlx_spec.stream_generate(model, tokenizer, "def fib", draft_model="mtp",
-                                              max_tokens=30, calibration=None))
+                                              max_tokens=30, num_draft_tokens=2,
+                                              prompt_lookup=False))
     assert "".join(r.text for r in responses) == expected
     assert any(r.source == "mtp" for r in responses)
 
