@@ -21,7 +21,7 @@ from .arguments import SEED_LIMIT
 from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS,
                        DEFAULT_NUM_DRAFT_TOKENS)
 
-SOURCE_COLORS = {"draft": "green", "lookup": "cyan"}
+SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "mtp": "green"}
 SEED = click.IntRange(0, SEED_LIMIT - 1)  # what mx.random.seed accepts
 DEFAULT_MODEL_ID = "mlx-spec-default"  # what `serve` calls the shipped pair
 
@@ -123,30 +123,37 @@ _speculation_options = _options(
 @_speculation_options
 @click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
-@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, cyan = prompt lookup.")
+@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model or MTP layer, cyan = prompt lookup.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
+@click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5) instead of a draft model.")
+@click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
-             ignore_chat_template, color, calibration, quiet):
+             ignore_chat_template, color, calibration, quiet, mtp, mtp_weights):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from .generate import stream_generate
 
     prompt = _read_prompt(prompt)
-    target_model, tokenizer, draft = _load_pair(model, draft_model, no_draft)
+    if mtp and (draft_model is not None or no_draft):
+        raise click.UsageError("--mtp drafts with the target itself; drop --draft-model / --no-draft.")
+    if mtp_weights is not None and not mtp:
+        raise click.UsageError("--mtp-weights is only used with --mtp.")
+    target_model, tokenizer, draft = _load_pair(model, draft_model, no_draft or mtp)
     if not ignore_chat_template:
         prompt = _apply_chat_template(tokenizer, prompt)
 
     response = None
     try:
         for response in stream_generate(
-            target_model, tokenizer, prompt, draft_model=draft, max_tokens=max_tokens,
+            target_model, tokenizer, prompt, draft_model="mtp" if mtp else draft,
+            max_tokens=max_tokens,
             num_draft_tokens=num_draft_tokens, adaptive=adaptive,
             max_draft_tokens=max_draft_tokens, auto_off=not no_auto_off,
             draft_confidence=draft_confidence, temp=temp, top_p=top_p, top_k=top_k,
             min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
-            calibration="auto" if calibration else None,
+            calibration="auto" if calibration else None, mtp_weights=mtp_weights,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
             text = click.style(response.text, fg=fg) if fg else response.text

@@ -406,6 +406,23 @@ def test_conversation_with_a_reused_prompt_cache(loaded, how):
     assert [t[:2] for t in ours] == [t[:2] for t in mlx_lm_turns(model, tokenizer, how)]
 
 
+def test_generate_command_with_mtp(loaded):
+    from click.testing import CliRunner
+
+    from mlx_spec.cli import main
+    from mlx_spec.mtp import MODEL_DIR_ATTR
+
+    path = getattr(loaded[0], MODEL_DIR_ATTR)
+
+    def run_cli(*args):
+        return CliRunner().invoke(main, ["generate", "-m", path, "-n", "20", *args])
+    plain, mtp = run_cli("--no-draft", "-q"), run_cli("--mtp")
+    assert mtp.exit_code == 0, mtp.output
+    assert mtp.stdout.splitlines()[0] == plain.stdout.splitlines()[0]
+    bad = run_cli("--mtp-weights", path)
+    assert bad.exit_code == 2 and "--mtp-weights is only used with --mtp" in bad.output
+
+
 # --- bad input -----------------------------------------------------------------------
 
 def test_a_family_without_mtp_is_one_sentence():
