@@ -255,9 +255,6 @@ class AdaptivePolicy:
     def switched_off(self) -> int:
         return sum(s.switched_off for s in self.sources.values())
 
-    def tokens_per_second(self, k: int, source: str = "draft"):
-        return self.source(source).rate(k)
-
     @property
     def measured_plain_seconds(self):
         n, seconds = self.plain_time
