@@ -258,9 +258,11 @@ def _cost_prior(calibration, target_model, draft_model, sampling) -> Optional[Co
     draft = calibration.draft(draft_model) if draft_model is not None else None
     if draft is not None:
         steps["draft"] = draft.step_s
-        if draft.acceptance is not None:  # measured greedy; sampling accepts less, as a rule
-            acceptance["draft"] = (draft.acceptance if sampling.greedy
-                                   else min(draft.acceptance, SAMPLING_ACCEPTANCE_PRIOR))
+        measured = draft.acceptance_at(0.0 if sampling.greedy else sampling.temp)
+        if measured is not None:
+            acceptance["draft"] = measured
+        elif draft.acceptance is not None:  # only greedy measured: sampling accepts less, as a rule
+            acceptance["draft"] = min(draft.acceptance, SAMPLING_ACCEPTANCE_PRIOR)
     return CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps, acceptance)
 
 

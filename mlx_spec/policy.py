@@ -262,17 +262,20 @@ class AdaptivePolicy:
 
     @property
     def plain_seconds(self):
-        """Seconds per plain step: measured (or calibrated), else a fit's t(0).
+        """Seconds per plain step: measured, else calibrated, else a fit's t(0).
 
         A round with no drafts is one target pass over one token, which is a
         plain step, so the intercept of a round-time fit estimates it before
-        any plain step has been timed.
+        any plain step has been timed. A calibration's own plain step comes
+        first: plain steps are queued back to back, so they cost less than the
+        fit's t(0), a lone unpipelined pass (which made a draft that loses by
+        30% look like one that loses by 15%, and probed it within 32 tokens).
         """
         estimate = self.measured_plain_seconds
-        for source in self.sources.values():
-            estimate = estimate or source.seconds(0)
         if not estimate and self.prior is not None:
             estimate = self.prior.plain_seconds
+        for source in self.sources.values():
+            estimate = estimate or source.seconds(0)
         return estimate if estimate and estimate > 0 else None
 
     # --- the policy protocol ---

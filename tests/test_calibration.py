@@ -47,6 +47,7 @@ def test_calibrate_measures_positive_costs_for_every_length(pair, measured):
     assert all(s > 0 for s in cal.verify_s.values())
     draft = cal.draft(draft_model)
     assert draft is not None and draft.step_s > 0 and 0 <= draft.acceptance <= 1
+    assert 0 <= draft.sampling_acceptance <= 1  # at T = 1, exact rule
     assert cal.draft(target_model) is None
     assert len(stages) == 4
     assert cal.verify_seconds(7) > 0 and cal.verify_seconds(64) > 0  # between and beyond
@@ -65,6 +66,25 @@ def test_save_then_load_round_trips(pair, measured):
     assert path == calibration_path(pair[0]) and path.parent.name == "calibration"
     assert len(path.stem) == 16
     assert load_calibration(pair[0]) == cal
+
+
+def test_a_file_from_before_sampling_acceptance_still_loads(pair, measured):
+    cal, _ = measured
+    path = save_calibration(cal)
+    data = json.loads(path.read_text())
+    for draft in data["drafts"].values():
+        del draft["sampling_acceptance"]
+    path.write_text(json.dumps(data))
+    loaded = load_calibration(pair[0]).draft(pair[1])
+    assert loaded.sampling_acceptance is None and loaded.acceptance == cal.draft(pair[1]).acceptance
+
+
+def test_the_acceptance_prior_follows_the_temperature():
+    measured = DraftCost(0.001, acceptance=0.9, sampling_acceptance=0.5)
+    assert measured.acceptance_at(0.0) == 0.9 and measured.acceptance_at(1.0) == 0.5
+    assert measured.acceptance_at(0.5) == pytest.approx(0.7)
+    assert measured.acceptance_at(1.5) == 0.5
+    assert DraftCost(0.001, 0.9).acceptance_at(0.7) is None  # T = 1 not measured
 
 
 def test_a_second_draft_merges_into_the_same_file(pair, measured):

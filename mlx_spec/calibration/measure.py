@@ -9,8 +9,10 @@ Four measurements, each reusing the benchmark's own:
    caches are trimmed back after each pass, recurrent state just moves on,
    its size and so its cost unchanged);
 3. one draft step: a forward over 1 token, log-softmax and argmax;
-4. with a tokenizer, the draft's greedy acceptance at k = 4 on one prompt
-   of each kind (code, copy, prose; bench.acceptance).
+4. with a tokenizer, the draft's acceptance at k = 4 on one prompt of each
+   kind (code, copy, prose; bench.acceptance), greedy and at T = 1 with the
+   exact rule (a strong draft keeps most of its acceptance when sampling, a
+   weak one loses it: no fixed guess fits both).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ PLAIN_RUNS = 3  # after one warm-up run
 PLAIN_PROMPT_LENGTH = 16
 ACCEPTANCE_K = 4
 ACCEPTANCE_TOKENS = 48
+SAMPLING_ACCEPTANCE_TOKENS = 32
 GREEDY = SamplingConfig()
 
 
@@ -89,11 +92,11 @@ def plain_step_seconds(target_model) -> float:
     return median([run() for _ in range(1 + PLAIN_RUNS)][1:])
 
 
-def draft_acceptance(target_model, draft_model, tokenizer) -> float:
-    """Greedy per-draft acceptance at k = ACCEPTANCE_K (the i.i.d. MLE over the rounds)."""
+def draft_acceptance(target_model, draft_model, tokenizer, temp: float = 0.0) -> float:
+    """Per-draft acceptance at k = ACCEPTANCE_K and `temp` (the i.i.d. MLE over the rounds)."""
     prompts = encode_prompts(tokenizer, QUICK_PROMPTS)
-    point = measure_point(target_model, draft_model, prompts, ACCEPTANCE_K, 0.0,
-                          ACCEPTANCE_TOKENS)
+    point = measure_point(target_model, draft_model, prompts, ACCEPTANCE_K, temp,
+                          ACCEPTANCE_TOKENS if temp == 0 else SAMPLING_ACCEPTANCE_TOKENS)
     return iid_rate([point])
 
 
@@ -113,11 +116,14 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
     if draft_model is not None:
         say("draft step")
         step_s = draft_step_seconds(draft_model)
-        acceptance = None
+        acceptance = sampling_acceptance = None
         if tokenizer is not None:
-            say(f"draft acceptance at k = {ACCEPTANCE_K}, greedy, {len(QUICK_PROMPTS)} prompts")
+            say(f"draft acceptance at k = {ACCEPTANCE_K}, T = 0 and 1, "
+                f"{len(QUICK_PROMPTS)} prompts")
             acceptance = draft_acceptance(target_model, draft_model, tokenizer)
-        drafts[model_fingerprint(draft_model)] = DraftCost(step_s, acceptance)
+            sampling_acceptance = draft_acceptance(target_model, draft_model, tokenizer, 1.0)
+        drafts[model_fingerprint(draft_model)] = DraftCost(step_s, acceptance,
+                                                           sampling_acceptance)
     mx.clear_cache()
     return Calibration(key=calibration_key(target_model), created=time.time(),
                        plain_step_s=plain_s, verify_s=verify_s, drafts=drafts)

@@ -27,6 +27,20 @@ class CorruptCalibration(ValueError):
 class DraftCost:
     step_s: float  # one draft step: forward over 1 token + sample, evaluated
     acceptance: Optional[float]  # greedy per-draft acceptance at k = 4 (i.i.d. MLE), or None
+    # the same at T = 1 with the exact rule (None: not measured, e.g. an older file)
+    sampling_acceptance: Optional[float] = None
+
+    def acceptance_at(self, temp: float) -> Optional[float]:
+        """A prior for the per-draft acceptance at temperature `temp` (None: not measured).
+
+        Measured at T = 0 and T = 1; in between, the straight line (acceptance
+        falls as sampling spreads the target's choices over more tokens); at
+        T > 1, the T = 1 value.
+        """
+        if temp <= 0 or self.acceptance is None or self.sampling_acceptance is None:
+            return self.acceptance if temp <= 0 else self.sampling_acceptance
+        t = min(temp, 1.0)
+        return (1.0 - t) * self.acceptance + t * self.sampling_acceptance
 
 
 @dataclass(frozen=True)
@@ -53,7 +67,8 @@ class Calibration:
         return {
             "key": dict(self.key), "created": self.created, "plain_step_s": self.plain_step_s,
             "verify_s": {str(t): s for t, s in sorted(self.verify_s.items())},
-            "drafts": {fp: {"step_s": d.step_s, "acceptance": d.acceptance}
+            "drafts": {fp: {"step_s": d.step_s, "acceptance": d.acceptance,
+                            "sampling_acceptance": d.sampling_acceptance}
                        for fp, d in sorted(self.drafts.items())},
         }
 
@@ -104,7 +119,8 @@ def from_dict(data) -> Calibration:
         plain_step_s=_seconds(data, "plain_step_s", "plain_step_s"),
         verify_s={_length(t): _seconds(verify, t, f"verify_s[{t}]") for t in verify},
         drafts={fp: DraftCost(_seconds(d, "step_s", "a draft's step_s"),
-                              _acceptance(_get(d, "acceptance", object, "a draft's acceptance")))
+                              _acceptance(_get(d, "acceptance", object, "a draft's acceptance")),
+                              _acceptance(d.get("sampling_acceptance")))  # absent: older file
                 for fp, d in drafts.items()},
     )
 
@@ -124,6 +140,8 @@ def describe(cal: Calibration, draft_fingerprint: Optional[str] = None) -> str:
     for fp, draft in cal.drafts.items():
         mark = " (this draft)" if fp == draft_fingerprint else ""
         acceptance = "not measured" if draft.acceptance is None else f"{draft.acceptance:.3f}"
+        if draft.sampling_acceptance is not None:
+            acceptance += f" (T=0), {draft.sampling_acceptance:.3f} (T=1)"
         lines.append(f"draft {fp[:12]}{mark}: step {draft.step_s * 1e3:.2f} ms = "
                      f"{draft.step_s / one:.3f} target forwards, acceptance (k=4) {acceptance}")
     if not cal.drafts:
