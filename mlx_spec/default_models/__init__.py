@@ -5,9 +5,13 @@ shared byte-level BPE tokenizer with ``<|endoftext|>`` as EOS) trained from scra
 the Python standard library's source code by ``bench/train_default_models.py``.
 They only know how to continue Python code; see ``README.md`` and ``metrics.json``
 in this directory for sizes, data split and acceptance measurements.
+
+``mtp/`` holds an MTP head trained for the target (DeepSeek-V3's layout, one Llama
+decoder layer; ``mtp_config.json`` gives its shape): ``draft_model="mtp"`` finds it.
 """
 
 from pathlib import Path
 
 DEFAULT_TARGET_PATH: Path = Path(__file__).resolve().parent / "target"
 DEFAULT_DRAFT_PATH: Path = Path(__file__).resolve().parent / "draft"
+DEFAULT_MTP_PATH: Path = Path(__file__).resolve().parent / "mtp"

@@ -17,12 +17,17 @@ the same). A draft of depth d feeds the layer its own output g (after the
 MTP norm) in place of h, with the embedding of the token it just drafted.
 DeepSeek's embedding is zeroed at position 0, as vLLM does (here: where the
 MTP cache is empty, which with a reused prompt cache is the call's first token).
+
+A target of another family can draft with an MTP head trained for it in the
+DeepSeek layout (the shipped default target has one): `layer`, from the head's
+`mtp_config.json`, then gives the shape of its decoder layer (of the target's
+own class), which the target's config cannot say.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from dataclasses import dataclass, fields, replace
+from typing import Callable, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -44,17 +49,25 @@ def model_type(model) -> str:
     return str(getattr(model, "model_type", None) or getattr(args, "model_type", "unknown"))
 
 
-def mtp_style(model) -> str:
-    """"qwen" or "deepseek"; ValueError for a family without MTP support here."""
+def mtp_style(model, layer: Optional[dict] = None) -> str:
+    """"qwen" or "deepseek"; ValueError for a family without MTP support here.
+
+    `layer`: the config of an MTP head trained for this target (DeepSeek layout).
+    """
     name = model_type(model)
-    if name not in STYLES:
+    if layer is None and name not in STYLES:
         raise ValueError(
             f"MTP drafting supports qwen3_next, qwen3_5, qwen3_5_moe, deepseek_v3 and glm4_moe "
-            f"targets, and this target is a {name}; draft with a draft model or prompt lookup.")
+            f"targets, and this target is a {name}; draft with a draft model or prompt lookup, "
+            "or pass mtp_weights= a directory holding an MTP head trained for it (mtp_config.json).")
+    if layer is not None and layer.get("model_type") != name:
+        raise ValueError(
+            f"The MTP head given was trained for a {layer.get('model_type')} target and this "
+            f"target is a {name}; give the MTP weights of this very model.")
     if getattr(text_model(model), "sharding_group", None) is not None:
         raise ValueError("MTP drafting does not support a target sharded across machines; "
                          "run the target on one machine or draft with a draft model.")
-    return STYLES[name]
+    return DEEPSEEK if layer is not None else STYLES[name]
 
 
 def split_target(model) -> Tuple[Callable, Callable]:
@@ -114,12 +127,20 @@ class DeepSeekBlock(nn.Module):
         return self.shared_head.norm(self.block(x, mask, cache))
 
 
-def make_block(model) -> Tuple[nn.Module, str]:
-    """A fresh (random) MTP block for `model`'s family, with the layer naming of its checkpoints."""
-    style = mtp_style(model)
+def make_block(model, layer: Optional[dict] = None) -> Tuple[nn.Module, str]:
+    """A fresh (random) MTP block for `model`'s family, with the layer naming of its checkpoints.
+
+    `layer`: a trained head's config; its decoder layer is the trunk's class with
+    the shape the config gives (e.g. a narrower MLP).
+    """
+    style = mtp_style(model, layer)
     text = text_model(model)
     args, layers = text.args, text.model.layers
     hidden_size, eps = args.hidden_size, args.rms_norm_eps
+    if layer is not None:
+        shape = {f.name: layer[f.name] for f in fields(args)
+                 if f.name in layer and f.name != "model_type"}
+        return DeepSeekBlock(type(layers[0])(replace(args, **shape)), hidden_size, eps, False), style
     if style == QWEN:  # a full-attention layer of the trunk's own class (and MLP kind)
         index = next(i for i, layer in enumerate(layers) if not layer.is_linear)
         return QwenBlock(type(layers[index])(args, index), hidden_size, eps), style

@@ -47,16 +47,17 @@ QWEN_NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm
 EXPERT = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj)\.weight$")
 
 
-def local_name(style: str, name: str, num_layers: int) -> Optional[str]:
-    """A checkpoint tensor's name inside the MTP block, or None when it is not one to read."""
+def local_name(style: str, name: str, num_layers: Optional[int]) -> Optional[str]:
+    """A checkpoint tensor's name inside the MTP block, or None when it is not one to read.
+
+    `num_layers` None: every `model.layers.{i}.*` is the layer's (a trained head's own file).
+    """
     if style == QWEN:  # mtp.*, wherever the checkpoint nests it (language_model.mtp.*, ...)
         match = re.search(r"(?:^|\.)mtp\.(.+)$", name)
         return match.group(1) if match else None
-    prefix = f"model.layers.{num_layers}."
-    if not name.startswith(prefix):
-        return None
-    local = name[len(prefix):]
-    return None if local.startswith(SHARED_COPIES) else local
+    match = re.match(rf"model\.layers\.{num_layers if num_layers is not None else '[0-9]+'}\.(.+)$", name)
+    local = match.group(1) if match else None
+    return None if local is None or local.startswith(SHARED_COPIES) else local
 
 
 # --- reading ---------------------------------------------------------------------------
