@@ -47,6 +47,9 @@ class Decoder:
     accept: AcceptanceRule
     stop_tokens: Collection[int] = ()  # a round ends at the first accepted stop token
     followers: Sequence = ()  # drafters handed the target's hidden states (MTP): see _follow
+    # A sharded target: rank 0's values of what the round syncs, for every rank
+    # (mlx_spec.distributed.agreement); identity on one machine.
+    agree: Callable[[mx.array], mx.array] = lambda x: x
 
 
 def prefill(cache: ModelCache, tokens: List[int], step_size: int,
@@ -90,7 +93,8 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
         target_logits = decoder.target.forward(verify_input)  # (k+1, V)
     hidden = decoder.target.hidden  # (k+1, H) when an MTP drafts; before a rewind replaces it
     target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (k+1, V)
-    n, token, drafted = _judge(decoder.accept, proposal, target_logprobs)  # the only sync
+    n, token, drafted = _judge(decoder.accept, proposal, target_logits, target_logprobs,
+                               decoder.agree)  # the only sync
     n, token = _stop_at(decoder.stop_tokens, drafted, n, token)
     decoder.target.fed(decoder.history[-1:] + drafted)
     decoder.target.keep(n + 1)  # y and the accepted drafts
@@ -102,19 +106,21 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
                  _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling))
 
 
-def _judge(accept, proposal, target_logprobs):
+def _judge(accept, proposal, target_logits, target_logprobs, agree=lambda x: x):
     """(accepted n, the target's next token, the drafted tokens) as host values: one sync.
 
     Greedy acceptance compares on the host, as mlx-lm does: the target's k + 1
     argmax tokens and the drafts come back in one transfer, and the prefix
     match is a Python loop (2-13% less main-thread time per round than the
     rule's graph on a tiny pair, bench/round_overhead.py). Every other rule
-    runs on the device.
+    runs on the device. The greedy argmax is over the logits: log-softmax is
+    monotone, so the token is the same, and the log-probabilities stay lazy
+    for whoever reads them (mostly nobody).
     """
     k = proposal.num_tokens
     if accept is greedy_accept:
-        target_tokens = mx.argmax(target_logprobs, axis=-1).astype(mx.uint32)  # (k+1,)
-        values = mx.concatenate([target_tokens, proposal.tokens]).tolist()  # the only sync
+        target_tokens = mx.argmax(target_logits, axis=-1).astype(mx.uint32)  # (k+1,)
+        values = agree(mx.concatenate([target_tokens, proposal.tokens])).tolist()  # the only sync
         target_tokens, drafted = values[:k + 1], values[k + 1:]
         n = 0
         while n < k and drafted[n] == target_tokens[n]:
@@ -123,7 +129,7 @@ def _judge(accept, proposal, target_logprobs):
     num_accepted, next_token = accept(proposal.tokens, proposal.probs, target_logprobs)
     summary = mx.concatenate([num_accepted[None].astype(mx.uint32), next_token[None],
                               proposal.tokens])
-    n, token, *drafted = summary.tolist()  # the only sync of the round
+    n, token, *drafted = agree(summary).tolist()  # the only sync of the round
     return n, token, drafted
 
 
@@ -157,7 +163,8 @@ def plain_rounds(decoder: Decoder, count: int,
     def step(y):
         target_logits = decoder.target.forward(y)[-1]
         target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (V,)
-        token = sample(target_logprobs, decoder.sampling)
+        token = decoder.agree(sample(target_logits if decoder.sampling.greedy else target_logprobs,
+                                     decoder.sampling))  # greedy: the argmax, as in _judge
         mx.async_eval(token)
         return token, _reported(target_logits, target_logprobs, decoder.sampling), \
             decoder.target.hidden
@@ -188,6 +195,7 @@ def generate_rounds(
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     accept: Optional[AcceptanceRule] = None,
     stop_tokens: Collection[int] = (),
+    agree: Optional[Callable[[mx.array], mx.array]] = None,
 ) -> Iterator[Round]:
     """Prefill, then yield rounds until `max_tokens` tokens or a stop token were emitted.
 
@@ -198,6 +206,8 @@ def generate_rounds(
     followers = [d for d in drafters if getattr(d, "follows_target", False)]
     decoder = Decoder(target, drafters, sampling, list(prompt),
                       accept or rule_for(sampling.greedy), frozenset(stop_tokens), followers)
+    if agree is not None:  # a sharded target (mlx_spec.distributed)
+        decoder.agree = agree
     prefill(target, prompt[:-1], prefill_step_size, prompt_progress_callback,
             followers, prompt[-1])
     for drafter in drafters:

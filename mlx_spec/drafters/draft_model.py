@@ -70,7 +70,9 @@ class DraftModelDrafter:
                 draft_logits = self.draft.forward(y)[-1]  # (V_d,)
                 if self.draft.has_recurrent:
                     self._steps.append(self.draft.checkpoint())
-                draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)
+                # Greedy needs only the argmax, which the (monotone) log-softmax keeps.
+                draft_logprobs = (draft_logits if self.sampling.greedy and not self.confidence
+                                  else logprobs_from_logits(draft_logits, self.sampling))
                 y = sample(draft_logprobs, self.sampling)[None]  # (1,)
                 if self.sampling.greedy:
                     mx.async_eval(y)
