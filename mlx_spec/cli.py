@@ -127,10 +127,11 @@ _speculation_options = _options(
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
 @click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5) instead of a draft model.")
 @click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory).")
+@click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
-             ignore_chat_template, color, calibration, quiet, mtp, mtp_weights):
+             ignore_chat_template, color, calibration, quiet, mtp, mtp_weights, sharding):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from .generate import stream_generate
 
@@ -139,9 +140,17 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
         raise click.UsageError("--mtp drafts with the target itself; drop --draft-model / --no-draft.")
     if mtp_weights is not None and not mtp:
         raise click.UsageError("--mtp-weights is only used with --mtp.")
-    target_model, tokenizer, draft = _load_pair(model, draft_model, no_draft or mtp)
+    group = _launched_group()  # None unless mlx.launch started several ranks
+    if group is None and sharding != "auto":
+        raise click.UsageError("--sharding only applies under mlx.launch with two or more ranks.")
+    if group is None:
+        target_model, tokenizer, draft = _load_pair(model, draft_model, no_draft or mtp)
+    else:
+        target_model, tokenizer, draft = _load_sharded(model, draft_model, no_draft or mtp,
+                                                       group, sharding)
     if not ignore_chat_template:
         prompt = _apply_chat_template(tokenizer, prompt)
+    shown = group is None or group.rank() == 0  # only rank 0 prints text and stats
 
     response = None
     try:
@@ -157,13 +166,33 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
             text = click.style(response.text, fg=fg) if fg else response.text
-            click.echo(text, nl=False, color=True if color else None)
+            if shown:
+                click.echo(text, nl=False, color=True if color else None)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if not shown:
+        return
     click.echo()
     if response is not None and not quiet:
         click.echo("=" * 10, err=True)
         click.echo(response.stats.summary(), err=True)
+
+
+def _launched_group():
+    from .distributed import launched_group
+
+    return launched_group()
+
+
+def _load_sharded(model, draft_model, no_draft, group, sharding):
+    """Under mlx.launch: the target sharded across the ranks, the draft whole on each."""
+    from .distributed import load_sharded
+
+    model, draft_model = _resolve_models(model, draft_model, no_draft)
+    try:
+        return load_sharded(model, draft_model, group, sharding)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _load_pair(model, draft_model, no_draft):

@@ -20,6 +20,8 @@ from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, check_rewin
                     make_rewindable)
 from .drafters import DraftModelDrafter, MTPDrafter, PromptLookupDrafter
 from .costmodel import CostPrior
+from .distributed.agreement import agree_across_ranks
+from .distributed.group import sharding_group
 from .defaults import DEFAULT_MAX_LOOKUP_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
@@ -216,17 +218,21 @@ def speculative_generate_step(
     if mtp_head is not None:
         drafters.append(MTPDrafter(mtp_head, sampling))
     if policy is None:
+        if sharding_group(model) is not None:  # a calibration measures one machine: start cold
+            calibration = None
         prior = _cost_prior(calibration, model, draft_model, sampling)
         acceptance = DEFAULT_ACCEPTANCE_PRIOR if sampling.greedy else SAMPLING_ACCEPTANCE_PRIOR
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
                              acceptance_prior=acceptance)
+    # A sharded target: every rank takes rank 0's drafts, decisions and timings (no-op otherwise).
+    drafters, policy, agree = agree_across_ranks(model, drafters, policy, draft_confidence)
     # A reused cache is shown at each response by a trim: sliding windows must rewind too.
     target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
                         reserve=reserve, split=split_target(model) if mtp_head is not None else None)
     rounds = generate_rounds(
         prompt, target, drafters, policy, sampling=sampling, max_tokens=max_tokens,
         prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
-        prompt_progress_callback=prompt_progress_callback, accept=accept,
+        prompt_progress_callback=prompt_progress_callback, accept=accept, agree=agree,
     )
     return RoundStream(rounds, Session(target, draft, target.length, prompt_cache), policy)
 
