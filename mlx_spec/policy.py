@@ -21,9 +21,13 @@ DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the pr
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 FIRST_OFF_STEPS = 32  # tokens decoded without a source after it is switched off; doubles each time
 MAX_OFF_STEPS = 256
-CALIBRATED_OFF_STEPS = 128  # the first off period when the calibration alone says a source loses
-BAD_LOSS = 0.8  # ... by this much (predicted tokens/s over plain's)
-FIRST_ROUNDS = 3  # rounds (k/2, k/4, 3k/4) before a source is judged, with no calibration
+LONG_OFF_STEPS = 128  # the off period when a source loses badly, whatever it accepts (below)
+BAD_LOSS = 0.8  # predicted tokens/s over plain's, at the better of its acceptance and the prior
+# With no calibration a source is judged after its first rounds, of these fractions of
+# its initial k: two different k give the cost fit a slope. Short first: on a machine
+# where drafting loses, each of these rounds costs more than the tokens it brings.
+FIRST_FRACTIONS = (0.5, 0.25)
+FIRST_ROUNDS = len(FIRST_FRACTIONS)
 PROBE_ROUNDS = 3  # rounds tried after an off period before the source is judged again
 PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
 PLAIN_BLOCK = 16  # plain steps queued back to back while no source proposes
@@ -78,6 +82,7 @@ class SourceEstimate:
                  weight: float = 4.0):
         self.k_max, self.k_initial, self.decay = k_max, min(k_initial, k_max), decay
         self.k = self.k_initial
+        self.prior_acceptance = acceptance  # measured by a calibration, or a guess
         self.accepted, self.rejected = acceptance * weight, (1.0 - acceptance) * weight
         self.fit = [0.0] * 5  # decayed sums of 1, k, k^2, t, k*t
         self._best = None  # best_k() until the estimates change
@@ -112,11 +117,13 @@ class SourceEstimate:
         slope = max((skt / n - sk * st / n**2) / var, 0.0)
         return st / n + slope * (k - sk / n)
 
-    def rate(self, k: int) -> Optional[float]:
+    def rate(self, k: int, acceptance: Optional[float] = None) -> Optional[float]:
+        """Expected tokens per second drafting k (at `acceptance`, by default its own)."""
         seconds = self.seconds(k)
         if not seconds or seconds <= 0:
             return None
-        return expected_tokens_per_round(self.acceptance, k) / seconds
+        a = self.acceptance if acceptance is None else acceptance
+        return expected_tokens_per_round(a, k) / seconds
 
     def best_k(self) -> int:
         """argmax_k rate(k); kept until the estimates change (asked every round, up to 32 k)."""
@@ -128,11 +135,9 @@ class SourceEstimate:
         return self._best
 
     def length(self) -> int:
-        """The next round's k: three different k first (so the fit has a slope), then the best."""
-        if not self.warm and self.rounds < 3:
-            k0 = self.k_initial  # short first: a losing source costs little before it is judged
-            return min([max(1, k0 // 2), max(1, k0 // 4), max(1, k0 - k0 // 4)][self.rounds],
-                       self.k_max)
+        """The next round's k: FIRST_FRACTIONS of k first (so the fit has a slope), then the best."""
+        if not self.warm and self.rounds < FIRST_ROUNDS:
+            return min(max(1, int(self.k_initial * FIRST_FRACTIONS[self.rounds])), self.k_max)
         k = self.best_k()
         if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             step = max(1, k // 4)
@@ -286,11 +291,7 @@ class AdaptivePolicy:
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
             if self._loses(estimate):  # the calibration already says it loses: start without it
-                # When it loses badly, for longer than after a few noisy rounds: a probe costs
-                # rounds, and a draft model's catch-up over every token decoded meanwhile.
-                if self._predicted_ratio(estimate) < BAD_LOSS:
-                    estimate.off_steps = CALIBRATED_OFF_STEPS
-                estimate.switch_off()
+                self._switch_off(estimate)
                 return 0
         return estimate.length()
 
@@ -320,12 +321,29 @@ class AdaptivePolicy:
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds)
         self._judge(estimate)
 
-    def _predicted_ratio(self, estimate: SourceEstimate) -> Optional[float]:
+    def _predicted_ratio(self, estimate: SourceEstimate,
+                         acceptance: Optional[float] = None) -> Optional[float]:
         """The source's best predicted tokens/s over plain decoding's (None: not known yet)."""
-        best = estimate.rate(estimate.best_k())
+        if acceptance is None:
+            best = estimate.rate(estimate.best_k())
+        else:
+            best = max((estimate.rate(k, acceptance) or 0.0)
+                       for k in range(1, estimate.k_max + 1)) or None
         if best is None or self.plain_seconds is None:
             return None
         return best * self.plain_seconds
+
+    def _switch_off(self, estimate: SourceEstimate) -> None:
+        """Off for the next off period; for LONG_OFF_STEPS when it loses badly even if it
+        accepted as well as its prior says (a machine where verifying costs nearly as much
+        as decoding, or a calibration that measured a useless draft; not a hard stretch
+        of text): probing costs rounds, and a draft model's catch-up over every token
+        decoded meanwhile."""
+        optimistic = max(estimate.acceptance, estimate.prior_acceptance)
+        ratio = self._predicted_ratio(estimate, optimistic)
+        if ratio is not None and ratio < BAD_LOSS:
+            estimate.off_steps = max(estimate.off_steps, LONG_OFF_STEPS)
+        estimate.switch_off()
 
     def _loses(self, estimate: SourceEstimate) -> bool:
         ratio = self._predicted_ratio(estimate)
@@ -345,7 +363,7 @@ class AdaptivePolicy:
             # calibrated fit measured t(0): no trial).
             self.plain_trial = PLAIN_TRIAL_STEPS
         else:
-            estimate.switch_off()
+            self._switch_off(estimate)
 
     def describe(self) -> dict:
         return {

@@ -7,7 +7,8 @@ import pytest
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loop import Round
 from mlx_spec.costmodel import CostPrior
-from mlx_spec.policy import PLAIN_TRIAL_STEPS, AdaptivePolicy, FixedPolicy, make_policy
+from mlx_spec.policy import (FIRST_OFF_STEPS, LONG_OFF_STEPS, PLAIN_TRIAL_STEPS, AdaptivePolicy,
+                             FixedPolicy, make_policy)
 
 
 class FakeClock:
@@ -82,6 +83,29 @@ def test_poor_draft_switches_off_and_probes_again():
     simulate(policy, clock, acceptance=0.05, draft_step=0.1,
              verify=lambda t: 1.0 + 0.05 * t, plain_step=1.0, tokens=2000)
     assert policy.switched_off >= 2  # probed again after an off period, lost again
+
+
+def _first_off_period(acceptance, verify, draft_step=0.2, tokens=400):
+    """Plain tokens in the first run of plain steps after the first speculative round."""
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    _, plain_at = drive(policy, clock, acceptance, lambda k: k * draft_step + verify(k + 1),
+                        1.0, tokens)
+    run, previous = 0, None
+    for position in plain_at[PLAIN_TRIAL_STEPS:]:
+        if previous is not None and position != previous + 1:
+            break
+        run, previous = run + 1, position
+    return run
+
+
+def test_a_machine_where_verifying_is_dear_keeps_the_draft_off_longer():
+    """Losing on cost (it would lose even accepting as the prior says) is not a hard
+    stretch of text: the draft stays off for LONG_OFF_STEPS, not FIRST_OFF_STEPS,
+    so a short reply pays for one judgement only."""
+    assert _first_off_period(0.6, verify=lambda t: 1.0 * t) >= LONG_OFF_STEPS
+    # losing on acceptance (verifying is nearly free): the usual short off period
+    assert _first_off_period(0.0, verify=lambda t: 1.0 + 0.02 * t) == FIRST_OFF_STEPS
 
 
 def test_adaptive_k_beats_a_poor_fixed_k_in_simulation():
