@@ -119,14 +119,20 @@ def _check_same_models(group, target_dir, draft_dir) -> None:
         value = fingerprint(directory)
         mine += [value >> 31, value & (2**31 - 1)]
     everyone = mx.distributed.all_gather(mx.array(mine, mx.int32), group=group)
-    rows = everyone.reshape(group.size(), 4).tolist()
+    message = disagreement(everyone.reshape(group.size(), 4).tolist())
+    if message:
+        raise ValueError(message)
+
+
+def disagreement(rows) -> Optional[str]:
+    """The sentence for the first rank whose (target, draft) fingerprints differ from rank 0's."""
     for rank, row in enumerate(rows[1:], start=1):
         for role, columns in (("target", slice(0, 2)), ("draft", slice(2, 4))):
             if row[columns] != rows[0][columns]:
-                raise ValueError(
-                    f"Rank {rank} has a different {role} model than rank 0 (its config or weight "
-                    "files differ, or it is missing); put the same model at the same path on "
-                    "every machine.")
+                return (f"Rank {rank} has a different {role} model than rank 0 (its config or "
+                        "weight files differ, or it is missing); put the same model at the same "
+                        "path on every machine.")
+    return None
 
 
 def _check_shardable(directory: Path, group, sharding: str) -> str:

@@ -1,0 +1,92 @@
+"""One rank of the distributed tests, started by `mlx.launch` (see tests/test_distributed.py).
+
+Loads the target sharded and the draft whole, runs the scenarios named on the
+command line on token ids, and writes what this rank saw to OUT/rank<r>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import mlx.core as mx
+
+PROMPT = [5, 17, 42, 8, 99, 3, 77, 21]
+
+
+def rounds_of(stream):
+    tokens, rounds = [], []
+    for round_ in stream:
+        tokens += round_.tokens
+        rounds.append([round_.source, round_.num_drafted, round_.num_accepted])
+    return {"tokens": tokens, "rounds": rounds}
+
+
+def run(scenario, target, draft):
+    from mlx_spec.exactness import check_exactness
+    from mlx_spec.generate import speculative_generate_step
+    from mlx_spec.sampling import SamplingConfig
+
+    greedy, sampled = SamplingConfig(), SamplingConfig(temp=1.0)
+    if scenario == "greedy_k3":
+        return rounds_of(speculative_generate_step(PROMPT, target, draft, max_tokens=40,
+                                                   num_draft_tokens=3, calibration=None))
+    if scenario == "greedy_adaptive":  # lookup in front of the draft, k chosen from timings
+        stream = speculative_generate_step(PROMPT * 3, target, draft, max_tokens=48,
+                                           adaptive=True, calibration=None)
+        result = rounds_of(stream)
+        result["policy"] = stream.policy.describe()
+        return result
+    if scenario == "plain":
+        return rounds_of(speculative_generate_step(PROMPT, target, None, max_tokens=12))
+    if scenario == "sampled_seeded":
+        mx.random.seed(7)
+        return rounds_of(speculative_generate_step(PROMPT, target, draft, max_tokens=30,
+                                                   num_draft_tokens=2, sampling=sampled,
+                                                   calibration=None))
+    if scenario == "sampled_adaptive":  # unseeded: the ranks' own random streams differ
+        mx.random.seed(1000 + mx.distributed.init().rank())
+        stream = speculative_generate_step(PROMPT, target, draft, max_tokens=30, adaptive=True,
+                                           sampling=sampled, calibration=None)
+        return rounds_of(stream)
+    if scenario.startswith("chi_square"):
+        samples = int(scenario.split(":")[1])
+        result = check_exactness(target, draft, PROMPT, sampled, samples=samples,
+                                 num_draft_tokens=2, seed=0)
+        return {"p_value": result.p_value, "statistic": result.statistic, "dof": result.dof,
+                "acceptance": result.acceptance_rate}
+    raise ValueError(f"unknown scenario {scenario}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--draft")
+    parser.add_argument("--sharding", default="auto")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rank1-target", help="rank 1 loads this target instead (a wrong launch)")
+    parser.add_argument("scenarios", nargs="*")
+    args = parser.parse_args()
+    from mlx_spec.distributed import launched_group, load_sharded
+
+    group = launched_group()
+    rank = group.rank() if group is not None else -1
+    result = {"size": group.size() if group is not None else 1}
+    try:
+        target_path = args.rank1_target if rank == 1 and args.rank1_target else args.target
+        target, _, draft = load_sharded(target_path, args.draft, sharding=args.sharding)
+        for scenario in args.scenarios:
+            result[scenario] = run(scenario, target, draft)
+    except ValueError as exc:  # the one-sentence errors the tests expect
+        result["error"] = str(exc)
+    except Exception:
+        result["crash"] = traceback.format_exc()
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
+    return 0 if "crash" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""A target sharded over 2 ranks on 127.0.0.1 (ring backend, `mlx.launch`) against one process.
+
+Each test launches tests/distributed_worker.py on two local ranks, which load
+the target sharded (tensor parallel: llama's shard(); pipeline: ministral3's
+pipeline()) and the draft whole, and write what each rank generated as JSON.
+The references are computed here, in one process, from the same directories.
+A launch runs in its own process group, killed whole when it fails or times out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from tiny import make_llama, write_tokenizer
+
+HERE = Path(__file__).parent
+LAUNCH = Path(sys.executable).parent / "mlx.launch"
+LAUNCH_TIMEOUT = 120  # seconds for one launch, start-up included
+
+pytestmark = pytest.mark.skipif(not mx.distributed.is_available(),
+                                reason="this MLX build has no distributed backend")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out: Path, target: Path, draft=None, scenarios=(), sharding="auto", ranks=2,
+           timeout=LAUNCH_TIMEOUT, extra=()):
+    """Run the worker on `ranks` local ranks; {rank: its JSON}. Kills the whole launch on failure."""
+    out.mkdir(parents=True, exist_ok=True)
+    worker = ["--target", str(target), "--out", str(out), "--sharding", sharding]
+    worker += ["--draft", str(draft)] if draft is not None else []
+    worker += list(extra)
+    command = [str(LAUNCH), "--backend", "ring", "-n", str(ranks), "-p", str(free_port()),
+               "--python", sys.executable, str(HERE / "distributed_worker.py"), *worker,
+               *scenarios]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the {ranks}-rank launch did not finish within {timeout} s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    results = {}
+    for rank in range(ranks):
+        path = out / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote nothing; launch output:\n{output.decode()[-3000:]}"
+        results[rank] = json.loads(path.read_text())
+        assert "crash" not in results[rank], results[rank]["crash"]
+    return results
+
+
+LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 48, "intermediate_size": 96,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                "tie_word_embeddings": False, "max_position_embeddings": 2048, "eos_token_id": 0}
+MINISTRAL3_CONFIG = {**LLAMA_CONFIG, "model_type": "ministral3",
+                     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
+                                         "llama_4_scaling_beta": 0.1,
+                                         "original_max_position_embeddings": 2048}}
+DAMPING = 0.1  # the target's layers after the first add little: the draft (layer 0) is close
+
+
+def write_pair(root: Path, family: str, layers: int = 3, seed: int = 0):
+    """(target dir, draft dir): a tiny random `family` target and a 1-layer llama draft.
+
+    The draft is the target's embeddings, first layer, norm and head, so it
+    guesses the target fairly well (the later layers' outputs are damped), and
+    it is smaller than each rank's share of the target.
+    """
+    import importlib
+
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    target_dir, draft_dir = root / f"{family}-target", root / f"{family}-draft"
+    vocab = 0
+    for path in (target_dir, draft_dir):
+        path.mkdir(parents=True, exist_ok=True)
+        vocab = write_tokenizer(path)
+    config = {**(MINISTRAL3_CONFIG if family == "ministral3" else LLAMA_CONFIG),
+              "num_hidden_layers": layers, "vocab_size": vocab}
+    mx.random.seed(seed)
+    target = module.Model(module.ModelArgs.from_dict(config))
+    weights = {}
+    for name, w in tree_flatten(target.parameters()):
+        w = w * 3.0 if w.ndim == 2 else w
+        later = any(f"layers.{i}." in name for i in range(1, layers))
+        weights[name] = w * DAMPING if later and name.endswith(("o_proj.weight",
+                                                                "down_proj.weight")) else w
+    (target_dir / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(target_dir / "model.safetensors"), weights)
+    draft_config = {**LLAMA_CONFIG, "num_hidden_layers": 1, "vocab_size": vocab}
+    (draft_dir / "config.json").write_text(json.dumps(draft_config))
+    mx.save_safetensors(str(draft_dir / "model.safetensors"),
+                        {k: w for k, w in weights.items() if "layers." not in k or "layers.0." in k})
+    return target_dir, draft_dir
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distributed")
+    return {family: write_pair(root, family) for family in ("llama", "ministral3")}
+
+
+def one_process(target_dir, draft_dir, prompt, **kwargs):
+    """Tokens and rounds of the same call in this process, the target whole."""
+    import mlx_spec
+    from mlx_spec.generate import speculative_generate_step
+
+    target, _ = mlx_spec.load(str(target_dir))
+    draft = mlx_spec.load(str(draft_dir))[0] if draft_dir is not None else None
+    tokens = []
+    for round_ in speculative_generate_step(prompt, target, draft, calibration=None, **kwargs):
+        tokens += round_.tokens
+    return tokens
+
+
+def assert_ranks_agree(results, scenarios):
+    for scenario in scenarios:
+        assert results[0][scenario] == results[1][scenario], scenario
+
+
+def drafted_and_accepted(result):
+    return (sum(r[1] for r in result["rounds"]), sum(r[2] for r in result["rounds"]))
+
+
+SCENARIOS = ["greedy_k3", "greedy_adaptive", "sampled_seeded", "sampled_adaptive"]
+CHI_SQUARE = "chi_square:240"
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel(models, tmp_path_factory):
+    """One 2-rank launch, llama sharded by its shard(): the scenarios and plain steps."""
+    target_dir, draft_dir = models["llama"]
+    return launch(tmp_path_factory.mktemp("tp"), target_dir, draft_dir, SCENARIOS + ["plain"],
+                  "tensor")
+
+
+@pytest.fixture(scope="module")
+def pipeline(models, tmp_path_factory):
+    """One 2-rank launch, ministral3 split by its pipeline(): the scenarios and the chi-square."""
+    target_dir, draft_dir = models["ministral3"]
+    return launch(tmp_path_factory.mktemp("pp"), target_dir, draft_dir, SCENARIOS + [CHI_SQUARE],
+                  "pipeline")
+
+
+@pytest.mark.parametrize("family", ["llama", "ministral3"])
+def test_sharded_target_matches_one_process(models, tensor_parallel, pipeline, family):
+    """Greedy output of 2 ranks equals one process token for token; every rank takes the same rounds.
+
+    Tensor parallel (llama's shard()) and pipeline (ministral3's pipeline()):
+    fixed k, adaptive k with prompt lookup in front (the k sequence is the same
+    on both ranks), plain steps, and seeded and differently seeded sampling.
+    """
+    from distributed_worker import PROMPT
+
+    target_dir, _ = models[family]
+    results = tensor_parallel if family == "llama" else pipeline
+    assert_ranks_agree(results, SCENARIOS)
+    rank0 = results[0]
+    assert rank0["greedy_k3"]["tokens"] == one_process(target_dir, None, PROMPT, max_tokens=40)
+    drafted, accepted = drafted_and_accepted(rank0["greedy_k3"])
+    assert drafted > 0 and 0 < accepted < drafted  # rounds kept part of the drafts: rewinds ran
+    assert rank0["greedy_adaptive"]["tokens"] == one_process(target_dir, None, PROMPT * 3,
+                                                             max_tokens=48)
+    lengths = {r[1] for r in rank0["greedy_adaptive"]["rounds"]}
+    assert 0 in lengths and len(lengths) > 2  # plain steps and several k, the same on both ranks
+    if "plain" in rank0:
+        assert_ranks_agree(results, ["plain"])
+        assert rank0["plain"]["tokens"] == one_process(target_dir, None, PROMPT, max_tokens=12)
+    for scenario in ("sampled_seeded", "sampled_adaptive"):
+        assert drafted_and_accepted(rank0[scenario])[1] > 0
+
+
+def test_sharded_sampler_is_exact(pipeline):
+    """Chi-square of the first two tokens at T = 1 with the target sharded (pipeline), as for one process."""
+    assert_ranks_agree(pipeline, [CHI_SQUARE])
+    result = pipeline[0][CHI_SQUARE]
+    assert result["p_value"] > 1e-3, result
+    assert 0.2 < result["acceptance"] < 1.0
+
+
+def test_ranks_with_different_models_stop_with_one_sentence(models, tmp_path):
+    target_dir, draft_dir = models["llama"]
+    other_dir = models["ministral3"][0]
+    results = launch(tmp_path / "out", target_dir, draft_dir, ["greedy_k3"], "auto",
+                     extra=["--rank1-target", str(other_dir)])
+    for rank in (0, 1):
+        assert results[rank]["error"] == (
+            "Rank 1 has a different target model than rank 0 (its config or weight files "
+            "differ, or it is missing); put the same model at the same path on every machine.")
+
+
+def test_cli_under_launch_prints_the_one_process_text_once(models):
+    """`mlx.launch -n 2 -- mlx-spec generate` prints rank 0's text, which is the one-process text."""
+    target_dir, draft_dir = models["ministral3"]  # pipeline: fewer collectives per pass
+    args = ["generate", "--model", str(target_dir), "--draft-model", str(draft_dir),
+            "--prompt", "def fibonacci(n):", "-n", "24", "--quiet", "--sharding", "pipeline"]
+    cli = str(Path(sys.executable).parent / "mlx-spec")
+    import mlx_spec
+
+    target, tokenizer = mlx_spec.load(str(target_dir))
+    text = mlx_spec.generate(target, tokenizer, "def fibonacci(n):",
+                             draft_model=mlx_spec.load(str(draft_dir))[0], max_tokens=24)
+    proc = subprocess.Popen([str(LAUNCH), "--backend", "ring", "-n", "2", "-p", str(free_port()),
+                             "--", cli, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out.decode() == text + "\n"
+
+
+class FakeGroup:
+    def __init__(self, size, rank=0):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+def test_a_class_that_cannot_be_sharded_is_one_sentence(tmp_path):
+    from mlx_spec.distributed.loading import _check_shardable
+
+    config = {**LLAMA_CONFIG, "model_type": "gemma", "num_hidden_layers": 2, "vocab_size": 64,
+              "head_dim": 12}
+    tmp_path.joinpath("config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"^mlx-lm's gemma model class cannot be sharded across "
+                                         r"machines; run the target on one machine"):
+        _check_shardable(tmp_path, FakeGroup(2), "auto")
+
+
+def test_sharding_that_does_not_fit_is_one_sentence(models):
+    from mlx_spec.distributed.loading import _check_shardable
+
+    target_dir = models["llama"][0]
+    with pytest.raises(ValueError, match=r"num_attention_heads \(4\) does not divide among 3 ranks"):
+        _check_shardable(target_dir, FakeGroup(3), "tensor")
+    with pytest.raises(ValueError, match=r"cannot be sharded that way \(it supports tensor\)"):
+        _check_shardable(target_dir, FakeGroup(2), "pipeline")
+    with pytest.raises(ValueError, match=r"3 layers, fewer than the 4 ranks"):
+        _check_shardable(models["ministral3"][0], FakeGroup(4), "pipeline")
+    assert _check_shardable(target_dir, FakeGroup(2), "auto") == "tensor"
+    assert _check_shardable(models["ministral3"][0], FakeGroup(2), "pipeline") == "pipeline"
+
+
+def test_a_draft_too_large_to_replicate_is_one_sentence():
+    from mlx_spec.distributed import check_draft_fits
+
+    small, large = make_llama(layers=1), make_llama(layers=4)
+    check_draft_fits(large, small)
+    with pytest.raises(ValueError, match=r"^The draft model \(\d+\.\d MB\) is larger than each "
+                                         r"rank's share of the sharded target"):
+        check_draft_fits(small, large)
+
+
+def test_fingerprints_tell_models_apart(models):
+    from mlx_spec.distributed.loading import disagreement, fingerprint
+
+    llama, ministral3 = models["llama"][0], models["ministral3"][0]
+    assert fingerprint(llama) == fingerprint(llama) != fingerprint(ministral3)
+    assert disagreement([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 5]]).startswith(
+        "Rank 2 has a different draft model than rank 0")
+    assert disagreement([[1, 2, 0, 0]] * 3) is None
+
+
+def test_outside_a_launch_and_with_a_confidence_stop_is_one_sentence():
+    from mlx_spec.distributed import agree_across_ranks, load_sharded
+    from mlx_spec.distributed.group import mark_sharded
+
+    with pytest.raises(ValueError, match="needs a group of two or more ranks; start the program "
+                                         "with mlx.launch"):
+        load_sharded("/nonexistent", group=FakeGroup(1))
+    target = make_llama()
+    mark_sharded(target, mx.distributed.init())
+    with pytest.raises(ValueError, match="^draft_confidence stops drafting on each rank's own"):
+        agree_across_ranks(target, [], None, draft_confidence=0.5)
+
+
+class ClockedPolicy:
+    """Fixed k, plain blocks of 3 every fourth call; records what it was told and when."""
+
+    def __init__(self):
+        self.clock = None
+        self.told = []
+        self.calls = 0
+
+    def proposal_length(self, source):
+        self.calls += 1
+        return 0 if self.calls % 4 == 0 else 2
+
+    def plain_steps(self):
+        return 3
+
+    def observe(self, round_):
+        self.told.append((round_.num_drafted, self.clock()))
+
+    def describe(self):
+        return {}
+
+
+def test_the_policy_is_told_rank0_times_in_order():
+    """Over speculative rounds and pipelined plain blocks, every round reaches the policy, in
+    order, with the time rank 0 measured for it (here a one-rank group and a scripted clock)."""
+    from mlx_spec.distributed import agreement as agreement_module
+    from mlx_spec.distributed.group import mark_sharded
+    from mlx_spec.generate import speculative_generate_step
+
+    ticks = iter(i * i * 0.001 for i in range(1, 1000))  # round i lasts (2i + 1) ms
+    original = agreement_module.RankAgreement.__init__
+
+    def scripted(self, group, clock=None):
+        original(self, group, clock=lambda: next(ticks))
+
+    target, draft = make_llama(layers=2), make_llama(layers=1, seed=5)
+    mark_sharded(target, mx.distributed.init())  # a group of one: the agreement path, no launch
+    policy = ClockedPolicy()
+    agreement_module.RankAgreement.__init__ = scripted
+    try:
+        rounds = [(r.num_drafted, len(r.tokens)) for r in speculative_generate_step(
+            [1, 2, 3, 4], target, draft, max_tokens=40, policy=policy)]
+    finally:
+        agreement_module.RankAgreement.__init__ = original
+    assert any(d == 0 for d, _ in rounds) and any(d > 0 for d, _ in rounds)
+    told = policy.told
+    assert [d for d, _ in told] == [d for d, _ in rounds][:len(told)]
+    assert len(told) >= len(rounds) - 2  # held back one or two rounds, never lost
+    seconds = [b - a for (_, a), (_, b) in zip(told, told[1:])]
+    assert seconds == pytest.approx([(2 * i + 1) * 1e-3 for i in range(1, len(told))], abs=2e-6)
