@@ -267,12 +267,16 @@ def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_dr
 @click.option("--no-draft", is_flag=True, help="Measure the target alone.")
 @click.option("--print", "show", is_flag=True, help="Show the stored calibration for the model; measure nothing.")
 @click.option("--forget", is_flag=True, help="Delete the stored calibration for the model.")
-def tune(model, draft_model, no_draft, show, forget):
+@click.option("--mtp", is_flag=True, help="Also measure the target's own MTP layer (as generate --mtp drafts with it).")
+@click.option("--mtp-weights", default=None, help="With --mtp: where its weights are (as for generate).")
+def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
     """Measure this machine's decoding costs (in seconds) and store them for the adaptive policy."""
     from . import calibration
 
     if show and forget:
         raise click.UsageError("Give --print or --forget, not both.")
+    if mtp_weights is not None and not mtp:
+        raise click.UsageError("--mtp-weights is only used with --mtp.")
     start = time.perf_counter()
 
     def say(message):
@@ -286,7 +290,11 @@ def tune(model, draft_model, no_draft, show, forget):
     elif show:
         _show_calibration(calibration, target_model, draft)
     else:
-        cal = calibration.calibrate(target_model, draft, tokenizer, progress=say)
+        try:
+            cal = calibration.calibrate(target_model, draft, tokenizer, progress=say, mtp=mtp,
+                                        mtp_weights=mtp_weights)
+        except ValueError as exc:  # the MTP layer: a family without one, missing weights
+            raise click.UsageError(str(exc)) from None
         try:
             path = calibration.save_calibration(cal)
         except OSError as exc:

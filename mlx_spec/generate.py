@@ -220,7 +220,7 @@ def speculative_generate_step(
     if policy is None:
         if sharding_group(model) is not None:  # a calibration measures one machine: start cold
             calibration = None
-        prior = _cost_prior(calibration, model, draft_model, sampling)
+        prior = _cost_prior(calibration, model, draft_model, sampling, mtp_head)
         acceptance = DEFAULT_ACCEPTANCE_PRIOR if sampling.greedy else SAMPLING_ACCEPTANCE_PRIOR
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
                              acceptance_prior=acceptance)
@@ -246,7 +246,8 @@ def _mtp_head(model, draft_model, mtp_weights):
     return None
 
 
-def _cost_prior(calibration, target_model, draft_model, sampling) -> Optional[CostPrior]:
+def _cost_prior(calibration, target_model, draft_model, sampling,
+                mtp_head=None) -> Optional[CostPrior]:
     """The adaptive policy's starting point from a calibration (see the `calibration` argument)."""
     if calibration is None:
         return None
@@ -260,15 +261,20 @@ def _cost_prior(calibration, target_model, draft_model, sampling) -> Optional[Co
             return None
         if calibration is None:
             return None
+    from .calibration import mtp_key
+
     steps, acceptance = {"lookup": 0.0}, {}
-    draft = calibration.draft(draft_model) if draft_model is not None else None
-    if draft is not None:
-        steps["draft"] = draft.step_s
+    sources = {"draft": calibration.draft(draft_model) if draft_model is not None else None,
+               "mtp": calibration.drafts.get(mtp_key(mtp_head)) if mtp_head is not None else None}
+    for source, draft in sources.items():
+        if draft is None:
+            continue
+        steps[source] = draft.step_s
         measured = draft.acceptance_at(0.0 if sampling.greedy else sampling.temp)
         if measured is not None:
-            acceptance["draft"] = measured
+            acceptance[source] = measured
         elif draft.acceptance is not None:  # only greedy measured: sampling accepts less, as a rule
-            acceptance["draft"] = min(draft.acceptance, SAMPLING_ACCEPTANCE_PRIOR)
+            acceptance[source] = min(draft.acceptance, SAMPLING_ACCEPTANCE_PRIOR)
     return CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps, acceptance)
 
 

@@ -13,7 +13,7 @@ from tiny import make_llama
 
 from mlx_spec.calibration import (MAX_AGE_DAYS, Calibration, DraftCost, calibrate,
                                   calibration_path, load_calibration, model_fingerprint,
-                                  save_calibration)
+                                  mtp_key, save_calibration)
 from mlx_spec.calibration.measure import VERIFY_LENGTHS
 from mlx_spec.cli import main
 from mlx_spec.loading import load
@@ -58,6 +58,27 @@ def test_calibrate_measures_positive_costs_for_every_length(pair, measured):
 def test_calibrate_a_hybrid_target_alone():
     cal = calibrate(make_family("qwen3_5", seed=0))
     assert cal.drafts == {} and all(s > 0 for s in cal.verify_s.values())
+
+
+def test_the_target_s_mtp_layer_is_measured_and_used(monkeypatch):
+    """`tune --mtp`: the MTP layer's step stored as a draft of its own, and read by generate."""
+    from mlx_spec.calibration import measure
+    from mlx_spec.generate import speculative_generate_step
+    from mlx_spec.loading import default_target_path
+    from mlx_spec.mtp import load_mtp
+
+    monkeypatch.setattr(measure, "VERIFY_LENGTHS", (1, 2, 4, 8))
+    monkeypatch.setattr(measure, "PLAIN_RUNS", 1)
+    target_model, _ = load(str(default_target_path()))  # the shipped target and its MTP head
+    cal = calibrate(target_model, mtp=True)
+    (key, cost), = cal.drafts.items()
+    assert key == mtp_key(load_mtp(target_model)) and cost.step_s > 0
+    assert cost.acceptance is None  # no tokenizer, no prompts
+    save_calibration(cal)
+    rounds = speculative_generate_step([1, 2, 3], target_model, "mtp", max_tokens=12)
+    list(rounds)
+    assert rounds.policy.describe()["calibrated"] is True
+    assert rounds.policy.source("mtp").warm  # its cost fit started from the stored step
 
 
 def test_save_then_load_round_trips(pair, measured):
@@ -207,6 +228,15 @@ def test_tune_print_refuses_a_corrupt_file_in_one_line(model_dirs, pair):
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and str(path) in errors[0]  # after click's usage line
     assert run("tune", "--model", str(model_dirs["target"]), "--print", "--forget").exit_code != 0
+
+
+def test_tune_mtp_on_a_target_without_mtp_weights_is_one_sentence(model_dirs):
+    result = run("tune", "--model", str(model_dirs["target"]), "--no-draft", "--mtp")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "MTP" in errors[0]
+    result = run("tune", "--model", str(model_dirs["target"]), "--mtp-weights", "x")
+    assert result.exit_code != 0 and "only used with --mtp" in result.output
 
 
 @pytest.mark.parametrize("flag", ["--calibration", "--no-calibration"])

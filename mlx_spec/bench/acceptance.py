@@ -40,7 +40,7 @@ class AcceptancePoint:
     by_prompt: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)
 
 
-def _run(prompt_ids, target_model, draft_model, k, temp, max_tokens, accept):
+def _run(prompt_ids, target_model, draft_model, k, temp, max_tokens, accept, **options):
     """Counts of one generation: (drafted, accepted, Counter of accepted lengths).
 
     The generator is asked for k + 1 tokens more than we read, so no round we
@@ -50,7 +50,7 @@ def _run(prompt_ids, target_model, draft_model, k, temp, max_tokens, accept):
     histogram: Counter = Counter()
     for round_ in speculative_generate_step(
         prompt_ids, target_model, draft_model, max_tokens=max_tokens + k + 1, num_draft_tokens=k,
-        sampling=SamplingConfig(temp=temp), accept=accept, prompt_lookup=False,
+        sampling=SamplingConfig(temp=temp), accept=accept, prompt_lookup=False, **options,
     ):
         if round_.num_drafted:
             drafted += round_.num_drafted
@@ -64,14 +64,17 @@ def _run(prompt_ids, target_model, draft_model, k, temp, max_tokens, accept):
 
 def measure_point(target_model, draft_model, prompts: Sequence[Tuple[Prompt, List[int]]],
                   k: int, temp: float, max_tokens: int, rule: str = "exact",
-                  seed: int = 0) -> AcceptancePoint:
+                  seed: int = 0, **options) -> AcceptancePoint:
+    """Acceptance of `draft_model` at (k, temp) over `prompts`; `options` go to the generator
+    (e.g. draft_model="mtp" with mtp_weights=...)."""
     drafted = accepted = 0
     histogram: Counter = Counter()
     kind_counts: Dict[str, List[int]] = {}
     by_prompt: Dict[str, Tuple[int, int, int]] = {}
     for i, (prompt, ids) in enumerate(prompts):
         mx.random.seed(seed + i)
-        d, a, h = _run(ids, target_model, draft_model, k, temp, max_tokens, RULES[rule])
+        d, a, h = _run(ids, target_model, draft_model, k, temp, max_tokens, RULES[rule],
+                       **options)
         drafted, accepted = drafted + d, accepted + a
         histogram.update(h)
         by_prompt[prompt.name] = (sum(h.values()), a, h[k])

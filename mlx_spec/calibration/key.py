@@ -51,6 +51,11 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()
 
 
+def mtp_key(head) -> str:
+    """Where a target's MTP layer is stored among a calibration's drafts: "mtp:" + its weights'."""
+    return "mtp:" + model_fingerprint(head.block)
+
+
 def model_dtype(model) -> str:
     """The floating dtype holding most of the model's parameters ('float16', 'bfloat16', ...)."""
     counts = {}

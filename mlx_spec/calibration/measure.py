@@ -8,7 +8,9 @@ Four measurements, each reusing the benchmark's own:
    a verify pass takes, after a 128-token context (bench.forward; attention
    caches are trimmed back after each pass, recurrent state just moves on,
    its size and so its cost unchanged);
-3. one draft step: a forward over 1 token, log-softmax and argmax;
+3. one draft step: a forward over 1 token, log-softmax and argmax (for
+   the target's MTP layer: the layer over one pair, the target's output
+   head, log-softmax and argmax);
 4. with a tokenizer, the draft's acceptance at k = 4 on one prompt of each
    kind (code, copy, prose; bench.acceptance), greedy and at T = 1 with the
    exact rule (a strong draft keeps most of its acceptance when sampling, a
@@ -27,9 +29,12 @@ from ..bench.forward import forward_seconds, prefilled_cache
 from ..bench.prompts import QUICK_PROMPTS, encode_prompts
 from ..bench.timing import median
 from ..generate import speculative_generate_step
+from ..cache import rewind
 from ..loading import vocab_size
+from ..mtp import load_mtp
+from ..mtp.heads import split_target
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
-from .key import calibration_key, model_fingerprint
+from .key import calibration_key, model_fingerprint, mtp_key
 from .record import Calibration, DraftCost
 
 VERIFY_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
@@ -75,6 +80,26 @@ def draft_step_seconds(draft_model) -> float:
                            repeats=DRAFT_REPEATS)[1]
 
 
+def mtp_step_seconds(target_model, head) -> float:
+    """Seconds of one MTP drafting step after a CONTEXT_LENGTH context (its cache trimmed back)."""
+    trunk, _ = split_target(target_model)
+    tokens = mx.random.randint(0, vocab_size(target_model), (CONTEXT_LENGTH + 1,),
+                               key=mx.random.key(0)).astype(mx.uint32)
+    hidden = trunk(tokens[None, :-1])[0]  # (T, H): the target's, as drafting feeds them
+    cache = head.make_cache()
+    g = head(tokens[1:], hidden, cache[0])
+    mx.eval(g, [c.state for c in cache])
+    last, times = g[-1:], []
+    for _ in range(1 + DRAFT_REPEATS):
+        start = time.perf_counter()
+        g = head(tokens[-1:], last, cache[0])  # (1, H): depth 2's input, as a chained step
+        y = sample(logprobs_from_logits(head.logits(g), GREEDY), GREEDY)
+        mx.eval(y)
+        times.append(time.perf_counter() - start)
+        rewind(cache, 1)
+    return median(times[1:])
+
+
 def plain_step_seconds(target_model) -> float:
     """Median seconds per token of plain decoding through mlx-spec's own loop."""
     prompt = mx.random.randint(0, vocab_size(target_model), (PLAIN_PROMPT_LENGTH,),
@@ -92,20 +117,36 @@ def plain_step_seconds(target_model) -> float:
     return median([run() for _ in range(1 + PLAIN_RUNS)][1:])
 
 
-def draft_acceptance(target_model, draft_model, tokenizer, temp: float = 0.0) -> float:
-    """Per-draft acceptance at k = ACCEPTANCE_K and `temp` (the i.i.d. MLE over the rounds)."""
+def draft_acceptance(target_model, draft_model, tokenizer, temp: float = 0.0,
+                     **options) -> float:
+    """Per-draft acceptance at k = ACCEPTANCE_K and `temp` (the i.i.d. MLE over the rounds).
+
+    `draft_model` may be "mtp" (with `mtp_weights=` in `options`)."""
     prompts = encode_prompts(tokenizer, QUICK_PROMPTS)
     point = measure_point(target_model, draft_model, prompts, ACCEPTANCE_K, temp,
-                          ACCEPTANCE_TOKENS if temp == 0 else SAMPLING_ACCEPTANCE_TOKENS)
+                          ACCEPTANCE_TOKENS if temp == 0 else SAMPLING_ACCEPTANCE_TOKENS,
+                          **options)
     return iid_rate([point])
 
 
+def _acceptances(target_model, draft_model, tokenizer, say, **options):
+    """(greedy, T = 1) acceptance, or (None, None) without a tokenizer."""
+    if tokenizer is None:
+        return None, None
+    say(f"acceptance at k = {ACCEPTANCE_K}, T = 0 and 1, {len(QUICK_PROMPTS)} prompts")
+    return (draft_acceptance(target_model, draft_model, tokenizer, **options),
+            draft_acceptance(target_model, draft_model, tokenizer, 1.0, **options))
+
+
 def calibrate(target_model, draft_model=None, tokenizer=None,
-              progress: Optional[Callable[[str], None]] = None) -> Calibration:
+              progress: Optional[Callable[[str], None]] = None, mtp: bool = False,
+              mtp_weights: Optional[str] = None) -> Calibration:
     """Measure this machine's costs for `target_model` (and `draft_model` when given).
 
-    The draft's acceptance needs `tokenizer` (prompts are text); without it
-    acceptance is None. `progress(message)` is called before each stage.
+    With `mtp`, the target's MTP layer (weights as `mtp_weights` or the
+    model's own, see `mlx_spec.mtp.load_mtp`) is measured too, stored under
+    `mtp_key(head)`. Acceptance needs `tokenizer` (prompts are text); without
+    it acceptance is None. `progress(message)` is called before each stage.
     """
     say = progress or (lambda message: None)
     say("plain decoding (target alone)")
@@ -116,14 +157,14 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
     if draft_model is not None:
         say("draft step")
         step_s = draft_step_seconds(draft_model)
-        acceptance = sampling_acceptance = None
-        if tokenizer is not None:
-            say(f"draft acceptance at k = {ACCEPTANCE_K}, T = 0 and 1, "
-                f"{len(QUICK_PROMPTS)} prompts")
-            acceptance = draft_acceptance(target_model, draft_model, tokenizer)
-            sampling_acceptance = draft_acceptance(target_model, draft_model, tokenizer, 1.0)
-        drafts[model_fingerprint(draft_model)] = DraftCost(step_s, acceptance,
-                                                           sampling_acceptance)
+        drafts[model_fingerprint(draft_model)] = DraftCost(
+            step_s, *_acceptances(target_model, draft_model, tokenizer, say))
+    if mtp:
+        head = load_mtp(target_model, mtp_weights)
+        say("MTP step")
+        step_s = mtp_step_seconds(target_model, head)
+        drafts[mtp_key(head)] = DraftCost(
+            step_s, *_acceptances(target_model, "mtp", tokenizer, say, mtp_weights=mtp_weights))
     mx.clear_cache()
     return Calibration(key=calibration_key(target_model), created=time.time(),
                        plain_step_s=plain_s, verify_s=verify_s, drafts=drafts)

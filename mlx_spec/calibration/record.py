@@ -142,7 +142,8 @@ def describe(cal: Calibration, draft_fingerprint: Optional[str] = None) -> str:
         acceptance = "not measured" if draft.acceptance is None else f"{draft.acceptance:.3f}"
         if draft.sampling_acceptance is not None:
             acceptance += f" (T=0), {draft.sampling_acceptance:.3f} (T=1)"
-        lines.append(f"draft {fp[:12]}{mark}: step {draft.step_s * 1e3:.2f} ms = "
+        name = f"MTP layer {fp[4:16]}" if fp.startswith("mtp:") else f"draft {fp[:12]}"
+        lines.append(f"{name}{mark}: step {draft.step_s * 1e3:.2f} ms = "
                      f"{draft.step_s / one:.3f} target forwards, acceptance (k=4) {acceptance}")
     if not cal.drafts:
         lines.append("no draft measured")
