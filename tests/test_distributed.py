@@ -348,3 +348,30 @@ def test_the_policy_is_told_rank0_times_in_order():
     assert len(told) >= len(rounds) - 2  # held back one or two rounds, never lost
     seconds = [b - a for (_, a), (_, b) in zip(told, told[1:])]
     assert seconds == pytest.approx([(2 * i + 1) * 1e-3 for i in range(1, len(told))], abs=2e-6)
+
+
+def test_bench_distributed_outside_a_launch_is_one_sentence():
+    from click.testing import CliRunner
+
+    from mlx_spec.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--distributed", "--json", "/tmp/unused.json"])
+    assert result.exit_code == 2
+    assert "--distributed measures a target sharded across ranks; run it under mlx.launch" in \
+        result.output
+
+
+def test_bench_distributed_measures_on_a_group_of_one(models):
+    """The bench's measurements and report, on one rank (the launch itself is the CLI's)."""
+    import mlx_spec
+    from mlx_spec.bench.distributed import render_markdown, run_distributed_bench
+
+    target_dir, draft_dir = models["llama"]
+    target, tokenizer = mlx_spec.load(str(target_dir))
+    draft = mlx_spec.load(str(draft_dir))[0]
+    result = run_distributed_bench(target, draft, tokenizer, mx.distributed.init(),
+                                   {"target": "t", "draft": "d"}, max_tokens=8)
+    assert len(result.plain_tps) == len(result.speculative_tps) == 3
+    assert set(result.verify_seconds) == set(result.communication_seconds) == {1, 2, 4, 8, 16}
+    report = render_markdown(result)
+    assert "| T (tokens per pass) | pass, ms |" in report and "Speed-up" in report

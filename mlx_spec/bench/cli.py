@@ -70,12 +70,20 @@ def _parse_sizes(text: str):
 @click.option("--rerender", "rerender_path", type=click.Path(exists=True, dir_okay=False), default=None, help="Measure nothing: re-derive the cost model's figures from a saved JSON and rewrite it, its report and plots.")
 @click.option("--tune", is_flag=True, help="Afterwards also run `mlx-spec tune` for the pair and store the calibration.")
 @click.option("--smoke", is_flag=True, hidden=True, help="Seconds on tiny test models (tests only).")
+@click.option("--distributed", is_flag=True, help="Under mlx.launch: the target sharded across the ranks, plain vs speculative tokens/s, its verify cost and the communication per pass.")
 def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max_tokens,
-          repeats, num_draft_tokens, target_sizes, rerender_path, tune, smoke):
+          repeats, num_draft_tokens, target_sizes, rerender_path, tune, smoke, distributed):
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
     from .runner import BenchConfig, quick_config, run_bench, tiny_config
 
     _check_writable(rerender_path or json_path, report_path)
+    if distributed:
+        from .distributed import bench_command
+
+        start = time.perf_counter()
+        bench_command(model, draft_model, json_path, report_path, max_tokens,
+                      lambda m: click.echo(f"[{time.perf_counter() - start:6.1f}s] {m}", err=True))
+        return
     if rerender_path:
         _write(_rerender(rerender_path), rerender_path, report_path, no_plots, click.echo)
         return

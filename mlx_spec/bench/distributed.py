@@ -1,0 +1,234 @@
+"""`mlx-spec bench --distributed`, run on every rank of an `mlx.launch`: a sharded target's costs.
+
+Every rank runs the same measurements (their collectives must meet); rank 0
+reports. Three figures:
+
+- **end to end**: tokens/s of the sharded target alone (plain decoding) and
+  with speculation (the draft on every rank, the default adaptive policy), greedy,
+  over the quick prompt set, each run after one untimed warm-up;
+- **verify cost**: seconds of one sharded forward over T tokens after a
+  128-token context, T = 1, 2, 4, 8, 16 (interleaved medians), and the ratio to T = 1;
+- **communication**: the same collectives a forward issues, timed alone (tensor
+  parallel: two all-sums of (1, T, hidden) per layer; pipeline: the stage
+  hand-offs and the closing all-gather), plus the rank agreement's small
+  all-sums; as seconds per pass and as a share of the whole pass.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import mlx.core as mx
+
+from .prompts import QUICK_PROMPTS
+from .timing import interleaved_medians
+
+VERIFY_SIZES = (1, 2, 4, 8, 16)
+CONTEXT_TOKENS = 128
+DEFAULT_MAX_TOKENS = 48
+
+
+@dataclass
+class DistributedResult:
+    ranks: int
+    sharding: str
+    target: str
+    draft: str
+    machine: Dict[str, str]
+    max_tokens: int
+    plain_tps: List[float] = field(default_factory=list)  # one per prompt
+    speculative_tps: List[float] = field(default_factory=list)
+    tokens_per_round: List[float] = field(default_factory=list)
+    verify_seconds: Dict[int, float] = field(default_factory=dict)  # T -> seconds per pass
+    communication_seconds: Dict[int, float] = field(default_factory=dict)  # T -> seconds
+    agreement_seconds: float = 0.0  # the agreement's all-sums of one speculative round
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.speculative_tps) / statistics.median(self.plain_tps)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["speedup"] = self.speedup
+        out["communication_share"] = {t: self.communication_seconds[t] / s
+                                      for t, s in self.verify_seconds.items()}
+        return out
+
+
+def sharding_of(target_model) -> str:
+    inner = getattr(target_model, "model", None)
+    return "pipeline" if getattr(inner, "pipeline_size", 1) > 1 else "tensor"
+
+
+def generation_tps(target_model, draft_model, prompt: List[int], max_tokens: int):
+    """(tokens/s, tokens per round) of one greedy generation, prefill excluded."""
+    from ..generate import speculative_generate_step
+
+    rounds = speculative_generate_step(prompt, target_model, draft_model, max_tokens=max_tokens,
+                                       prompt_lookup=draft_model is not None, calibration=None)
+    first = next(rounds)  # prefill and the first round: not timed
+    start, tokens, count = time.perf_counter(), 0, 0
+    for round_ in rounds:
+        tokens += len(round_.tokens)
+        count += 1
+    seconds = time.perf_counter() - start
+    return tokens / seconds, (tokens + len(first.tokens)) / (count + 1)
+
+
+def verify_curve(target_model, sizes=VERIFY_SIZES, repeats: int = 3) -> Dict[int, float]:
+    """Seconds of one target forward over T tokens after CONTEXT_TOKENS of context."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(target_model)
+    mx.eval(target_model(mx.arange(CONTEXT_TOKENS)[None] % 97, cache=cache))
+
+    def forward(size):
+        def run():
+            mx.eval(target_model(mx.arange(size)[None] % 89, cache=cache))
+            for layer in cache:
+                layer.trim(size)
+        return run
+
+    return interleaved_medians({t: forward(t) for t in sizes}, repeats=repeats)
+
+
+def collectives_alone(target_model, group, sharding: str, sizes=VERIFY_SIZES,
+                      repeats: int = 5) -> Dict[int, float]:
+    """Seconds of the collectives one forward over T tokens issues, with no model maths."""
+    args = target_model.args
+    hidden, layers = args.hidden_size, args.num_hidden_layers
+    dtype = target_model.model.embed_tokens.weight.dtype
+    rank, size = group.rank(), group.size()
+
+    def tensor_parallel(x):
+        for _ in range(2 * layers):  # attention and MLP outputs, each summed over the ranks
+            x = mx.distributed.all_sum(x, group=group) * 0.5
+        return x
+
+    def pipeline(x):
+        if rank < size - 1:
+            x = mx.distributed.recv_like(x, rank + 1, group=group)
+        if rank != 0:
+            x = mx.distributed.send(x, rank - 1, group=group)
+        return mx.distributed.all_gather(x, group=group)[:1]
+
+    shape_pass = tensor_parallel if sharding == "tensor" else pipeline
+
+    def run(t):
+        return lambda: mx.eval(shape_pass(mx.ones((1, t, hidden), dtype)))
+
+    return interleaved_medians({t: run(t) for t in sizes}, repeats=repeats)
+
+
+def agreement_alone(group, num_draft_tokens: int = 4, repeats: int = 5) -> float:
+    """Seconds of the rank agreement's two all-sums of one speculative round."""
+    from ..distributed import RankAgreement
+
+    agreement = RankAgreement(group)
+
+    def run():
+        drafts = agreement.broadcast(mx.zeros((num_draft_tokens,), mx.uint32))
+        mx.eval(agreement.decide(mx.concatenate([drafts, drafts[:2]])))
+        agreement.received()
+
+    return interleaved_medians({0: run}, repeats=repeats)[0]
+
+
+def run_distributed_bench(target_model, draft_model, tokenizer, group, models: Dict[str, str],
+                          max_tokens: int = DEFAULT_MAX_TOKENS,
+                          progress: Callable[[str], None] = lambda m: None) -> DistributedResult:
+    """Every measurement above, on every rank in the same order."""
+    sharding = sharding_of(target_model)
+    result = DistributedResult(group.size(), sharding, models["target"], models["draft"],
+                               {"platform": platform.platform(), "processor": platform.machine(),
+                                "mlx": mx.__version__, "device": str(mx.default_device())},
+                               max_tokens)
+    prompts = [tokenizer.encode(p.text) for p in QUICK_PROMPTS]
+    generation_tps(target_model, draft_model, prompts[0], 8)  # warm-up
+    for prompt, spec in zip(prompts, QUICK_PROMPTS):
+        progress(f"end to end: {spec.name}, the target alone, then with the draft")
+        result.plain_tps.append(generation_tps(target_model, None, prompt, max_tokens)[0])
+        tps, per_round = generation_tps(target_model, draft_model, prompt, max_tokens)
+        result.speculative_tps.append(tps)
+        result.tokens_per_round.append(per_round)
+    progress("verify cost of the sharded target")
+    result.verify_seconds = verify_curve(target_model)
+    progress("the collectives of one pass, alone")
+    result.communication_seconds = collectives_alone(target_model, group, sharding)
+    result.agreement_seconds = agreement_alone(group)
+    return result
+
+
+def render_markdown(result: DistributedResult) -> str:
+    d = result.as_dict()
+    lines = [
+        f"# Sharded target: {result.ranks} ranks, {result.sharding} parallel",
+        "",
+        f"Target `{result.target}`, draft `{result.draft}`; {result.machine['platform']}, "
+        f"MLX {result.machine['mlx']} ({result.machine['device']}); greedy, "
+        f"{result.max_tokens} tokens per prompt, prefill excluded.",
+        "",
+        "| prompt | target alone, tok/s | speculative, tok/s | tokens/round |",
+        "|---|---:|---:|---:|",
+    ]
+    for spec, plain, fast, per in zip(QUICK_PROMPTS, result.plain_tps, result.speculative_tps,
+                                      result.tokens_per_round):
+        lines.append(f"| {spec.name} | {plain:.1f} | {fast:.1f} | {per:.2f} |")
+    lines += [
+        "",
+        f"Speed-up (median over median): {d['speedup']:.2f}x.",
+        "",
+        "| T (tokens per pass) | pass, ms | vs T = 1 | collectives alone, ms | share |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    base = result.verify_seconds[min(result.verify_seconds)]
+    for t, seconds in sorted(result.verify_seconds.items()):
+        comm = result.communication_seconds[t]
+        lines.append(f"| {t} | {seconds * 1e3:.1f} | {seconds / base:.2f} | {comm * 1e3:.1f} | "
+                     f"{comm / seconds:.0%} |")
+    lines += ["", f"The rank agreement's two all-sums per speculative round, alone: "
+                  f"{result.agreement_seconds * 1e3:.1f} ms.", ""]
+    return "\n".join(lines)
+
+
+def bench_command(model, draft_model, json_path, report_path, max_tokens, say) -> None:
+    """`mlx-spec bench --distributed`: load sharded, measure on every rank, rank 0 writes."""
+    import json
+    from pathlib import Path
+
+    import click
+
+    from ..distributed import launched_group, load_sharded
+    from ..loading import default_draft_path, default_target_path
+
+    group = launched_group()
+    if group is None:
+        raise click.UsageError("--distributed measures a target sharded across ranks; run it "
+                               "under mlx.launch with two or more ranks (mlx.launch -n 2 -- "
+                               "mlx-spec bench --distributed).")
+    if model is None:
+        model, draft_model = str(default_target_path()), draft_model or str(default_draft_path())
+    if draft_model is None:
+        raise click.UsageError("Benchmarking speculation needs a draft: pass --draft-model PATH.")
+    rank0 = group.rank() == 0
+    say = say if rank0 else (lambda message: None)
+    say(f"loading {model} sharded over {group.size()} ranks, and {draft_model} on each")
+    try:
+        target_model, tokenizer, draft = load_sharded(model, draft_model, group)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    result = run_distributed_bench(target_model, draft, tokenizer, group,
+                                   {"target": model, "draft": draft_model},
+                                   max_tokens or DEFAULT_MAX_TOKENS, say)
+    if not rank0:
+        return
+    json_path = Path(json_path)
+    json_path.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    report_path = Path(report_path) if report_path else json_path.with_suffix(".md")
+    report_path.write_text(render_markdown(result))
+    click.echo(render_markdown(result))
+    click.echo(f"Wrote {json_path} and {report_path}.")
