@@ -67,7 +67,8 @@ def main():
     parser.add_argument("--draft")
     parser.add_argument("--sharding", default="auto")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--rank1-target", help="rank 1 loads this target instead (a wrong launch)")
+    parser.add_argument("--then-mismatch", metavar="PATH",
+                        help="afterwards, load again with rank 1 given this target instead")
     parser.add_argument("scenarios", nargs="*")
     args = parser.parse_args()
     from mlx_spec.distributed import launched_group, load_sharded
@@ -76,10 +77,14 @@ def main():
     rank = group.rank() if group is not None else -1
     result = {"size": group.size() if group is not None else 1}
     try:
-        target_path = args.rank1_target if rank == 1 and args.rank1_target else args.target
-        target, _, draft = load_sharded(target_path, args.draft, sharding=args.sharding)
+        target, _, draft = load_sharded(args.target, args.draft, sharding=args.sharding)
         for scenario in args.scenarios:
             result[scenario] = run(scenario, target, draft)
+        if args.then_mismatch:  # a wrong launch: the ranks were given different targets
+            try:
+                load_sharded(args.then_mismatch if rank == 1 else args.target, args.draft)
+            except ValueError as exc:
+                result["mismatch"] = str(exc)
     except ValueError as exc:  # the one-sentence errors the tests expect
         result["error"] = str(exc)
     except Exception:

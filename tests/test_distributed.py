@@ -166,10 +166,11 @@ def tensor_parallel(models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipeline(models, tmp_path_factory):
-    """One 2-rank launch, ministral3 split by its pipeline(): the scenarios and the chi-square."""
+    """One 2-rank launch, ministral3 split by its pipeline(): the scenarios and the chi-square,
+    then a load where rank 1 is given the llama target instead."""
     target_dir, draft_dir = models["ministral3"]
     return launch(tmp_path_factory.mktemp("pp"), target_dir, draft_dir, SCENARIOS + [CHI_SQUARE],
-                  "pipeline")
+                  "pipeline", extra=["--then-mismatch", str(models["llama"][0])])
 
 
 @pytest.mark.parametrize("family", ["llama", "ministral3"])
@@ -208,13 +209,9 @@ def test_sharded_sampler_is_exact(pipeline):
     assert 0.2 < result["acceptance"] < 1.0
 
 
-def test_ranks_with_different_models_stop_with_one_sentence(models, tmp_path):
-    target_dir, draft_dir = models["llama"]
-    other_dir = models["ministral3"][0]
-    results = launch(tmp_path / "out", target_dir, draft_dir, ["greedy_k3"], "auto",
-                     extra=["--rank1-target", str(other_dir)])
+def test_ranks_with_different_models_stop_with_one_sentence(pipeline):
     for rank in (0, 1):
-        assert results[rank]["error"] == (
+        assert pipeline[rank]["mismatch"] == (
             "Rank 1 has a different target model than rank 0 (its config or weight files "
             "differ, or it is missing); put the same model at the same path on every machine.")
 
