@@ -385,3 +385,16 @@ def test_bench_distributed_measures_on_a_group_of_one(models):
     assert set(result.verify_seconds) == set(result.communication_seconds) == {1, 2, 4, 8, 16}
     report = render_markdown(result)
     assert "| T (tokens per pass) | pass, ms |" in report and "Speed-up" in report
+
+
+def test_mtp_on_a_sharded_target_is_one_sentence():
+    """The MTP layer's refusal (mlx_spec/mtp) reads the mark load_sharded leaves, wrapper or not."""
+    from mlx_spec.distributed.group import mark_sharded
+    from mlx_spec.mtp.heads import mtp_style
+    from families import make_family
+
+    target = make_family("qwen3_5")
+    mark_sharded(target, mx.distributed.init())
+    with pytest.raises(ValueError, match="^MTP drafting does not support a target sharded across "
+                                         "machines"):
+        mtp_style(target)

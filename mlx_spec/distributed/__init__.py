@@ -13,9 +13,8 @@ so the loop keeps one host sync per round.
 """
 
 from .agreement import AgreedDrafter, AgreedPolicy, RankAgreement, agree_across_ranks
-from .group import is_rank0, launched, launched_group, sharding_group
+from .group import launched, launched_group, sharding_group
 from .loading import SHARDINGS, check_draft_fits, load_sharded
 
-__all__ = ["AgreedDrafter", "AgreedPolicy", "RankAgreement", "agree_across_ranks", "is_rank0",
-           "launched", "launched_group", "sharding_group", "SHARDINGS", "check_draft_fits",
-           "load_sharded"]
+__all__ = ["AgreedDrafter", "AgreedPolicy", "RankAgreement", "agree_across_ranks", "launched",
+           "launched_group", "sharding_group", "SHARDINGS", "check_draft_fits", "load_sharded"]

@@ -43,15 +43,13 @@ class RankAgreement:
         self.group = group
         self.rank = group.rank()
         self.clock = clock
-        self.collectives = 0  # all-sums added to the rounds' graphs, for the bench
         self._marks = 0  # rounds this rank has observed
         self._last_mark: Optional[float] = None
         self._times = [0] * TIME_WINDOW  # microseconds of the last rounds, as this rank measured
         self._decided: Deque[mx.array] = deque()  # full all-sum results, oldest first
 
     def _from_rank0(self, x: mx.array) -> mx.array:
-        mask = 1 if self.rank == 0 else 0
-        self.collectives += 1
+        mask = 1 if self.rank == 0 else 0  # x * 0 keeps this rank's graph (its collectives) in
         return mx.distributed.all_sum(x * mask, group=self.group)
 
     def broadcast(self, x: mx.array) -> mx.array:
@@ -60,7 +58,7 @@ class RankAgreement:
         return self._from_rank0(flat).astype(x.dtype).reshape(x.shape)
 
     def decide(self, x: mx.array) -> mx.array:
-        """`broadcast(x)`, carrying rank 0's time for the round it observed last."""
+        """`broadcast(x)`, carrying rank 0's times for the last TIME_WINDOW rounds it observed."""
         flat = x.reshape(-1).astype(mx.int32)
         payload = mx.array([self._marks] + self._times, mx.int32)
         full = self._from_rank0(mx.concatenate([flat, payload]))  # (x.size + 1 + TIME_WINDOW,)

@@ -31,14 +31,12 @@ def launched_group() -> Optional["mx.distributed.Group"]:
     return group if group.size() > 1 else None
 
 
-def is_rank0(group) -> bool:
-    return group is None or group.rank() == 0
-
-
 def sharding_group(model) -> Optional["mx.distributed.Group"]:
     """The group a target was sharded over by `load_sharded`, or None."""
     return getattr(model, SHARDING_ATTR, None)
 
 
 def mark_sharded(model, group) -> None:
-    object.__setattr__(model, SHARDING_ATTR, group)  # not a parameter of the model
+    """Mark the model (and the text model inside a wrapper, where MTP looks) as sharded."""
+    for module in {id(m): m for m in (model, getattr(model, "language_model", model))}.values():
+        object.__setattr__(module, SHARDING_ATTR, group)  # not a parameter of the model
