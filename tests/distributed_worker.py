@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -75,6 +76,8 @@ def main():
 
     group = launched_group()
     rank = group.rank() if group is not None else -1
+    if args.scenarios == ["hang"]:  # a launch that never ends: the test must clean it up
+        time.sleep(600)
     result = {"size": group.size() if group is not None else 1}
     try:
         target, _, draft = load_sharded(args.target, args.draft, sharding=args.sharding)

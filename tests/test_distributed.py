@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -49,7 +50,7 @@ def free_port(ranks: int = 2) -> int:
 
 
 def launch(out: Path, target: Path, draft=None, scenarios=(), sharding="auto", ranks=2,
-           timeout=LAUNCH_TIMEOUT, extra=()):
+           timeout=LAUNCH_TIMEOUT, extra=(), started=lambda pid: None):
     """Run the worker on `ranks` local ranks; {rank: its JSON}. Kills the whole launch on failure."""
     out.mkdir(parents=True, exist_ok=True)
     worker = ["--target", str(target), "--out", str(out), "--sharding", sharding]
@@ -59,7 +60,9 @@ def launch(out: Path, target: Path, draft=None, scenarios=(), sharding="auto", r
                "--python", sys.executable, str(HERE / "distributed_worker.py"), *worker,
                *scenarios]
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    started(proc.pid)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -398,3 +401,29 @@ def test_mtp_on_a_sharded_target_is_one_sentence():
     with pytest.raises(ValueError, match="^MTP drafting does not support a target sharded across "
                                          "machines"):
         mtp_style(target)
+
+
+def test_a_launch_that_times_out_is_cleaned_up(models, tmp_path):
+    """The launch, its ranks and their children share a process group, killed whole."""
+    pids = []
+    with pytest.raises(pytest.fail.Exception, match="did not finish within 6 s"):
+        launch(tmp_path / "out", models["llama"][0], scenarios=["hang"], timeout=6,
+               started=pids.append)
+    assert group_members(pids[0]) == []  # no process of the launch's group is left
+
+
+def group_members(pgid: int, wait: float = 5.0) -> list:
+    """Live (not zombie) processes of a process group, after up to `wait` s for them to die."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp
+                alive.append(int(stat.parent.name))
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
