@@ -203,17 +203,14 @@ def bench_command(model, draft_model, json_path, report_path, max_tokens, say) -
     import click
 
     from ..distributed import launched_group, load_sharded
-    from ..loading import default_draft_path, default_target_path
+    from .cli import _resolve
 
     group = launched_group()
     if group is None:
         raise click.UsageError("--distributed measures a target sharded across ranks; run it "
                                "under mlx.launch with two or more ranks (mlx.launch -n 2 -- "
                                "mlx-spec bench --distributed).")
-    if model is None:
-        model, draft_model = str(default_target_path()), draft_model or str(default_draft_path())
-    if draft_model is None:
-        raise click.UsageError("Benchmarking speculation needs a draft: pass --draft-model PATH.")
+    model, draft_model = _resolve(model, draft_model)
     rank0 = group.rank() == 0
     say = say if rank0 else (lambda message: None)
     say(f"loading {model} sharded over {group.size()} ranks, and {draft_model} on each")
