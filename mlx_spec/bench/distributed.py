@@ -5,7 +5,8 @@ reports. Three figures:
 
 - **end to end**: tokens/s of the sharded target alone (plain decoding) and
   with speculation (the draft on every rank, the default adaptive policy), greedy,
-  over the quick prompt set, each run after one untimed warm-up;
+  over the quick prompt set, after one warm-up generation (each run's prefill
+  and first round are not timed);
 - **verify cost**: seconds of one sharded forward over T tokens after a
   128-token context, T = 1, 2, 4, 8, 16 (interleaved medians), and the ratio to T = 1;
 - **communication**: the same collectives a forward issues, timed alone (tensor
