@@ -2,6 +2,8 @@
 
 Loads the target sharded and the draft whole, runs the scenarios named on the
 command line on token ids, and writes what this rank saw to OUT/rank<r>.json.
+"mtp_greedy" drafts with an MTP layer instead (`--mtp-weights`), on the
+launch's target or on `--mtp-target`, loaded sharded the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def rounds_of(stream):
     return {"tokens": tokens, "rounds": rounds}
 
 
-def run(scenario, target, draft):
+def run(scenario, target, draft, mtp_weights=None):
     from mlx_spec.exactness import check_exactness
     from mlx_spec.generate import speculative_generate_step
     from mlx_spec.sampling import SamplingConfig
@@ -41,6 +43,10 @@ def run(scenario, target, draft):
         result = rounds_of(stream)
         result["policy"] = stream.policy.describe()
         return result
+    if scenario == "mtp_greedy":  # every rank loads the MTP layer whole and drafts with it
+        return rounds_of(speculative_generate_step(PROMPT, target, "mtp", mtp_weights=mtp_weights,
+                                                   max_tokens=40, num_draft_tokens=3,
+                                                   calibration=None))
     if scenario == "plain":
         return rounds_of(speculative_generate_step(PROMPT, target, None, max_tokens=12))
     if scenario == "sampled_seeded":
@@ -68,6 +74,8 @@ def main():
     parser.add_argument("--draft")
     parser.add_argument("--sharding", default="auto")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--mtp-target", help="the target of mtp_greedy (default: --target)")
+    parser.add_argument("--mtp-weights", help="the MTP weights of mtp_greedy's target")
     parser.add_argument("--then-mismatch", metavar="PATH",
                         help="afterwards, load again with rank 1 given this target instead")
     parser.add_argument("scenarios", nargs="*")
@@ -82,7 +90,11 @@ def main():
     try:
         target, _, draft = load_sharded(args.target, args.draft, sharding=args.sharding)
         for scenario in args.scenarios:
-            result[scenario] = run(scenario, target, draft)
+            if scenario == "mtp_greedy" and args.mtp_target:
+                mtp_target = load_sharded(args.mtp_target, sharding=args.sharding)[0]
+                result[scenario] = run(scenario, mtp_target, None, args.mtp_weights)
+            else:
+                result[scenario] = run(scenario, target, draft, args.mtp_weights)
         if args.then_mismatch:  # a wrong launch: the ranks were given different targets
             try:
                 load_sharded(args.then_mismatch if rank == 1 else args.target, args.draft)

@@ -2,7 +2,9 @@
 
 Each test launches tests/distributed_worker.py on two local ranks, which load
 the target sharded (tensor parallel: llama's shard(); pipeline: ministral3's
-pipeline()) and the draft whole, and write what each rank generated as JSON.
+pipeline()) and the draft whole, and write what each rank generated as JSON. Each launch
+also drafts with an MTP layer loaded whole on every rank: a head trained for
+the llama target (tensor parallel), a deepseek_v3 target's own (pipeline).
 The references are computed here, in one process, from the same directories.
 A launch runs in its own process group, killed whole when it fails or times out.
 """
@@ -125,12 +127,64 @@ def write_pair(root: Path, family: str, layers: int = 3, seed: int = 0):
     return target_dir, draft_dir
 
 
+def write_trained_head(head_dir: Path, target_dir: Path) -> Path:
+    """An MTP head for the llama target in the DeepSeek layout, as the shipped default's.
+
+    Its decoder layer is the target's first layer and it passes the embedding
+    of the token it is given straight through, so it drafts what a one-layer
+    target would (the later layers add little): acceptance is partial.
+    """
+    import mlx_spec
+    from mlx_spec.mtp.heads import make_block
+
+    head_dir.mkdir(parents=True, exist_ok=True)
+    config = json.loads((target_dir / "config.json").read_text())
+    layer = {"mtp_layout": "deepseek", **{key: config[key] for key in (
+        "model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
+        "intermediate_size", "rms_norm_eps")}}
+    target, _ = mlx_spec.load(str(target_dir))
+    block, _ = make_block(target, layer)
+    trunk, size = dict(tree_flatten(target.parameters())), config["hidden_size"]
+    params = {name: trunk["model.layers.0." + name.removeprefix("block.")]
+              for name, _ in tree_flatten(block.parameters()) if name.startswith("block.")}
+    embed = trunk["model.embed_tokens.weight"]
+    params.update({"enorm.weight": mx.full((size,), mx.sqrt(mx.mean(embed * embed)).item()),
+                   "hnorm.weight": mx.ones((size,)),
+                   "eh_proj.weight": mx.concatenate([mx.eye(size), mx.zeros((size, size))], 1),
+                   "shared_head.norm.weight": trunk["model.norm.weight"]})
+    index = config["num_hidden_layers"]
+    mx.save_safetensors(str(head_dir / "model.safetensors"),
+                        {f"model.layers.{index}.{name.removeprefix('block.')}": w
+                         for name, w in params.items()}, metadata={"format": "pt"})
+    (head_dir / "mtp_config.json").write_text(json.dumps(layer))
+    return head_dir
+
+
+def write_deepseek_v3(root: Path):
+    """(target dir, MTP checkpoint dir): a tiny deepseek_v3 and its MTP layer (test_mtp's)."""
+    from test_mtp import _moe_config, make_target, mtp_params, write_original
+
+    target_dir = root / "deepseek_v3-target"
+    target_dir.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(target_dir)
+    target = make_target("deepseek_v3", vocab_size=vocab)
+    (target_dir / "config.json").write_text(json.dumps(_moe_config("deepseek_v3", vocab)
+                                                       | {"eos_token_id": 0}))
+    mx.save_safetensors(str(target_dir / "model.safetensors"),
+                        dict(tree_flatten(target.parameters())))
+    # mlx-lm's deepseek_v3 drops only layer 61 when loading, so the MTP layer lives apart.
+    return target_dir, write_original(root / "deepseek_v3-mtp", target, mtp_params(target))
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
     # Two layers for tensor parallelism (each adds two all-sums per pass), three for the pipeline.
-    return {"llama": write_pair(root, "llama", layers=2),
-            "ministral3": write_pair(root, "ministral3", layers=3)}
+    pairs = {"llama": write_pair(root, "llama", layers=2),
+             "ministral3": write_pair(root, "ministral3", layers=3)}
+    mtp = {"llama": (pairs["llama"][0], write_trained_head(root / "llama-mtp", pairs["llama"][0])),
+           "deepseek_v3": write_deepseek_v3(root)}
+    return {**pairs, "mtp": mtp}
 
 
 def one_process(target_dir, draft_dir, prompt, **kwargs):
@@ -161,19 +215,23 @@ CHI_SQUARE = "chi_square:200"
 
 @pytest.fixture(scope="module")
 def tensor_parallel(models, tmp_path_factory):
-    """One 2-rank launch, llama sharded by its shard(): the scenarios and plain steps."""
+    """One 2-rank launch, llama sharded by its shard(): the scenarios, plain steps and MTP."""
     target_dir, draft_dir = models["llama"]
-    return launch(tmp_path_factory.mktemp("tp"), target_dir, draft_dir, SCENARIOS + ["plain"],
-                  "tensor")
+    return launch(tmp_path_factory.mktemp("tp"), target_dir, draft_dir,
+                  SCENARIOS + ["plain", "mtp_greedy"], "tensor",
+                  extra=["--mtp-weights", str(models["mtp"]["llama"][1])])
 
 
 @pytest.fixture(scope="module")
 def pipeline(models, tmp_path_factory):
     """One 2-rank launch, ministral3 split by its pipeline(): the scenarios and the chi-square,
-    then a load where rank 1 is given the llama target instead."""
+    MTP drafting on deepseek_v3, then a load where rank 1 is given the llama target instead."""
     target_dir, draft_dir = models["ministral3"]
-    return launch(tmp_path_factory.mktemp("pp"), target_dir, draft_dir, SCENARIOS + [CHI_SQUARE],
-                  "pipeline", extra=["--then-mismatch", str(models["llama"][0])])
+    mtp_target, mtp_weights = models["mtp"]["deepseek_v3"]
+    return launch(tmp_path_factory.mktemp("pp"), target_dir, draft_dir,
+                  SCENARIOS + [CHI_SQUARE, "mtp_greedy"], "pipeline",
+                  extra=["--mtp-target", str(mtp_target), "--mtp-weights", str(mtp_weights),
+                         "--then-mismatch", str(models["llama"][0])])
 
 
 @pytest.mark.parametrize("family", ["llama", "ministral3"])
@@ -202,6 +260,27 @@ def test_sharded_target_matches_one_process(models, tensor_parallel, pipeline, f
         assert rank0["plain"]["tokens"] == one_process(target_dir, None, PROMPT, max_tokens=12)
     for scenario in ("sampled_seeded", "sampled_adaptive"):
         assert drafted_and_accepted(rank0[scenario])[1] > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_mtp_drafting_on_a_sharded_target_matches_one_process(models, tensor_parallel, pipeline,
+                                                              family):
+    """draft_model="mtp" on 2 ranks: greedy output equals one process token for token.
+
+    Tensor parallel: llama with a head trained for it (the shipped default's
+    kind); pipeline: deepseek_v3, whose hidden state every stage receives from
+    the last. Every rank runs the MTP layer whole and takes rank 0's drafts.
+    """
+    from distributed_worker import PROMPT
+
+    results = tensor_parallel if family == "llama" else pipeline
+    assert_ranks_agree(results, ["mtp_greedy"])
+    target_dir, _ = models["mtp"][family]
+    rank0 = results[0]["mtp_greedy"]
+    assert rank0["tokens"] == one_process(target_dir, None, PROMPT, max_tokens=40)
+    mtp_rounds = [r for r in rank0["rounds"] if r[0] == "mtp"]
+    drafted, accepted = sum(r[1] for r in mtp_rounds), sum(r[2] for r in mtp_rounds)
+    assert drafted > 0 and 0 < accepted < drafted  # the MTP layer drafted, partly right
 
 
 def test_sharded_sampler_is_exact(pipeline):
@@ -390,17 +469,37 @@ def test_bench_distributed_measures_on_a_group_of_one(models):
     assert "| T (tokens per pass) | pass, ms |" in report and "Speed-up" in report
 
 
-def test_mtp_on_a_sharded_target_is_one_sentence():
-    """The MTP layer's refusal (mlx_spec/mtp) reads the mark load_sharded leaves, wrapper or not."""
-    from mlx_spec.distributed.group import mark_sharded
-    from mlx_spec.mtp.heads import mtp_style
+def test_the_sharded_mark_leaves_mlx_lm_attributes_alone():
+    """qwen3_5's text model gathers its logits when its own `sharding_group` is set: a pipelined
+    one must keep None there, so the mark lives in an attribute of mlx-spec's."""
     from families import make_family
 
-    target = make_family("qwen3_5")
-    mark_sharded(target, mx.distributed.init())
-    with pytest.raises(ValueError, match="^MTP drafting does not support a target sharded across "
-                                         "machines"):
-        mtp_style(target)
+    from mlx_spec.distributed import sharding_group
+    from mlx_spec.distributed.group import mark_sharded
+
+    target, group = make_family("qwen3_5"), mx.distributed.init()
+    mark_sharded(target, group)
+    assert sharding_group(target) is group
+    assert target.language_model.sharding_group is None
+
+
+def test_the_mtp_layer_is_built_on_any_pipeline_stage():
+    """A stage holds None for the layers of the stages before it, and may hold only linear-
+    attention layers (qwen3_5: layers 1 and 3 are full attention); the MTP layer is the same."""
+    from families import make_family
+
+    from mlx_spec.mtp.heads import make_block
+
+    def shapes(block):
+        return {name: w.shape for name, w in tree_flatten(block.parameters())}
+
+    expected = shapes(make_block(make_family("qwen3_5"))[0])
+    for stage in ([None, None, None, 3], [0]):  # the last of 4 stages, the first of 4
+        target = make_family("qwen3_5")
+        layers = target.language_model.model.layers
+        target.language_model.model.layers = [None if i is None else layers[i] for i in stage]
+        block, _ = make_block(target)
+        assert not block.layers[0].is_linear and shapes(block) == expected
 
 
 def test_a_launch_that_times_out_is_cleaned_up(models, tmp_path):

@@ -3,8 +3,10 @@
 `mlx.launch` starts one process per rank with MLX_RANK (ring, jaccl) or
 Open MPI's variables set; outside such a launch there is no group and
 nothing here initialises MLX's distributed engine. A target loaded by
-`load_sharded` carries its group in the attribute mlx-lm's own code reads
-(`sharding_group`), so the generation API can tell a sharded target apart.
+`load_sharded` carries its group in an attribute of its own, so the
+generation API can tell a sharded target apart. (Not mlx-lm's
+`sharding_group`: a text model that reads it would gather its logits when
+pipelined.)
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Optional
 
 import mlx.core as mx
 
-SHARDING_ATTR = "sharding_group"
+SHARDING_ATTR = "_mlx_spec_sharding_group"
 LAUNCH_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_SIZE")
 
 
@@ -37,6 +39,5 @@ def sharding_group(model) -> Optional["mx.distributed.Group"]:
 
 
 def mark_sharded(model, group) -> None:
-    """Mark the model (and the text model inside a wrapper, where MTP looks) as sharded."""
-    for module in {id(m): m for m in (model, getattr(model, "language_model", model))}.values():
-        object.__setattr__(module, SHARDING_ATTR, group)  # not a parameter of the model
+    """Mark the model as sharded over `group`."""
+    object.__setattr__(model, SHARDING_ATTR, group)  # not a parameter of the model

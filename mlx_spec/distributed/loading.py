@@ -12,7 +12,10 @@
 3. mlx-lm's `sharded_load` loads each rank's share (tensor parallel when the
    class has `shard()`, else pipeline; `sharding=` chooses);
 4. the draft is loaded whole on every rank (so drafting needs no network) and
-   must be smaller than each rank's share of the target.
+   must be smaller than each rank's share of the target. An MTP layer
+   (`draft_model="mtp"`) is read later, whole on every rank, from the
+   target's directory (noted on the model, as `mlx_spec.load` does) or
+   `mtp_weights`.
 
 Every error a user can cause is a ValueError with one sentence, raised on
 every rank alike, so no rank waits for another that gave up.
@@ -28,7 +31,7 @@ from typing import Optional, Tuple
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..loading import _looks_like_repo_id, check_pair
+from ..loading import _looks_like_repo_id, _remember_directory, check_pair
 from ..loading import load as load_whole
 from .group import launched_group, mark_sharded
 
@@ -57,6 +60,7 @@ def load_sharded(target_path: str, draft_path: Optional[str] = None, group=None,
     sharding = _check_shardable(target_dir, group, sharding)
     target, tokenizer = _sharded_load(target_dir, group, sharding)
     mark_sharded(target, group)
+    _remember_directory(target, str(target_dir))  # its MTP weights (draft_model="mtp") are there
     if draft_path is None:
         return target, tokenizer, None
     draft, draft_tokenizer = load_whole(str(draft_dir))

@@ -31,7 +31,7 @@ from typing import Callable, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.base import create_attention_mask, gather_last_axis
 from mlx_lm.models.cache import KVCache
 
 QWEN, DEEPSEEK = "qwen", "deepseek"
@@ -64,9 +64,6 @@ def mtp_style(model, layer: Optional[dict] = None) -> str:
         raise ValueError(
             f"The MTP head given was trained for a {layer.get('model_type')} target and this "
             f"target is a {name}; give the MTP weights of this very model.")
-    if getattr(text_model(model), "sharding_group", None) is not None:
-        raise ValueError("MTP drafting does not support a target sharded across machines; "
-                         "run the target on one machine or draft with a draft model.")
     return DEEPSEEK if layer is not None else STYLES[name]
 
 
@@ -74,13 +71,26 @@ def split_target(model) -> Tuple[Callable, Callable]:
     """(trunk, head): head(trunk(x, cache=c)) is exactly what `model(x, cache=c)` computes.
 
     The trunk returns the hidden states after the final norm (B, T, H); the
-    head is `lm_head`, or the embedding as a linear layer when tied.
+    head is `lm_head`, or the embedding as a linear layer when tied. On a
+    sharded target the hidden states are whole on every rank (tensor parallel
+    sums each layer's output; a pipeline gathers the last stage's), and a
+    head that tensor parallelism split by vocabulary (qwen3_5's) is gathered
+    as the model's own forward gathers it, so the logits are whole too.
     """
     text = text_model(model)
     trunk = text.model
     tied = getattr(text.args, "tie_word_embeddings", False) or "lm_head" not in text
     head = trunk.embed_tokens.as_linear if tied else text.lm_head
+    if isinstance(head, (nn.AllToShardedLinear, nn.QuantizedAllToShardedLinear)):
+        return trunk, _gathered(head)
     return trunk, head
+
+
+def _gathered(lm_head) -> Callable:
+    """A vocabulary-sharded head whose slices are gathered into the whole logits on every rank."""
+    def head(x):
+        return gather_last_axis(lm_head(x), lm_head.group)
+    return head
 
 
 class QwenBlock(nn.Module):
@@ -135,16 +145,20 @@ def make_block(model, layer: Optional[dict] = None) -> Tuple[nn.Module, str]:
     """
     style = mtp_style(model, layer)
     text = text_model(model)
-    args, layers = text.args, text.model.layers
+    args = text.args
+    # A pipeline stage holds None in place of the other stages' layers.
+    layers = [(i, each) for i, each in enumerate(text.model.layers) if each is not None]
+    layer_class = type(layers[0][1])
     hidden_size, eps = args.hidden_size, args.rms_norm_eps
     if layer is not None:
         shape = {f.name: layer[f.name] for f in fields(args)
                  if f.name in layer and f.name != "model_type"}
-        return DeepSeekBlock(type(layers[0])(replace(args, **shape)), hidden_size, eps, False), style
+        return DeepSeekBlock(layer_class(replace(args, **shape)), hidden_size, eps, False), style
     if style == QWEN:  # a full-attention layer of the trunk's own class (and MLP kind)
-        index = next(i for i, layer in enumerate(layers) if not layer.is_linear)
-        return QwenBlock(type(layers[index])(args, index), hidden_size, eps), style
-    layer = type(layers[0])(args, args.num_hidden_layers)  # its real index: MoE as the checkpoint
+        index = next((i for i, each in layers if not each.is_linear),
+                     args.full_attention_interval - 1)  # a stage may hold linear layers only
+        return QwenBlock(layer_class(args, index), hidden_size, eps), style
+    layer = layer_class(args, args.num_hidden_layers)  # its real index: MoE as the checkpoint
     return DeepSeekBlock(layer, hidden_size, eps, model_type(model) == "deepseek_v3"), style
 
 
