@@ -469,14 +469,17 @@ def mtp_main(args, work: Path, out: Path, train_ids, val_ids, kd_real, eos_id: i
     print(f"[mtp] held-out {quality}", flush=True)
     prompts = make_prompts(val_ids, args.eval_prompts, args.prompt_len, args.seed, eos_id, args.gen_len)
     drafts = MTPDrafts(target, head)
-    accept = {"mtp": {}, "draft": {}}
-    for name, drafter, ks in (("mtp", drafts, (1, 2, 4, 8)), ("draft", draft, (1,))):
-        for k in ks:
-            accept[name][f"greedy k={k}"] = spec_simulate(target, drafter, prompts, k, args.gen_len, 0.0, args.seed)
-            print(f"[{name}] greedy k={k}: {accept[name][f'greedy k={k}']}", flush=True)
-    for T in (0.7, 1.0):
-        accept["mtp"][f"T={T} k=4"] = spec_simulate(target, drafts, prompts, 4, args.gen_len, T, args.seed)
-        print(f"[mtp] T={T} k=4: {accept['mtp'][f'T={T} k=4']}", flush=True)
+    # each result is kept as it comes (the simulation is slow on 2 cores): a rerun skips it
+    done_path = work / f"mtp_eval_ffn{args.mtp_ffn}_{state['total']}.json"
+    accept = json.loads(done_path.read_text()) if done_path.exists() else {"mtp": {}, "draft": {}}
+    runs = [("mtp", drafts, k, 0.0) for k in (1, 2, 4)] + [("draft", draft, 1, 0.0)] \
+        + [("mtp", drafts, 4, T) for T in (0.7, 1.0)]
+    for name, drafter, k, T in runs:
+        setting = f"greedy k={k}" if T == 0 else f"T={T} k={k}"
+        if setting not in accept[name]:
+            accept[name][setting] = spec_simulate(target, drafter, prompts, k, args.gen_len, T, args.seed)
+            done_path.write_text(json.dumps(accept, indent=2))
+        print(f"[{name}] {setting}: {accept[name][setting]}", flush=True)
 
     metrics = json.loads((out / "metrics.json").read_text())
     size = (mdir / "model.safetensors").stat().st_size
