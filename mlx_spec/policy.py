@@ -21,8 +21,11 @@ DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the pr
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 FIRST_OFF_STEPS = 32  # tokens decoded without a source after it is switched off; doubles each time
 MAX_OFF_STEPS = 256
-LONG_OFF_STEPS = 128  # the off period when a source loses badly, whatever it accepts (below)
-BAD_LOSS = 0.8  # predicted tokens/s over plain's, at the better of its acceptance and the prior
+LONG_OFF_STEPS = 128  # the off period when a source loses and could win little anyway (below)
+# ... when at the better of its acceptance and its prior it would still not beat plain
+# decoding by this much (predicted tokens/s over plain's): probing again costs rounds
+# and can win little.
+SMALL_GAIN = 1.1
 # With no calibration a source is judged after its first rounds, of these fractions of
 # its initial k: two different k give the cost fit a slope. Short first: on a machine
 # where drafting loses, each of these rounds costs more than the tokens it brings.
@@ -243,7 +246,7 @@ class AdaptivePolicy:
                     estimate.add(k, prior.round_seconds(name, k), PRIOR_ROUNDS)
                 estimate.warm = True
                 estimate.k = estimate.best_k()
-                estimate.probe_left = 0
+                estimate.probe_left = FIRST_ROUNDS - 1  # one round at T > 0 is a coin toss
             self.sources[name] = estimate
         return self.sources[name]
 
@@ -334,14 +337,14 @@ class AdaptivePolicy:
         return best * self.plain_seconds
 
     def _switch_off(self, estimate: SourceEstimate) -> None:
-        """Off for the next off period; for LONG_OFF_STEPS when it loses badly even if it
-        accepted as well as its prior says (a machine where verifying costs nearly as much
-        as decoding, or a calibration that measured a useless draft; not a hard stretch
-        of text): probing costs rounds, and a draft model's catch-up over every token
-        decoded meanwhile."""
+        """Off for the next off period; for LONG_OFF_STEPS when even accepting as well as
+        its prior says it would hardly win (a machine where verifying costs nearly as
+        much as decoding, or a calibration that measured a useless draft; not a hard
+        stretch of text): probing costs rounds, and a draft model's catch-up over every
+        token decoded meanwhile, for little to gain."""
         optimistic = max(estimate.acceptance, estimate.prior_acceptance)
         ratio = self._predicted_ratio(estimate, optimistic)
-        if ratio is not None and ratio < BAD_LOSS:
+        if ratio is not None and ratio < SMALL_GAIN:
             estimate.off_steps = max(estimate.off_steps, LONG_OFF_STEPS)
         estimate.switch_off()
 
