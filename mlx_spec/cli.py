@@ -125,7 +125,7 @@ _speculation_options = _options(
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model or MTP layer, cyan = prompt lookup.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
-@click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5) instead of a draft model.")
+@click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, or a head trained for the target, as the shipped default's) instead of a draft model.")
 @click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory).")
 @click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
