@@ -77,18 +77,20 @@ class CostPrior:
 
     A round drafting k tokens from `source` costs the loop's own overhead per
     step (a plain step less a one-token pass), one target pass over k + 1
-    tokens, and k draft steps of that source (none for prompt lookup).
+    tokens, and k draft steps of that source (none for prompt lookup), plus
+    what sampling adds to a round (`extra_seconds`, at T > 0).
     """
 
     plain_seconds: float
     verify_seconds: Mapping[int, float]  # T -> seconds of one target pass over T tokens
     step_seconds: Mapping[str, float]  # source -> seconds per drafted token ("lookup": 0)
     acceptance: Mapping[str, float] = field(default_factory=dict)  # source -> per-draft a
+    extra_seconds: Mapping[str, float] = field(default_factory=dict)  # source -> per round
 
     def knows(self, source: str) -> bool:
         return source in self.step_seconds
 
     def round_seconds(self, source: str, k: int) -> float:
         one = interpolate(self.verify_seconds, 1)
-        overhead = max(self.plain_seconds - one, 0.0)
+        overhead = max(self.plain_seconds - one, 0.0) + self.extra_seconds.get(source, 0.0)
         return overhead + interpolate(self.verify_seconds, k + 1) + k * self.step_seconds[source]

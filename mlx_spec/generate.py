@@ -263,19 +263,22 @@ def _cost_prior(calibration, target_model, draft_model, sampling,
             return None
     from .calibration import mtp_key
 
-    steps, acceptance = {"lookup": 0.0}, {}
+    steps, acceptance, extra = {"lookup": 0.0}, {}, {}
     sources = {"draft": calibration.draft(draft_model) if draft_model is not None else None,
                "mtp": calibration.drafts.get(mtp_key(mtp_head)) if mtp_head is not None else None}
     for source, draft in sources.items():
         if draft is None:
             continue
         steps[source] = draft.step_s
+        if not sampling.greedy and draft.sampling_extra_s is not None:
+            extra[source] = draft.sampling_extra_s
         measured = draft.acceptance_at(0.0 if sampling.greedy else sampling.temp)
         if measured is not None:
             acceptance[source] = measured
         elif draft.acceptance is not None:  # only greedy measured: sampling accepts less, as a rule
             acceptance[source] = min(draft.acceptance, SAMPLING_ACCEPTANCE_PRIOR)
-    return CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps, acceptance)
+    return CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps, acceptance,
+                     extra)
 
 
 class RoundStream:

@@ -48,8 +48,9 @@ def test_calibrate_measures_positive_costs_for_every_length(pair, measured):
     draft = cal.draft(draft_model)
     assert draft is not None and draft.step_s > 0 and 0 <= draft.acceptance <= 1
     assert 0 <= draft.sampling_acceptance <= 1  # at T = 1, exact rule
+    assert draft.sampling_extra_s >= 0
     assert cal.draft(target_model) is None
-    assert len(stages) == 4
+    assert len(stages) == 5
     assert cal.verify_seconds(7) > 0 and cal.verify_seconds(64) > 0  # between and beyond
     with pytest.raises(ValueError):
         cal.verify_seconds(0)
@@ -94,10 +95,25 @@ def test_a_file_from_before_sampling_acceptance_still_loads(pair, measured):
     path = save_calibration(cal)
     data = json.loads(path.read_text())
     for draft in data["drafts"].values():
-        del draft["sampling_acceptance"]
+        del draft["sampling_acceptance"], draft["sampling_extra_s"]
     path.write_text(json.dumps(data))
     loaded = load_calibration(pair[0]).draft(pair[1])
-    assert loaded.sampling_acceptance is None and loaded.acceptance == cal.draft(pair[1]).acceptance
+    assert loaded.sampling_acceptance is None and loaded.sampling_extra_s is None
+    assert loaded.acceptance == cal.draft(pair[1]).acceptance
+
+
+def test_what_sampling_adds_to_a_round_reaches_the_policy_only_when_sampling(pair, measured):
+    from mlx_spec.generate import _cost_prior
+    from mlx_spec.sampling import SamplingConfig
+
+    cal, _ = measured
+    target_model, draft_model, _ = pair
+    fp = model_fingerprint(draft_model)
+    cal = dataclasses.replace(cal, drafts={fp: dataclasses.replace(cal.drafts[fp],
+                                                                   sampling_extra_s=0.5)})
+    greedy = _cost_prior(cal, target_model, draft_model, SamplingConfig())
+    sampled = _cost_prior(cal, target_model, draft_model, SamplingConfig(temp=0.7))
+    assert sampled.round_seconds("draft", 2) == pytest.approx(greedy.round_seconds("draft", 2) + 0.5)
 
 
 def test_the_acceptance_prior_follows_the_temperature():

@@ -14,7 +14,8 @@ Four measurements, each reusing the benchmark's own:
 4. with a tokenizer, the draft's acceptance at k = 4 on one prompt of each
    kind (code, copy, prose; bench.acceptance), greedy and at T = 1 with the
    exact rule (a strong draft keeps most of its acceptance when sampling, a
-   weak one loses it: no fixed guess fits both).
+   weak one loses it: no fixed guess fits both);
+5. what a round costs more at T = 1 than greedy (real rounds at k = 2).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ PLAIN_PROMPT_LENGTH = 16
 ACCEPTANCE_K = 4
 ACCEPTANCE_TOKENS = 48
 SAMPLING_ACCEPTANCE_TOKENS = 32
+EXTRA_K, EXTRA_TOKENS, EXTRA_RUNS = 2, 24, 2  # the sampling overhead's rounds
 GREEDY = SamplingConfig()
 
 
@@ -102,8 +104,7 @@ def mtp_step_seconds(target_model, head) -> float:
 
 def plain_step_seconds(target_model) -> float:
     """Median seconds per token of plain decoding through mlx-spec's own loop."""
-    prompt = mx.random.randint(0, vocab_size(target_model), (PLAIN_PROMPT_LENGTH,),
-                               key=mx.random.key(0)).tolist()
+    prompt = _random_prompt(target_model)
 
     def run() -> float:
         rounds = speculative_generate_step(prompt, target_model, None,
@@ -115,6 +116,37 @@ def plain_step_seconds(target_model) -> float:
         return (time.perf_counter() - start) / tokens
 
     return median([run() for _ in range(1 + PLAIN_RUNS)][1:])
+
+
+def _random_prompt(target_model) -> list:
+    return mx.random.randint(0, vocab_size(target_model), (PLAIN_PROMPT_LENGTH,),
+                             key=mx.random.key(0)).tolist()
+
+
+def round_seconds(target_model, draft_model, temp: float, **options) -> float:
+    """Median seconds of a real round drafting EXTRA_K tokens at `temp` (after a warm-up run)."""
+    prompt, times = _random_prompt(target_model), []
+    for run in range(1 + EXTRA_RUNS):
+        last = None
+        for round_ in speculative_generate_step(
+                prompt, target_model, draft_model, max_tokens=EXTRA_TOKENS,
+                num_draft_tokens=EXTRA_K, sampling=SamplingConfig(temp=temp),
+                prompt_lookup=False, **options):
+            now = time.perf_counter()
+            if run and last is not None and round_.num_drafted == EXTRA_K:
+                times.append(now - last)
+            last = now
+    return median(times)
+
+
+def sampling_extra_seconds(target_model, draft_model, **options) -> float:
+    """What a round costs more at T = 1 than greedy: the drafts' sampling, the exact rule.
+
+    Measured on real rounds, the two temperatures in the same way, so the
+    difference is what the greedy costs above leave out (about half a plain
+    step on a fast float32 pair here)."""
+    return max(round_seconds(target_model, draft_model, 1.0, **options)
+               - round_seconds(target_model, draft_model, 0.0, **options), 0.0)
 
 
 def draft_acceptance(target_model, draft_model, tokenizer, temp: float = 0.0,
@@ -157,14 +189,19 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
     if draft_model is not None:
         say("draft step")
         step_s = draft_step_seconds(draft_model)
+        acceptances = _acceptances(target_model, draft_model, tokenizer, say)
+        say("what sampling adds to a round")
         drafts[model_fingerprint(draft_model)] = DraftCost(
-            step_s, *_acceptances(target_model, draft_model, tokenizer, say))
+            step_s, *acceptances, sampling_extra_seconds(target_model, draft_model))
     if mtp:
         head = load_mtp(target_model, mtp_weights)
         say("MTP step")
         step_s = mtp_step_seconds(target_model, head)
+        acceptances = _acceptances(target_model, "mtp", tokenizer, say, mtp_weights=mtp_weights)
+        say("what sampling adds to an MTP round")
         drafts[mtp_key(head)] = DraftCost(
-            step_s, *_acceptances(target_model, "mtp", tokenizer, say, mtp_weights=mtp_weights))
+            step_s, *acceptances,
+            sampling_extra_seconds(target_model, "mtp", mtp_weights=mtp_weights))
     mx.clear_cache()
     return Calibration(key=calibration_key(target_model), created=time.time(),
                        plain_step_s=plain_s, verify_s=verify_s, drafts=drafts)

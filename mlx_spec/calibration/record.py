@@ -29,6 +29,9 @@ class DraftCost:
     acceptance: Optional[float]  # greedy per-draft acceptance at k = 4 (i.i.d. MLE), or None
     # the same at T = 1 with the exact rule (None: not measured, e.g. an older file)
     sampling_acceptance: Optional[float] = None
+    # seconds a round costs more at T = 1 than greedy (sampling the drafts, the exact
+    # rule's graph), measured on real rounds at k = 2 (None: not measured)
+    sampling_extra_s: Optional[float] = None
 
     def acceptance_at(self, temp: float) -> Optional[float]:
         """A prior for the per-draft acceptance at temperature `temp` (None: not measured).
@@ -68,7 +71,8 @@ class Calibration:
             "key": dict(self.key), "created": self.created, "plain_step_s": self.plain_step_s,
             "verify_s": {str(t): s for t, s in sorted(self.verify_s.items())},
             "drafts": {fp: {"step_s": d.step_s, "acceptance": d.acceptance,
-                            "sampling_acceptance": d.sampling_acceptance}
+                            "sampling_acceptance": d.sampling_acceptance,
+                            "sampling_extra_s": d.sampling_extra_s}
                        for fp, d in sorted(self.drafts.items())},
         }
 
@@ -97,6 +101,14 @@ def _acceptance(value) -> Optional[float]:
     return float(value)
 
 
+def _extra(value) -> Optional[float]:
+    if value is None:
+        return None
+    if not isinstance(value, Real) or isinstance(value, bool) or not 0 <= value < math.inf:
+        raise CorruptCalibration("a draft's sampling_extra_s is not a number of seconds >= 0")
+    return float(value)
+
+
 def _length(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise CorruptCalibration(f"verify length {text!r} is not a positive int")
@@ -120,7 +132,8 @@ def from_dict(data) -> Calibration:
         verify_s={_length(t): _seconds(verify, t, f"verify_s[{t}]") for t in verify},
         drafts={fp: DraftCost(_seconds(d, "step_s", "a draft's step_s"),
                               _acceptance(_get(d, "acceptance", object, "a draft's acceptance")),
-                              _acceptance(d.get("sampling_acceptance")))  # absent: older file
+                              _acceptance(d.get("sampling_acceptance")),  # absent: older file
+                              _extra(d.get("sampling_extra_s")))
                 for fp, d in drafts.items()},
     )
 
@@ -142,6 +155,8 @@ def describe(cal: Calibration, draft_fingerprint: Optional[str] = None) -> str:
         acceptance = "not measured" if draft.acceptance is None else f"{draft.acceptance:.3f}"
         if draft.sampling_acceptance is not None:
             acceptance += f" (T=0), {draft.sampling_acceptance:.3f} (T=1)"
+        if draft.sampling_extra_s is not None:
+            acceptance += f"; a round at T=1 costs {draft.sampling_extra_s * 1e3:.2f} ms more"
         name = f"MTP layer {fp[4:16]}" if fp.startswith("mtp:") else f"draft {fp[:12]}"
         lines.append(f"{name}{mark}: step {draft.step_s * 1e3:.2f} ms = "
                      f"{draft.step_s / one:.3f} target forwards, acceptance (k=4) {acceptance}")
