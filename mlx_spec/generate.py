@@ -264,8 +264,10 @@ def _cost_prior(calibration, target_model, draft_model, sampling,
     from .calibration import mtp_key
 
     steps, acceptance, extra = {"lookup": 0.0}, {}, {}
+    measured_mtp = mtp_head is not None and any(fp.startswith("mtp:") for fp in calibration.drafts)
     sources = {"draft": calibration.draft(draft_model) if draft_model is not None else None,
-               "mtp": calibration.drafts.get(mtp_key(mtp_head)) if mtp_head is not None else None}
+               # fingerprinting the layer reads its weights: only when a layer was measured
+               "mtp": calibration.drafts.get(mtp_key(mtp_head)) if measured_mtp else None}
     for source, draft in sources.items():
         if draft is None:
             continue
