@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-QUICK = dict(temps=(0.0, 1.0), ks=(1, 2, 4), repeats=1, max_tokens=48)
+QUICK = dict(temps=(0.0, 1.0), ks=(1, 2, 4), repeats=1, sweep_repeats=1, max_tokens=48)
 
 
 def _floats(text):
@@ -54,7 +54,10 @@ def parse_args(argv=None):
     parser.add_argument("--ks", type=lambda t: tuple(int(v) for v in t.split(",")),
                         default=None, help="mlx-lm's fixed k to sweep (default: 1..6)")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=8,
+                        help="the table's repeats (default 8: ~93%% intervals for its ratios)")
+    parser.add_argument("--sweep-repeats", type=int, default=3,
+                        help="repeats of mlx-lm's sweep over k, which only picks k (default 3)")
     parser.add_argument("--prompts", type=_names, default=DEFAULT_PROMPTS,
                         help="names from mlx_spec/bench/prompts.py, one per repeat in turn")
     parser.add_argument("--seed", type=int, default=0)
@@ -88,7 +91,7 @@ def config_from(args):
     from mlx_spec.bench.never_behind import DEFAULT_KS, NeverBehindConfig
 
     chosen = dict(temps=args.temps, ks=args.ks or DEFAULT_KS, repeats=args.repeats,
-                  max_tokens=args.max_tokens)
+                  sweep_repeats=args.sweep_repeats, max_tokens=args.max_tokens)
     if args.quick:
         chosen.update(QUICK)
     return NeverBehindConfig(prompts=args.prompts, seed=args.seed,

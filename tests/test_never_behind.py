@@ -5,14 +5,17 @@ figure is positive.
 """
 
 import json
+import math
+import random
 
 import pytest
 
-from mlx_spec.bench.endtoend import MethodResult
+from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
 from mlx_spec.bench.never_behind import (DEFAULTS, DEFAULTS_CAL, LM_AT_K, LOOKUP, PLAIN,
                                          SPEC_AT_K, NeverBehind, NeverBehindConfig, measure,
                                          paired_ratio, render_markdown, row_ratios)
 from mlx_spec.bench.serialize import from_dict
+from mlx_spec.bench.timing import median_interval
 from mlx_spec.bench.zoo import ZOO_NAMES, Pair, build_zoo
 from mlx_spec.loading import load
 
@@ -21,12 +24,38 @@ def _method(*runs):
     return MethodResult(sorted(runs)[len(runs) // 2], tuple(runs), None)
 
 
-def test_paired_ratio_is_of_medians_with_the_per_repeat_spread():
+def test_paired_ratio_is_the_median_of_per_repeat_ratios_with_its_interval():
     r = paired_ratio(_method(10.0, 12.0, 30.0), _method(10.0, 10.0, 20.0))
-    assert r.value == pytest.approx(12.0 / 10.0)
-    assert (r.low, r.high) == pytest.approx((1.0, 1.5))
+    assert r.value == pytest.approx(1.2)  # of 10/10, 12/10, 30/20
+    assert (r.low, r.high) == pytest.approx((1.0, 1.5))  # 3 repeats: min..max, 75%
+    assert r.coverage == pytest.approx(0.75)
+    # Paired, not a ratio of medians: a fast repeat speeds both of its runs.
+    r = paired_ratio(_method(20.0, 10.0, 10.0, 10.0, 10.0), _method(19.0, 11.0, 11.0, 11.0, 11.0))
+    assert r.value == pytest.approx(10.0 / 11.0)
     assert paired_ratio(_method(10.0), None) is None
     assert paired_ratio(_method(10.0), MethodResult(0.0, (), None)) is None
+
+
+def test_median_interval_is_the_order_statistic_one():
+    values = [9.0, 1.0, 8.0, 2.0, 7.0, 3.0, 6.0, 4.0]  # 8 values: 2nd smallest .. 2nd largest
+    low, high, coverage = median_interval(values)
+    assert (low, high) == (2.0, 8.0)
+    assert coverage == pytest.approx(1 - 2 * 9 / 256)  # 1 - 2 P(Bin(8, 1/2) <= 1)
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)
+    assert median_interval([5.0])[2] == 0.0  # one value: no confidence at all
+    # Coverage is what it says: draws of n = 8 from a skewed law bracket its median ~93%.
+    rng = random.Random(0)
+    hits = sum(low <= math.log(2) <= high for low, high, _ in
+               (median_interval([rng.expovariate(1.0) for _ in range(8)]) for _ in range(4000)))
+    assert 0.91 < hits / 4000 < 0.95
+
+
+def test_interleave_reverses_the_order_every_other_repeat():
+    order = []
+    methods = {name: (lambda ids, name=name: order.append(name) or RunResult(1.0, 1))
+               for name in "abc"}
+    interleave(methods, [("p", [1, 2])], repeats=3, warmup=1)
+    assert "".join(order) == "abccbaabccba"
 
 
 def test_row_ratios_pick_the_faster_fixed_k():
@@ -64,7 +93,7 @@ def tiny_table(model_dirs):
     draft_model, _ = load(str(model_dirs["draft"]))
     pair = Pair("tiny", target_model, draft_model, tokenizer, "random tiny llamas")
     config = NeverBehindConfig(temps=(0.0, 1.0), ks=(1, 2), max_tokens=12, repeats=2,
-                               prompts=("fibonacci", "rename"))
+                               sweep_repeats=1, prompts=("fibonacci", "rename"))
     return measure([pair], config), config
 
 

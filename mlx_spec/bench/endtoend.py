@@ -122,16 +122,22 @@ def timed_prompts(prompts: Sequence[Prompt], repeats: int, warmup: int) -> List[
 def interleave(methods: Dict[str, Callable[[List[int]], RunResult]], prompts,
                repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
                progress: Optional[Callable[[str], None]] = None) -> Dict[str, MethodResult]:
-    """Run every method once per repeat, in turn, on that repeat's prompt."""
+    """Run every method once per repeat, in turn, on that repeat's prompt.
+
+    The order reverses every other repeat (A B C, C B A, ...), so a method
+    is not always the one that runs right after a given other, and a load
+    that rises or falls through a repeat slows both ends alike.
+    """
     tps: Dict[str, List[float]] = {name: [] for name in methods}
     counts = {name: [0, 0] for name in methods}
+    names = list(methods)
     for r in range(warmup + repeats):
         ids = prompts[prompt_index(r, len(prompts))][1]
         if progress:
             progress(f"repeat {r + 1 - warmup}/{repeats}" if r >= warmup else "warm-up")
-        for name, run in methods.items():
+        for name in (names if r % 2 == 0 else names[::-1]):
             mx.random.seed(seed + r)
-            result = run(ids)
+            result = methods[name](ids)
             if r < warmup:
                 continue
             tps[name].append(ratio(result.tokens, result.seconds))

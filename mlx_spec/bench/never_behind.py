@@ -11,9 +11,11 @@ For each pair and temperature T, two interleaved phases in one process:
 Every compared figure comes from phase 2: mlx-lm@k is measured again rather
 than taken from the sweep, whose best median is the luckiest of several
 noisy ones. "Best fixed" is the faster of mlx-lm@k and mlx-spec@k (mlx-spec
-at the other k is not measured). A ratio is one of medians, with the
-min..max of the per-repeat ratios beside it (both methods ran on the same
-prompt in the same repeat), so a reader sees whether 0.97x is noise.
+at the other k is not measured). A ratio is the median of the per-repeat
+ratios (both methods ran on the same prompt in the same repeat), with a
+distribution-free confidence interval for it beside it (order statistics,
+~93% with 8 repeats), so a reader sees whether 0.97x is noise. The sweep only
+picks k, so it runs fewer repeats than the table.
 
 Timing: plain, mlx-lm@k and mlx-spec@k decode from caches prefilled untimed
 (endtoend.py). The defaults get the whole prompt, since prompt lookup reads
@@ -41,7 +43,7 @@ from .endtoend import (MethodResult, RunResult, interleave, run_mlx_lm, run_mlx_
                        run_target_alone)
 from .machine import MachineInfo, machine_info
 from .prompts import PROMPTS, Prompt, encode_prompts
-from .timing import DEFAULT_WARMUP, ratio
+from .timing import DEFAULT_WARMUP, median, median_interval, ratio
 from .zoo import Pair
 
 PLAIN, LM_AT_K, SPEC_AT_K = "plain", "mlx-lm@k", "mlx-spec@k"
@@ -57,7 +59,8 @@ class NeverBehindConfig:
     temps: Tuple[float, ...] = DEFAULT_TEMPS
     ks: Tuple[int, ...] = DEFAULT_KS
     max_tokens: int = 64
-    repeats: int = 3
+    repeats: int = 8  # the table's; its ratios' intervals need several (8: ~93%)
+    sweep_repeats: int = 3  # mlx-lm's sweep over k only picks the k the table re-measures
     warmup: int = DEFAULT_WARMUP
     prompts: Tuple[str, ...] = DEFAULT_PROMPTS
     seed: int = 0
@@ -67,9 +70,10 @@ class NeverBehindConfig:
 
 @dataclass(frozen=True)
 class Ratio:
-    value: float  # ratio of the two medians
-    low: float  # smallest per-repeat ratio
-    high: float  # largest per-repeat ratio
+    value: float  # median of the per-repeat ratios
+    low: float  # confidence interval for that median (order statistics of the ratios)
+    high: float
+    coverage: float = 0.0  # the interval's confidence (0.0 in results from before it was kept)
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,16 @@ class NeverBehind:
 
 
 def paired_ratio(a: Optional[MethodResult], b: Optional[MethodResult]) -> Optional[Ratio]:
-    """a / b from medians, with the spread of the per-repeat ratios; None when either is missing."""
+    """a / b: the median of the per-repeat ratios and its confidence interval (None when
+    either is missing). Paired: a load that slows one repeat slows both of its runs."""
     if a is None or b is None or not a.tokens_per_s or not b.tokens_per_s:
         return None
     per_repeat = [x / y for x, y in zip(a.runs_tokens_per_s, b.runs_tokens_per_s) if y]
-    value = a.tokens_per_s / b.tokens_per_s
-    return Ratio(value, min(per_repeat, default=value), max(per_repeat, default=value))
+    if not per_repeat:
+        value = a.tokens_per_s / b.tokens_per_s
+        return Ratio(value, value, value)
+    low, high, coverage = median_interval(per_repeat)
+    return Ratio(median(per_repeat), low, high, coverage)
 
 
 def row_ratios(methods: Dict[str, MethodResult]) -> Tuple[Dict[str, Optional[Ratio]], str]:
@@ -182,7 +190,7 @@ def measure_row(pair: Pair, prompts, temp: float, config: NeverBehindConfig, cal
     sweep = {k: (lambda ids, k=k: run_mlx_lm(target_model, draft_model, ids, temp, k, n))
              for k in config.ks}
     swept = interleave(sweep, prompts, progress=_labelled(progress, f"{label}, mlx-lm sweep"),
-                       **timing)
+                       **{**timing, "repeats": config.sweep_repeats})
     best_k = max(config.ks, key=lambda k: swept[k].tokens_per_s)
     methods = {
         PLAIN: lambda ids: run_target_alone(target_model, ids, temp, n),
@@ -291,7 +299,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
 
 
 def _behind(result: NeverBehind) -> List[str]:
-    """Ratios below 1.0x in every repeat, not just in the median."""
+    """Ratios whose whole confidence interval lies below 1.0x, not just the median."""
     return [f"{row.pair}, T={row.temp:g}: {name} {_x(r)}" for row in result.rows
             for name, r in row.ratios.items() if r is not None and r.high < 1.0]
 
@@ -302,8 +310,9 @@ def render_markdown(result: NeverBehind) -> str:
            f"- Machine: {m.chip}, {m.cpu_count} cores, MLX device {m.mlx_device}, BLAS {m.blas}, "
            f"MLX {m.mlx_version}, mlx-lm {m.mlx_lm_version}.",
            f"- {c.max_tokens} tokens per run, median of {c.repeats} interleaved repeats after "
-           f"{c.warmup} warm-up, prompts {', '.join(c.prompts)} (one per repeat, in turn); "
-           f"mlx-lm's k swept over {', '.join(map(str, c.ks))}.",
+           f"{c.warmup} warm-up (the order reversed every other repeat), prompts "
+           f"{', '.join(c.prompts)} (one per repeat, in turn); mlx-lm's k swept over "
+           f"{', '.join(map(str, c.ks))} ({c.sweep_repeats} repeats).",
            f"- Calibration: {result.calibration}"
            + "".join(f"; {name} {s:.1f} s" for name, s in result.calibration_s.items()) + ".",
            ""]
@@ -323,13 +332,21 @@ def render_markdown(result: NeverBehind) -> str:
                    "defaults tok/s (no cal / cal)", "defaults ÷ plain (no cal / cal)",
                    "defaults ÷ best fixed (no cal / cal)",
                    "acceptance (mlx-lm@k / mlx-spec@k / defaults / +cal)"), rows)
-    out += ["- A ratio is one of medians; in brackets the smallest and largest per-repeat ratio.",
+    coverage = max((r.coverage for row in result.rows for r in row.ratios.values() if r),
+                   default=0.0)
+    interval = (f"a {coverage:.0%} confidence interval for that median (order statistics, "
+                "no assumption on the distribution)")
+    out += [(f"- A ratio is the median of the per-repeat ratios (paired: both runs of a repeat "
+             f"decode the same prompt, one after the other); in brackets {interval}."
+             if coverage else "- A ratio is one of medians; in brackets the smallest and largest "
+             "per-repeat ratio."),
             "- Best fixed: the faster of mlx-lm@k and mlx-spec@k at mlx-lm's best k.",
             "- mlx-lm's acceptance counts its from_draft tokens (token matching at T > 0).", ""]
     behind = _behind(result)
     caveat = (" (one repeat: no spread, so this cannot tell noise from a loss)"
               if c.repeats < 2 else "")
-    out += [f"Below 1.0x in every repeat{caveat}: " + ("none." if not behind else ""), ""]
+    out += [f"Below 1.0x with the whole interval{caveat}: " + ("none." if not behind else ""),
+            ""]
     out += [f"- {line}" for line in behind] + ([""] if behind else [])
     if result.copy_rows:
         out += ["## Copy task (T = 0): the target's own continuation, then its opening again", ""]

@@ -8,9 +8,10 @@ Only medians and ratios of medians are ever reported as headlines.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from typing import Callable, Dict, Hashable, Sequence
+from typing import Callable, Dict, Hashable, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -45,6 +46,29 @@ def time_fn(fn: Callable[[], object], repeats: int = DEFAULT_REPEATS,
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+def median_interval(values: Sequence[float], level: float = 0.9) -> Tuple[float, float, float]:
+    """(low, high, coverage): a distribution-free confidence interval for the median.
+
+    The j-th smallest and j-th largest of n values bracket the population
+    median with probability 1 - 2 P(Binomial(n, 1/2) < j), whatever the
+    distribution. The narrowest such pair with coverage >= `level`; with too
+    few values for that, the smallest and largest, with their own coverage
+    (3 values: 75%, 8 values: 99%; 8 values reach 93% with j = 2).
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return 0.0, 0.0, 0.0
+
+    def coverage(j: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0 ** n
+
+    j = 1
+    while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= level:
+        j += 1
+    return xs[j - 1], xs[n - j], coverage(j)
 
 
 def ratio(numerator: float, denominator: float) -> float:
