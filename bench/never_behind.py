@@ -11,13 +11,9 @@ Writes bench/results/never-behind-<machine>-<blas>.json and .md (the BLAS
 library MLX actually loaded); progress goes to stderr. What is measured and
 how: mlx_spec/bench/never_behind.py. The pairs: mlx_spec/bench/zoo.py.
 
-Time on the 2-core development CPU (netlib BLAS), measured while other jobs
-shared it (plain decoding at 22 tok/s, against 64 tok/s idle in the README):
-one pair at one T with --repeats 1 took 92 s (calibration 17 s, mlx-lm's
-sweep 30 s, the table 28 s, the copy task 17 s, each phase with a warm-up).
-Each extra repeat adds about half a phase's time, so a full run (4 pairs x
-3 T, --repeats 3, 64 tokens) extrapolates to about 27 minutes at that load
-and 10-12 minutes on an idle machine; --quick to about 6 and 3 minutes.
+Time on the 2-core development CPU (netlib BLAS, quiet machine): the full
+run (4 pairs x 3 T, 8 table repeats, 3 sweep repeats, 64 tokens, copy task)
+took 30 minutes; --quick (one repeat) a few minutes.
 """
 
 from __future__ import annotations

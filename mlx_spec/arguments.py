@@ -98,6 +98,7 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "adaptive": _OPTIONAL_FLAG,
     "prompt_lookup": _OPTIONAL_FLAG,
     "auto_off": _FLAG,
+    "prompt_cache_live": _FLAG,
     "verbose": _FLAG,
     "prompt_progress_callback": _optional(_CALLBACK),
     "accept": _optional(_CALLBACK),

@@ -28,7 +28,7 @@ from .loading import check_pair, vocab_size
 from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
 from .memory import wired_limit
 from .mtp import load_mtp, split_target
-from .session import Session
+from .session import Session, take_over
 from .policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_MAX_DRAFT_TOKENS,
                      SAMPLING_ACCEPTANCE_PRIOR, make_policy)
 from .sampling import SamplingConfig
@@ -201,6 +201,7 @@ def speculative_generate_step(
     reserve = max(DEFAULT_RESERVE,
                   max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS) + 2)
     speculating = drafting or prompt_lookup
+    take_over(prompt_cache)  # an earlier call left open settles it first
     target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
                                         speculating, reserve)
     drafters = []
@@ -313,6 +314,7 @@ def stream_generate(
     top_k: int = 0,
     min_p: float = 0.0,
     seed: Optional[int] = None,
+    prompt_cache_live: bool = True,
     **kwargs,
 ) -> Iterator[GenerationResponse]:
     """Generate text from `model`, speculating with `draft_model` when given.
@@ -321,6 +323,16 @@ def stream_generate(
     default policy). Extra keyword arguments go to `speculative_generate_step`
     (adaptive, auto_off, draft_confidence, prompt_lookup, prompt_cache,
     prefill_step_size, ...).
+
+    `prompt_cache_live` (with a reused `prompt_cache`): True, mlx-lm's
+    contract, shows the caller's cache holding exactly the tokens handed out
+    at every response, so the caller may stop anywhere, even keeping the
+    generator open; the last token of a speculative round is handed out after
+    the next round, and while the draft model sits out (plain steps, prompt
+    lookup) it is fed every token one by one. False: the cache is brought up
+    to date only when the generator ends or is closed (`close()`,
+    `contextlib.closing`, or dropping it), which is all a caller that always
+    finishes or closes needs (the server does); no per-token upkeep.
     """
     unsupported = sorted(MLX_LM_ONLY_ARGS.keys() & kwargs.keys())
     if unsupported:
@@ -328,7 +340,8 @@ def stream_generate(
         raise ValueError(f"mlx-spec does not take mlx-lm's `{name}` argument: {MLX_LM_ONLY_ARGS[name]}")
     check_arguments(model=model, tokenizer=tokenizer, prompt=prompt, draft_model=draft_model,
                     max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temp=temp,
-                    top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, **kwargs)
+                    top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
+                    prompt_cache_live=prompt_cache_live, **kwargs)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
@@ -348,6 +361,7 @@ def stream_generate(
         num_draft_tokens=num_draft_tokens, sampling=sampling, stop_tokens=eos, **kwargs,
     )
     reused = kwargs.get("prompt_cache") is not None
+    live = reused and prompt_cache_live  # held at every response, not only at the end
     recorder = StatsRecorder(len(tokens), rounds.policy.describe().get("calibrated"))
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
@@ -357,9 +371,10 @@ def stream_generate(
     with wired_limit(model, None if isinstance(draft_model, str) else draft_model):
         try:
             handed = _handed_out(rounds, eos, max_tokens, recorder,
-                                 session if reused else None, len(tokens))
+                                 session if live else None, len(tokens))
             for token, round_, i, finish in handed:
                 started = True
+                session.seen = seen  # from now on a later call settles it if this one did not
                 seen.append(token)
                 if finish != "stop":  # the EOS is not text
                     detokenizer.add_token(token)
@@ -367,7 +382,7 @@ def stream_generate(
                     detokenizer.finalize()
                     if reused:  # the last token too, as mlx-lm: the cache is final now
                         session.settle(seen)
-                elif reused:
+                elif live:
                     session.hold(seen)  # what the caller has, should it stop here
                 yield _response(detokenizer.last_segment, token, round_, i, recorder, finish)
                 session.release()

@@ -76,7 +76,8 @@ def mlx_lm_turns(model, tokenizer, how, stop_after=STOP_AFTER):
     return converse(run, make_prompt_cache(model), tokenizer, how, None, stop_after)
 
 
-def mlx_spec_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AFTER, **kwargs):
+def raw_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AFTER, **kwargs):
+    """mlx-spec's turns as `converse` gives them (stream_generate gets `kwargs`)."""
     cache = make_prompt_cache(target_model)
     n = len(cache)
     if draft_model is not None:
@@ -85,7 +86,11 @@ def mlx_spec_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AF
     def run(ids, c):
         return stream_generate(target_model, tokenizer, ids, draft_model=draft_model,
                                max_tokens=MAX_TOKENS, prompt_cache=c, **kwargs)
-    turns = converse(run, cache, tokenizer, how, n, stop_after)
+    return converse(run, cache, tokenizer, how, n, stop_after)
+
+
+def mlx_spec_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AFTER, **kwargs):
+    turns = raw_turns(target_model, draft_model, tokenizer, how, stop_after, **kwargs)
     for _, target_offset, offsets in turns:  # the draft's layers hold what the target's hold
         assert all(o in (None, target_offset) for o in offsets)
     return [(tokens, offset) for tokens, offset, _ in turns]
@@ -169,13 +174,56 @@ def test_sliding_window_conversation_matches_mlx_lm(pair, name, how, drafting):
     assert got == want
 
 
-def test_a_stale_generator_cannot_continue(pair):
+@pytest.mark.parametrize("live", [True, False])
+def test_a_stale_generator_cannot_continue(pair, live):
     target_model, draft_model, tokenizer = pair
     cache = make_prompt_cache(target_model) + make_prompt_cache(draft_model)
     old = stream_generate(target_model, tokenizer, "def f(x):", draft_model=draft_model,
-                          prompt_cache=cache, max_tokens=10)
+                          prompt_cache=cache, max_tokens=10, prompt_cache_live=live)
     next(old)
     list(stream_generate(target_model, tokenizer, "\nx = 1", draft_model=draft_model,
-                         prompt_cache=cache, max_tokens=5))
+                         prompt_cache=cache, max_tokens=5, prompt_cache_live=live))
     with pytest.raises(ValueError, match="used by a later call"):
         next(old)
+
+
+def _assert_same_conversation(got, want, how):
+    """The same tokens every turn; the same cache after every turn the caller finished or
+    closed. A generator left open (turn 0 of break-held, closed-late) is settled by the
+    next call that takes the cache over, so its cache is checked after the next turn."""
+    assert [tokens for tokens, _, _ in got] == [tokens for tokens, _, _ in want]
+    left_open = {0} if how in ("break-held", "closed-late") else set()
+    for turn, ((_, offset, offsets), (_, want_offset, _)) in enumerate(zip(got, want)):
+        if turn not in left_open:
+            assert offset == want_offset
+            assert all(o in (None, offset) for o in offsets)  # the draft's layers too
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("drafting", ["draft-k3", "draft-adaptive", "lookup"])
+def test_a_cache_settled_only_at_the_end_gives_the_same_conversation(pair, how, drafting):
+    """prompt_cache_live=False (what the server uses): no per-token upkeep, the same turns."""
+    target_model, draft_model, tokenizer = pair
+    want = mlx_lm_turns(target_model, tokenizer, how)
+    kwargs = {"draft-k3": dict(num_draft_tokens=3), "draft-adaptive": {},
+              "lookup": dict(prompt_lookup=True)}[drafting]
+    draft = draft_model if drafting.startswith("draft") else None
+    got = raw_turns(target_model, draft, tokenizer, how, prompt_cache_live=False, **kwargs)
+    _assert_same_conversation(got, want, how)
+
+
+@pytest.mark.parametrize("how,stop_after", [(how, STOP_AFTER) for how in HOWS]
+                         + [("break-held", n) for n in (1, 3, 5)])
+def test_a_hybrid_cache_settled_only_at_the_end(pair, hybrid_pair, how, stop_after):
+    tokenizer = pair[2]
+    target_model, draft_model = hybrid_pair
+    want = mlx_lm_turns(target_model, tokenizer, how, stop_after)
+    got = raw_turns(target_model, draft_model, tokenizer, how, stop_after,
+                    prompt_cache_live=False, num_draft_tokens=3, prompt_lookup=False)
+    _assert_same_conversation(got, want, how)
+
+
+def test_prompt_cache_live_must_be_a_flag(pair):
+    target_model, _, tokenizer = pair
+    with pytest.raises(ValueError, match="prompt_cache_live must be True or False"):
+        next(stream_generate(target_model, tokenizer, "x", prompt_cache_live="no"))

@@ -185,7 +185,10 @@ class GenerationWorker:
         response, finish = None, None
         stream = stream_generate(
             self.target_model, self.tokenizer, job.prompt_ids[cached:], draft_model=self.draft_model,
-            max_tokens=job.max_tokens, prompt_cache=cache, **self._arguments(job.request))
+            max_tokens=job.max_tokens, prompt_cache=cache,
+            # Closed below whatever happens, so the cache need only be right then: no per-token
+            # upkeep (a draft pass per plain-decoded token), no round-end token held back.
+            prompt_cache_live=False, **self._arguments(job.request))
         try:
             for response in stream:
                 handed.append(response.token)
