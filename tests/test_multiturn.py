@@ -227,3 +227,16 @@ def test_prompt_cache_live_must_be_a_flag(pair):
     target_model, _, tokenizer = pair
     with pytest.raises(ValueError, match="prompt_cache_live must be True or False"):
         next(stream_generate(target_model, tokenizer, "x", prompt_cache_live="no"))
+
+
+def test_the_conversation_example_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "conversation.py"
+    out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    turns = [line for line in out.stdout.splitlines() if "new prompt tokens prefilled" in line]
+    assert len(turns) == 3
