@@ -78,7 +78,9 @@ class CostPrior:
     A round drafting k tokens from `source` costs the loop's own overhead per
     step (a plain step less a one-token pass), one target pass over k + 1
     tokens, and k draft steps of that source (none for prompt lookup), plus
-    what sampling adds to a round (`extra_seconds`, at T > 0).
+    `extra_seconds`: what a real round measured beyond those parts, and at
+    T > 0 what sampling adds (may be negative; a round never costs less than
+    its verify pass).
     """
 
     plain_seconds: float
@@ -92,5 +94,6 @@ class CostPrior:
 
     def round_seconds(self, source: str, k: int) -> float:
         one = interpolate(self.verify_seconds, 1)
+        verify = interpolate(self.verify_seconds, k + 1)
         overhead = max(self.plain_seconds - one, 0.0) + self.extra_seconds.get(source, 0.0)
-        return overhead + interpolate(self.verify_seconds, k + 1) + k * self.step_seconds[source]
+        return max(overhead + verify + k * self.step_seconds[source], verify)

@@ -263,6 +263,7 @@ def _cost_prior(calibration, target_model, draft_model, sampling,
         if calibration is None:
             return None
     from .calibration import mtp_key
+    from .calibration.record import ROUND_K
 
     steps, acceptance, extra = {"lookup": 0.0}, {}, {}
     measured_mtp = mtp_head is not None and any(fp.startswith("mtp:") for fp in calibration.drafts)
@@ -273,8 +274,14 @@ def _cost_prior(calibration, target_model, draft_model, sampling,
         if draft is None:
             continue
         steps[source] = draft.step_s
+        parts = CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps)
+        # What a real round measured beyond the sum of the parts (timed at other moments)
+        offset = 0.0 if draft.round_s is None else \
+            draft.round_s - parts.round_seconds(source, ROUND_K)
         if not sampling.greedy and draft.sampling_extra_s is not None:
-            extra[source] = draft.sampling_extra_s
+            offset += draft.sampling_extra_s
+        if offset:
+            extra[source] = offset
         measured = draft.acceptance_at(0.0 if sampling.greedy else sampling.temp)
         if measured is not None:
             acceptance[source] = measured

@@ -49,8 +49,9 @@ def test_calibrate_measures_positive_costs_for_every_length(pair, measured):
     assert draft is not None and draft.step_s > 0 and 0 <= draft.acceptance <= 1
     assert 0 <= draft.sampling_acceptance <= 1  # at T = 1, exact rule
     assert draft.sampling_extra_s >= 0
+    assert draft.round_s > 0  # a real greedy round, timed between plain runs
     assert cal.draft(target_model) is None
-    assert len(stages) == 5
+    assert len(stages) == 4
     assert cal.verify_seconds(7) > 0 and cal.verify_seconds(64) > 0  # between and beyond
     with pytest.raises(ValueError):
         cal.verify_seconds(0)
@@ -95,10 +96,11 @@ def test_a_file_from_before_sampling_acceptance_still_loads(pair, measured):
     path = save_calibration(cal)
     data = json.loads(path.read_text())
     for draft in data["drafts"].values():
-        del draft["sampling_acceptance"], draft["sampling_extra_s"]
+        del draft["sampling_acceptance"], draft["sampling_extra_s"], draft["round_s"]
     path.write_text(json.dumps(data))
     loaded = load_calibration(pair[0]).draft(pair[1])
     assert loaded.sampling_acceptance is None and loaded.sampling_extra_s is None
+    assert loaded.round_s is None
     assert loaded.acceptance == cal.draft(pair[1]).acceptance
 
 
@@ -114,6 +116,30 @@ def test_what_sampling_adds_to_a_round_reaches_the_policy_only_when_sampling(pai
     greedy = _cost_prior(cal, target_model, draft_model, SamplingConfig())
     sampled = _cost_prior(cal, target_model, draft_model, SamplingConfig(temp=0.7))
     assert sampled.round_seconds("draft", 2) == pytest.approx(greedy.round_seconds("draft", 2) + 0.5)
+
+
+def test_the_prior_is_anchored_to_the_real_round(pair, measured):
+    """The measured greedy round at k = ROUND_K is what the prior predicts there; other k
+    follow the parts' slope (verify curve, draft step)."""
+    from mlx_spec.calibration.record import ROUND_K
+    from mlx_spec.generate import _cost_prior
+    from mlx_spec.sampling import SamplingConfig
+
+    cal, _ = measured
+    target_model, draft_model, _ = pair
+    fp = model_fingerprint(draft_model)
+    parts = _cost_prior(dataclasses.replace(cal, drafts={fp: dataclasses.replace(
+        cal.drafts[fp], round_s=None)}), target_model, draft_model, SamplingConfig())
+    for round_s in (0.5, 2.0):  # far above the parts' sum: the offset is what moves it
+        anchored = _cost_prior(dataclasses.replace(cal, drafts={fp: dataclasses.replace(
+            cal.drafts[fp], round_s=round_s)}), target_model, draft_model, SamplingConfig())
+        assert anchored.round_seconds("draft", ROUND_K) == pytest.approx(round_s)
+        for k in (1, 4, 8):
+            assert anchored.round_seconds("draft", k) - parts.round_seconds("draft", k) == \
+                pytest.approx(round_s - parts.round_seconds("draft", ROUND_K))
+    tiny = _cost_prior(dataclasses.replace(cal, drafts={fp: dataclasses.replace(
+        cal.drafts[fp], round_s=1e-9)}), target_model, draft_model, SamplingConfig())
+    assert tiny.round_seconds("draft", 4) >= cal.verify_seconds(5)  # never below its verify
 
 
 def test_the_acceptance_prior_follows_the_temperature():
@@ -179,9 +205,11 @@ def test_load_ignores_stale_files(edit):
     lambda data: json.dumps({**data, "verify_s": {"1": 0.0}}),
     lambda data: json.dumps({**data, "verify_s": {"one": 0.1}}),
     lambda data: json.dumps({**data, "drafts": {"x": {"step_s": "fast", "acceptance": None}}}),
+    lambda data: json.dumps({**data, "drafts": {"x": {"step_s": 0.1, "acceptance": None,
+                                                      "round_s": -1.0}}}),
     lambda data: json.dumps([1, 2]),
 ], ids=["not-json", "missing-field", "negative-time", "zero-time", "bad-length",
-        "wrong-type", "not-an-object"])
+        "wrong-type", "negative-round", "not-an-object"])
 def test_corrupt_files_raise_one_sentence_naming_the_file(corrupt):
     model = make_llama(seed=0)
     _stored(model)

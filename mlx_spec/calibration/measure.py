@@ -3,7 +3,12 @@
 Four measurements, each reusing the benchmark's own:
 
 1. plain decoding through mlx-spec's loop (the target alone), per token,
-   from the first round on (the first round holds the prefill);
+   from the first round on (the first round holds the prefill), and with a
+   draft, real rounds at k = 2, greedy and at T = 1, the three interleaved
+   run by run: the policy's prior is anchored to the greedy round (the parts
+   below, timed one after another, drifted with the machine's load: six
+   calibrations of one pair predicted 0.74-1.19x plain at T = 1, anchored
+   0.78-0.94x, measured 0.85x);
 2. the verify curve: one target forward over T tokens plus the log-softmax
    a verify pass takes, after a 128-token context (bench.forward; attention
    caches are trimmed back after each pass, recurrent state just moves on,
@@ -15,7 +20,7 @@ Four measurements, each reusing the benchmark's own:
    kind (code, copy, prose; bench.acceptance), greedy and at T = 1 with the
    exact rule (a strong draft keeps most of its acceptance when sampling, a
    weak one loses it: no fixed guess fits both);
-5. what a round costs more at T = 1 than greedy (real rounds at k = 2).
+5. what a round costs more at T = 1 than greedy (the real rounds of 1).
 """
 
 from __future__ import annotations
@@ -36,19 +41,19 @@ from ..mtp import load_mtp
 from ..mtp.heads import split_target
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .key import calibration_key, model_fingerprint, mtp_key
-from .record import Calibration, DraftCost
+from .record import ROUND_K, Calibration, DraftCost
 
 VERIFY_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 CONTEXT_LENGTH = 128
 VERIFY_REPEATS = 3
 DRAFT_REPEATS = 9
 PLAIN_TOKENS = 32  # timed per run, after the first round
-PLAIN_RUNS = 3  # after one warm-up run
+PLAIN_RUNS = 6  # after one warm-up run; with a draft, each is followed by runs of rounds
 PLAIN_PROMPT_LENGTH = 16
 ACCEPTANCE_K = 4
 ACCEPTANCE_TOKENS = 48
 SAMPLING_ACCEPTANCE_TOKENS = 32
-EXTRA_K, EXTRA_TOKENS, EXTRA_RUNS = 2, 24, 2  # the sampling overhead's rounds
+ROUND_TOKENS = 24  # per run of real rounds (at k = ROUND_K, greedy and at T = 1)
 GREEDY = SamplingConfig()
 
 
@@ -102,20 +107,35 @@ def mtp_step_seconds(target_model, head) -> float:
     return median(times[1:])
 
 
+def _plain_run(target_model, prompt) -> float:
+    """Seconds per token of one plain decoding run through mlx-spec's own loop."""
+    rounds = speculative_generate_step(prompt, target_model, None,
+                                       max_tokens=PLAIN_TOKENS + 1, prompt_lookup=False)
+    next(rounds)  # prefill and the first token: not a decoding step
+    start, tokens = time.perf_counter(), 0
+    for round_ in rounds:
+        tokens += len(round_.tokens)
+    return (time.perf_counter() - start) / tokens
+
+
+def _rounds_run(target_model, draft_model, prompt, temp: float, **options) -> float:
+    """Median seconds of the real rounds drafting ROUND_K tokens in one run at `temp`."""
+    times, last = [], None
+    for round_ in speculative_generate_step(
+            prompt, target_model, draft_model, max_tokens=ROUND_TOKENS,
+            num_draft_tokens=ROUND_K, sampling=SamplingConfig(temp=temp),
+            prompt_lookup=False, **options):
+        now = time.perf_counter()
+        if last is not None and round_.num_drafted == ROUND_K:
+            times.append(now - last)
+        last = now
+    return median(times)
+
+
 def plain_step_seconds(target_model) -> float:
     """Median seconds per token of plain decoding through mlx-spec's own loop."""
     prompt = _random_prompt(target_model)
-
-    def run() -> float:
-        rounds = speculative_generate_step(prompt, target_model, None,
-                                           max_tokens=PLAIN_TOKENS + 1, prompt_lookup=False)
-        next(rounds)  # prefill and the first token: not a decoding step
-        start, tokens = time.perf_counter(), 0
-        for round_ in rounds:
-            tokens += len(round_.tokens)
-        return (time.perf_counter() - start) / tokens
-
-    return median([run() for _ in range(1 + PLAIN_RUNS)][1:])
+    return median([_plain_run(target_model, prompt) for _ in range(1 + PLAIN_RUNS)][1:])
 
 
 def _random_prompt(target_model) -> list:
@@ -123,30 +143,25 @@ def _random_prompt(target_model) -> list:
                              key=mx.random.key(0)).tolist()
 
 
-def round_seconds(target_model, draft_model, temp: float, **options) -> float:
-    """Median seconds of a real round drafting EXTRA_K tokens at `temp` (after a warm-up run)."""
-    prompt, times = _random_prompt(target_model), []
-    for run in range(1 + EXTRA_RUNS):
-        last = None
-        for round_ in speculative_generate_step(
-                prompt, target_model, draft_model, max_tokens=EXTRA_TOKENS,
-                num_draft_tokens=EXTRA_K, sampling=SamplingConfig(temp=temp),
-                prompt_lookup=False, **options):
-            now = time.perf_counter()
-            if run and last is not None and round_.num_drafted == EXTRA_K:
-                times.append(now - last)
-            last = now
-    return median(times)
+def anchors(target_model, draft_model, **options):
+    """(plain step, greedy round, round at T = 1) in seconds, from runs interleaved.
 
-
-def sampling_extra_seconds(target_model, draft_model, **options) -> float:
-    """What a round costs more at T = 1 than greedy: the drafts' sampling, the exact rule.
-
-    Measured on real rounds, the two temperatures in the same way, so the
-    difference is what the greedy costs above leave out (about half a plain
-    step on a fast float32 pair here)."""
-    return max(round_seconds(target_model, draft_model, 1.0, **options)
-               - round_seconds(target_model, draft_model, 0.0, **options), 0.0)
+    Each run decodes plainly, then in rounds of ROUND_K drafts greedy, then at
+    T = 1, so a load that comes and goes slows all three alike. The rounds
+    are the median of their per-run ratios to that run's plain step (paired:
+    what the policy decides on), times the median plain step. `draft_model`
+    may be "mtp" (`mtp_weights=` in `options`).
+    """
+    prompt, runs = _random_prompt(target_model), []
+    for _ in range(1 + PLAIN_RUNS):
+        runs.append((_plain_run(target_model, prompt),
+                     _rounds_run(target_model, draft_model, prompt, 0.0, **options),
+                     _rounds_run(target_model, draft_model, prompt, 1.0, **options)))
+    runs = runs[1:]
+    plain_s = median([plain for plain, _, _ in runs])
+    greedy_s = plain_s * median([greedy / plain for plain, greedy, _ in runs])
+    extra_s = plain_s * median([(sampled - greedy) / plain for plain, greedy, sampled in runs])
+    return plain_s, greedy_s, greedy_s + extra_s
 
 
 def draft_acceptance(target_model, draft_model, tokenizer, temp: float = 0.0,
@@ -181,27 +196,30 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
     it acceptance is None. `progress(message)` is called before each stage.
     """
     say = progress or (lambda message: None)
-    say("plain decoding (target alone)")
-    plain_s = plain_step_seconds(target_model)
-    say(f"verify cost over T = {VERIFY_LENGTHS[0]}..{VERIFY_LENGTHS[-1]} tokens")
-    verify_s = verify_curve(target_model)
-    drafts = {}
+    sources = []  # (fingerprint, what draft_model= takes, its options, step seconds)
     if draft_model is not None:
         say("draft step")
-        step_s = draft_step_seconds(draft_model)
-        acceptances = _acceptances(target_model, draft_model, tokenizer, say)
-        say("what sampling adds to a round")
-        drafts[model_fingerprint(draft_model)] = DraftCost(
-            step_s, *acceptances, sampling_extra_seconds(target_model, draft_model))
+        sources.append((model_fingerprint(draft_model), draft_model, {},
+                        draft_step_seconds(draft_model)))
     if mtp:
         head = load_mtp(target_model, mtp_weights)
         say("MTP step")
-        step_s = mtp_step_seconds(target_model, head)
-        acceptances = _acceptances(target_model, "mtp", tokenizer, say, mtp_weights=mtp_weights)
-        say("what sampling adds to an MTP round")
-        drafts[mtp_key(head)] = DraftCost(
-            step_s, *acceptances,
-            sampling_extra_seconds(target_model, "mtp", mtp_weights=mtp_weights))
+        sources.append((mtp_key(head), "mtp", {"mtp_weights": mtp_weights},
+                        mtp_step_seconds(target_model, head)))
+    plain_runs, drafts = [], {}
+    for fingerprint, source, options, step_s in sources:
+        say(f"plain decoding and real rounds at k = {ROUND_K}, interleaved"
+            + (" (MTP)" if source == "mtp" else ""))
+        plain_s, greedy_s, sampled_s = anchors(target_model, source, **options)
+        plain_runs.append(plain_s)
+        acceptances = _acceptances(target_model, source, tokenizer, say, **options)
+        drafts[fingerprint] = DraftCost(step_s, *acceptances, max(sampled_s - greedy_s, 0.0),
+                                        greedy_s)
+    if not plain_runs:
+        say("plain decoding (target alone)")
+        plain_runs.append(plain_step_seconds(target_model))
+    say(f"verify cost over T = {VERIFY_LENGTHS[0]}..{VERIFY_LENGTHS[-1]} tokens")
+    verify_s = verify_curve(target_model)
     mx.clear_cache()
     return Calibration(key=calibration_key(target_model), created=time.time(),
-                       plain_step_s=plain_s, verify_s=verify_s, drafts=drafts)
+                       plain_step_s=plain_runs[0], verify_s=verify_s, drafts=drafts)

@@ -17,6 +17,7 @@ from ..costmodel import interpolate
 
 
 KIND_NAMES = {dict: "an object", Real: "a number", object: "a value"}
+ROUND_K = 2  # drafts per round of the real rounds a calibration times
 
 
 class CorruptCalibration(ValueError):
@@ -32,6 +33,10 @@ class DraftCost:
     # seconds a round costs more at T = 1 than greedy (sampling the drafts, the exact
     # rule's graph), measured on real rounds at k = 2 (None: not measured)
     sampling_extra_s: Optional[float] = None
+    # seconds of a real greedy round drafting ROUND_K tokens, timed interleaved with the
+    # plain step (None: an older file). The policy's prior is anchored to it: the parts
+    # above, timed one after another, drift with the machine's load.
+    round_s: Optional[float] = None
 
     def acceptance_at(self, temp: float) -> Optional[float]:
         """A prior for the per-draft acceptance at temperature `temp` (None: not measured).
@@ -72,7 +77,7 @@ class Calibration:
             "verify_s": {str(t): s for t, s in sorted(self.verify_s.items())},
             "drafts": {fp: {"step_s": d.step_s, "acceptance": d.acceptance,
                             "sampling_acceptance": d.sampling_acceptance,
-                            "sampling_extra_s": d.sampling_extra_s}
+                            "sampling_extra_s": d.sampling_extra_s, "round_s": d.round_s}
                        for fp, d in sorted(self.drafts.items())},
         }
 
@@ -109,6 +114,10 @@ def _extra(value) -> Optional[float]:
     return float(value)
 
 
+def _optional_seconds(data, name: str, what: str) -> Optional[float]:
+    return None if data.get(name) is None else _seconds(data, name, what)  # absent: older file
+
+
 def _length(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise CorruptCalibration(f"verify length {text!r} is not a positive int")
@@ -133,7 +142,8 @@ def from_dict(data) -> Calibration:
         drafts={fp: DraftCost(_seconds(d, "step_s", "a draft's step_s"),
                               _acceptance(_get(d, "acceptance", object, "a draft's acceptance")),
                               _acceptance(d.get("sampling_acceptance")),  # absent: older file
-                              _extra(d.get("sampling_extra_s")))
+                              _extra(d.get("sampling_extra_s")),
+                              _optional_seconds(d, "round_s", "a draft's round_s"))
                 for fp, d in drafts.items()},
     )
 
@@ -155,6 +165,8 @@ def describe(cal: Calibration, draft_fingerprint: Optional[str] = None) -> str:
         acceptance = "not measured" if draft.acceptance is None else f"{draft.acceptance:.3f}"
         if draft.sampling_acceptance is not None:
             acceptance += f" (T=0), {draft.sampling_acceptance:.3f} (T=1)"
+        if draft.round_s is not None:
+            acceptance += f"; a greedy round at k={ROUND_K} {draft.round_s * 1e3:.2f} ms"
         if draft.sampling_extra_s is not None:
             acceptance += f"; a round at T=1 costs {draft.sampling_extra_s * 1e3:.2f} ms more"
         name = f"MTP layer {fp[4:16]}" if fp.startswith("mtp:") else f"draft {fp[:12]}"
