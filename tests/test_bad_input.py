@@ -231,6 +231,18 @@ INTERRUPT = textwrap.dedent("""
         loading = importlib.import_module("mlx_spec.loading")
         load = loading.load
         loading.load = lambda *a, **k: (interrupt(), load(*a, **k))[1]
+    elif moment == "callback":  # inside a weakref callback, which Python cannot raise out of
+        import weakref
+        loading = importlib.import_module("mlx_spec.loading")
+        load = loading.load
+        class Dropped:
+            pass
+        def load_dropping(*a, **k):
+            dropped = Dropped()
+            ref = weakref.ref(dropped, lambda ref: (interrupt(), sum(range(100))))
+            del dropped  # the callback runs here; the handler raises inside it
+            return load(*a, **k)
+        loading.load = load_dropping
     elif moment == "generating":
         api = importlib.import_module("mlx_spec.generate")
         stream = api.stream_generate
@@ -249,14 +261,15 @@ INTERRUPT = textwrap.dedent("""
 
 
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(model_dirs):
-    """Interrupted during imports, reading stdin, loading the model and generating."""
+    """Interrupted during imports, reading stdin, loading the model, in a weakref callback
+    (where Python reports the exception as unraisable and goes on) and generating."""
     args = ["generate", "--model", str(model_dirs["target"]), "-n", "1000", "--prompt", "-"]
-    moments = ["0.05", "1.0", "loading", "generating"]
+    moments = ["0.05", "1.0", "loading", "callback", "generating"]
     procs = [subprocess.Popen([sys.executable, "-c", INTERRUPT, moment, *args],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for moment in moments]
     for moment, proc in zip(moments, procs):
-        if moment in ("loading", "generating"):
+        if moment in ("loading", "callback", "generating"):
             proc.stdin.write("def f(x):\n")
             proc.stdin.close()  # the prompt is read; stdin stays open for the others
     for moment, proc in zip(moments, procs):
