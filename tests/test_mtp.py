@@ -387,11 +387,13 @@ def test_stream_generate_from_a_model_directory(loaded):
     assert any(r.source == "mtp" for r in responses)
 
 
-@pytest.mark.parametrize("how", ["full", "break-held"])
-def test_conversation_with_a_reused_prompt_cache(loaded, how):
-    """The prompt cache holds the target's layers; the MTP layer starts afresh each turn."""
+@pytest.mark.parametrize("live", [True, False])
+@pytest.mark.parametrize("how", ["full", "break-held", "break-dropped", "closed-late"])
+def test_conversation_with_a_reused_prompt_cache(loaded, how, live):
+    """The prompt cache holds the target's layers; the MTP layer starts afresh each turn.
+    prompt_cache_live=False (the server's): the cache is settled when a turn ends."""
     from mlx_lm.models.cache import make_prompt_cache
-    from test_multiturn import MAX_TOKENS, converse, mlx_lm_turns
+    from test_multiturn import MAX_TOKENS, _assert_same_conversation, converse, mlx_lm_turns
 
     import mlx_spec
 
@@ -400,10 +402,14 @@ def test_conversation_with_a_reused_prompt_cache(loaded, how):
     def turn(ids, cache):
         return mlx_spec.stream_generate(model, tokenizer, ids, draft_model="mtp",
                                         max_tokens=MAX_TOKENS, prompt_cache=cache,
-                                        calibration=None)
+                                        calibration=None, prompt_cache_live=live)
     cache = make_prompt_cache(model)
     ours = converse(turn, cache, tokenizer, how, len(cache))
-    assert [t[:2] for t in ours] == [t[:2] for t in mlx_lm_turns(model, tokenizer, how)]
+    want = mlx_lm_turns(model, tokenizer, how)
+    if live:
+        assert [t[:2] for t in ours] == [t[:2] for t in want]
+    else:
+        _assert_same_conversation(ours, want, how)
 
 
 def test_generate_command_with_mtp(loaded):

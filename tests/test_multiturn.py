@@ -5,7 +5,8 @@ mlx-lm's `stream_generate` and through mlx-spec's, greedy: the tokens of every
 turn and the cache offsets after every turn must be the same. Also when the
 caller breaks out early while still holding the generator, breaks out and
 drops it, or raises inside its loop; with and without a draft model, with
-prompt lookup, and on a hybrid (Gated DeltaNet) target.
+prompt lookup, on a hybrid (Gated DeltaNet) target and on sliding-window
+targets, with the cache kept live per token and settled only at the end.
 """
 
 import mlx_lm
@@ -220,6 +221,19 @@ def test_a_hybrid_cache_settled_only_at_the_end(pair, hybrid_pair, how, stop_aft
     want = mlx_lm_turns(target_model, tokenizer, how, stop_after)
     got = raw_turns(target_model, draft_model, tokenizer, how, stop_after,
                     prompt_cache_live=False, num_draft_tokens=3, prompt_lookup=False)
+    _assert_same_conversation(got, want, how)
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "gpt_oss"])
+@pytest.mark.parametrize("how", HOWS)
+def test_a_sliding_window_cache_settled_only_at_the_end(pair, name, how):
+    tokenizer = pair[2]
+    vocab = len(tokenizer.vocab)
+    target_model = make_family(name, seed=0, vocab_size=vocab)
+    draft_model = make_family(name, seed=0, vocab_size=vocab, quantize_bits=8)
+    want = mlx_lm_turns(target_model, tokenizer, how)
+    got = raw_turns(target_model, draft_model, tokenizer, how, prompt_cache_live=False,
+                    num_draft_tokens=3, prompt_lookup=False)
     _assert_same_conversation(got, want, how)
 
 
