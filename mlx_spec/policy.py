@@ -35,11 +35,6 @@ PROBE_ROUNDS = 3  # rounds tried after an off period before the source is judged
 PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
 PLAIN_BLOCK = 16  # plain steps queued back to back while no source proposes
 OFF_MARGIN = 0.05  # switch off only when predicted >5% slower: estimates are noisy, ties cost little
-# A calibration alone starts a source only when it predicts at least this over plain
-# decoding: below it the gain is within the calibration's own error (three calibrations
-# of one pair at T = 1 predicted 0.99-1.05x on one machine, 0.91-1.12x on another, where
-# the best fixed k ran at 0.87x), and drafting where it loses costs more than that.
-START_GAIN = 1.05
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
@@ -298,7 +293,7 @@ class AdaptivePolicy:
             return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
-            if self._loses(estimate, START_GAIN):  # the calibration alone: no clear win
+            if self._loses(estimate):  # the calibration already says it loses: start without it
                 self._switch_off(estimate)
                 return 0
         return estimate.length()
@@ -353,9 +348,9 @@ class AdaptivePolicy:
             estimate.off_steps = max(estimate.off_steps, LONG_OFF_STEPS)
         estimate.switch_off()
 
-    def _loses(self, estimate: SourceEstimate, threshold: float = 1.0 - OFF_MARGIN) -> bool:
+    def _loses(self, estimate: SourceEstimate) -> bool:
         ratio = self._predicted_ratio(estimate)
-        return ratio is not None and ratio < threshold
+        return ratio is not None and ratio < 1.0 - OFF_MARGIN
 
     def _judge(self, estimate: SourceEstimate) -> None:
         if not self.auto_off or not self.plain_seconds:
