@@ -56,6 +56,21 @@ def simulate(policy, clock, acceptance, draft_step, verify, plain_step, tokens=6
                  plain_step, tokens, seed)[0]
 
 
+def test_the_first_plain_block_is_timed_from_when_it_was_asked_for():
+    """A pipelined block: the first step carries the next one's dispatch, the last (nothing
+    queued after it) is nearly free. Timed from the first answer, the trial read 0.7 of a
+    step and a draft that wins at k = 1 looked like one that loses."""
+    clock = FakeClock()
+    policy = AdaptivePolicy(clock=clock)
+    clock.now = 5.0  # the prefill
+    n = policy.plain_steps()
+    assert n == PLAIN_TRIAL_STEPS
+    for seconds in [1.8] + [1.0] * (n - 2) + [0.2]:  # n steps of 1.0 s in all
+        clock.now += seconds
+        policy.observe(Round([0], 0, 0, "target", None))
+    assert policy.measured_plain_seconds == pytest.approx(1.0, rel=0.1)
+
+
 def test_flat_verify_cost_and_good_draft_drafts_long():
     """GPU-like: verifying 9 tokens costs about one step, the draft is cheap."""
     clock = FakeClock()
