@@ -526,3 +526,26 @@ def group_members(pgid: int, wait: float = 5.0) -> list:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
+
+
+def test_the_weight_index_is_never_read_half_written(tmp_path):
+    """Every rank on one machine writes the pipeline's weight index while others read it."""
+    import threading
+
+    from mlx_spec.distributed.loading import _write_index
+
+    mx.save_safetensors(str(tmp_path / "model.safetensors"),
+                        {f"layers.{i}.weight": mx.zeros((2, 2)) for i in range(200)})
+    index, seen, done = tmp_path / "model.safetensors.index.json", [], threading.Event()
+
+    def write():
+        for _ in range(300):
+            _write_index(tmp_path)
+        done.set()
+    writer = threading.Thread(target=write)
+    writer.start()
+    while not done.is_set():
+        if index.exists():
+            seen.append(len(json.loads(index.read_text())["weight_map"]))
+    writer.join()
+    assert seen and set(seen) == {200}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -195,8 +196,13 @@ def _write_index(directory: Path) -> None:
                          "convert it with mlx_lm.convert first.")
     names = mx.load(str(files[0])).keys()
     index = {"metadata": {}, "weight_map": {name: files[0].name for name in names}}
+    # Every rank on this machine may write it while another reads it: write a file of
+    # one's own, then rename it into place, so a reader sees no index or a whole one.
+    # (Written in place, a rank once read it empty: "Expecting value: line 1 column 1".)
+    own = directory / f".model.safetensors.index.json.{os.getpid()}.tmp"
     try:
-        (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+        own.write_text(json.dumps(index))
+        os.replace(own, directory / "model.safetensors.index.json")
     except OSError as exc:
         raise ValueError(f"The target '{directory}' has no weight index and it cannot be "
                          f"written ({exc.strerror}); convert it with mlx_lm.convert first.") from None
