@@ -97,3 +97,35 @@ def test_a_pair_the_target_never_produces_fails_the_check():
     exact = {(1, 2): 0.5, (1, 3): 0.5}
     statistic, _, p_value = chi_square({(1, 2): 40, (1, 3): 50, (1, 4): 1}, exact)
     assert p_value == 0.0 and statistic == float("inf")
+
+
+@pytest.mark.parametrize("config", [
+    SamplingConfig(temp=0.7), SamplingConfig(temp=1.0, top_k=5), SamplingConfig(temp=1.3, top_p=0.8),
+    SamplingConfig(temp=1.0, min_p=0.05), SamplingConfig(temp=0.5, top_k=7, top_p=0.9)])
+def test_logprobs_are_the_normalised_filtered_distribution(config):
+    """Unfiltered rows skip the second normalisation: still log-probabilities summing to 1,
+    equal to a softmax over the tokens the filters keep, computed here with numpy."""
+    import numpy as np
+
+    from mlx_spec.sampling import logprobs_from_logits
+
+    logits = mx.random.normal((3, 50), key=mx.random.key(1)) * 3
+    got = np.exp(np.array(logprobs_from_logits(logits, config)))
+    x = np.array(logits, dtype=np.float64) / config.temp
+    for row, want_row in zip(got, x):
+        p = np.exp(want_row - want_row.max())
+        p /= p.sum()
+        keep = np.ones_like(p, dtype=bool)
+        order = np.argsort(-p)
+        if config.top_k:
+            keep[order[config.top_k:]] = False
+        if config.top_p < 1.0:
+            q = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
+            mass = np.cumsum(q[order])
+            keep[order[np.searchsorted(mass, config.top_p) + 1:]] = False
+        if config.min_p > 0.0:
+            q = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
+            keep &= q >= q.max() * config.min_p
+        want = np.where(keep, p, 0)
+        want /= want.sum()
+        np.testing.assert_allclose(row, want, atol=1e-5)
