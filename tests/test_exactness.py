@@ -13,7 +13,7 @@ from scipy import stats
 
 from mlx_spec.acceptance import resample_from_target_accept, speculative_accept
 from mlx_spec.exactness import chi2_survival, check_exactness
-from mlx_spec.sampling import SamplingConfig
+from mlx_spec.sampling import SamplingConfig, logprobs_from_logits
 
 PROMPT = [3, 1, 4]
 SAMPLES = 3000
@@ -105,27 +105,23 @@ def test_a_pair_the_target_never_produces_fails_the_check():
 def test_logprobs_are_the_normalised_filtered_distribution(config):
     """Unfiltered rows skip the second normalisation: still log-probabilities summing to 1,
     equal to a softmax over the tokens the filters keep, computed here with numpy."""
-    import numpy as np
-
-    from mlx_spec.sampling import logprobs_from_logits
-
     logits = mx.random.normal((3, 50), key=mx.random.key(1)) * 3
     got = np.exp(np.array(logprobs_from_logits(logits, config)))
     x = np.array(logits, dtype=np.float64) / config.temp
+    def kept(p, keep):
+        q = np.where(keep, p, 0)
+        return q / q.sum()
+
     for row, want_row in zip(got, x):
-        p = np.exp(want_row - want_row.max())
-        p /= p.sum()
+        p = kept(np.exp(want_row - want_row.max()), True)
         keep = np.ones_like(p, dtype=bool)
         order = np.argsort(-p)
         if config.top_k:
             keep[order[config.top_k:]] = False
         if config.top_p < 1.0:
-            q = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
-            mass = np.cumsum(q[order])
+            mass = np.cumsum(kept(p, keep)[order])
             keep[order[np.searchsorted(mass, config.top_p) + 1:]] = False
         if config.min_p > 0.0:
-            q = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
+            q = kept(p, keep)
             keep &= q >= q.max() * config.min_p
-        want = np.where(keep, p, 0)
-        want /= want.sum()
-        np.testing.assert_allclose(row, want, atol=1e-5)
+        np.testing.assert_allclose(row, kept(p, keep), atol=1e-5)
