@@ -2,7 +2,7 @@
 
 A tiny target/draft pair of Llama models (Hugging Face layout, float16 safetensors,
 shared byte-level BPE tokenizer with ``<|endoftext|>`` as EOS) trained from scratch on
-the Python standard library's source code by ``bench/train_default_models.py``.
+the Python standard library's source code by ``python -m training.train_default_models``.
 They only know how to continue Python code; see ``README.md`` and ``metrics.json``
 in this directory for sizes, data split and acceptance measurements.
 

@@ -73,7 +73,7 @@ code, shipped so that `mlx-spec generate` works offline (no Hugging Face downloa
 They are toy models: good at continuing Python code, useless for anything else.
 Both share one byte-level BPE tokenizer and load with `mlx_lm.load(path)`.
 
-Produced by `bench/train_default_models.py` (PyTorch training, float16 safetensors export
+Produced by `python -m training.train_default_models` (PyTorch training, float16 safetensors export
 with Hugging Face `LlamaForCausalLM` key names). All numbers below come from `metrics.json`.
 
 ## Models
@@ -156,7 +156,7 @@ Greedy continuations (80 tokens) of several headers:
 pip install torch tokenizers   # the `train` extra
 {m['reproduce']}
 ```
-(Checkpoints go to `bench/.cache/default_models/`; rerunning resumes from them. Bitwise
+(Checkpoints go to `training/.cache/default_models/`; rerunning resumes from them. Bitwise
 identity also needs the same Python version, since the data is the running interpreter's stdlib.)
 """ + (f"\nNotes: {m['notes']}\n" if m.get("notes") else "")
     (out / "README.md").write_text(text)

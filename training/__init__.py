@@ -8,5 +8,5 @@
 - ``mtp``: the MTP head's drafting in the simulation, export, MLX check, held-out quality.
 - ``report``: the default models' README.md from metrics.json.
 
-``bench/train_default_models.py`` runs them in order (``--help``).
+``python -m training.train_default_models`` runs them in order (``--help``).
 """

@@ -6,8 +6,8 @@ Training-only script: needs the ``train`` extra (``pip install torch tokenizers`
 plus ``mlx-lm`` for the export check.  The mlx_spec runtime never imports torch.
 
 Pipeline (every stage is seeded; the run is resumable from checkpoints kept in
-``--work-dir``, which defaults to the git-ignored ``bench/.cache/``); each stage
-lives in a module of ``bench/training/``:
+``--work-dir``, which defaults to the git-ignored ``training/.cache/``); each stage
+lives in a module of ``training/``:
 
 1. ``data``: Python source files of the running interpreter's standard library,
    split by top-level module (~5% held out); byte-level BPE tokenizer; batches.
@@ -57,7 +57,7 @@ OUT_DIR = REPO / "mlx_spec" / "default_models"
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work-dir", default=str(REPO / "bench" / ".cache" / "default_models"))
+    ap.add_argument("--work-dir", default=str(REPO / "training" / ".cache" / "default_models"))
     ap.add_argument("--out-dir", default=str(OUT_DIR))
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096)
@@ -349,7 +349,7 @@ def main():
     order = list(variants)
     used = order[: order.index(best) + 1]
     steps_of = {v: variants[v]["state"]["total"] for v in used}
-    repro = (f"nice -n 10 python bench/train_default_models.py --target-steps {tstate['total']}"
+    repro = (f"nice -n 10 python -m training.train_default_models --target-steps {tstate['total']}"
              f" --draft-dim {args.draft_dim} --draft-layers {args.draft_layers} --draft-heads {args.draft_heads}"
              f" --draft-ffn {args.draft_ffn}" + (" --draft-tie" if args.draft_tie else "")
              + f" --draft-variants {','.join(used)}"
@@ -454,7 +454,7 @@ def mtp_main(args, work: Path, out: Path, train_ids, val_ids, kd_real, eos_id: i
                         loss_fn=lambda h, x, y: mtp_loss(h, target, x, args.mtp_kl, args.mtp_depth2))
     head.eval()
     mdir = out / "mtp"
-    repro = (f"nice -n 10 python bench/train_default_models.py --mtp-only --mtp-steps {state['total']}"
+    repro = (f"nice -n 10 python -m training.train_default_models --mtp-only --mtp-steps {state['total']}"
              f" --mtp-ffn {args.mtp_ffn} --mtp-rows {args.mtp_rows} --mtp-fraction {args.mtp_fraction}"
              f" --mtp-kl {args.mtp_kl} --mtp-depth2 {args.mtp_depth2} --mtp-lr {args.mtp_lr}"
              + (f" --draft-tests-from-step {args.draft_tests_from_step}" if args.draft_tests_from_step >= 0 else ""))
