@@ -2,7 +2,8 @@
 
 `check_arguments(**named)` checks every argument it knows by name and leaves
 the others to their owners (`prompt_cache` is checked against the models,
-`policy` is internal). It is pure (no model or device work) and imports no
+`policy` is internal, `sampling` and `calibration` are checked with
+`check_instance` by the modules that define their types). It is pure (no model or device work) and imports no
 MLX, so the command line can share its limits. Types are checked as well
 as ranges: an int where an int is meant (not 2.5, not True), a real number
 in range where a float is meant, a seed MLX accepts (0 <= seed < 2**64), a
@@ -53,20 +54,6 @@ def _is_path(value) -> bool:
     return value is None or isinstance(value, (str, os.PathLike))
 
 
-def _is_sampling_config(value) -> bool:
-    from .sampling import SamplingConfig  # sampling imports this module
-
-    return isinstance(value, SamplingConfig)
-
-
-def _is_calibration(value) -> bool:
-    if value is None or (isinstance(value, str) and value == "auto"):
-        return True
-    from .calibration import Calibration
-
-    return isinstance(value, Calibration)
-
-
 _MODEL = ("a model such as load() returns", _is_model)
 _FLAG = ("True or False", lambda v: isinstance(v, bool))
 _OPTIONAL_FLAG = ("True, False or None", lambda v: v is None or isinstance(v, bool))
@@ -94,7 +81,6 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "draft_confidence": _real("[0, 1)", lambda v: 0 <= v < 1),
     "alpha": _real("(0, 1)", lambda v: 0 < v < 1),
     "seed": _optional(_SEED),
-    "sampling": ("a SamplingConfig", _is_sampling_config),
     "adaptive": _OPTIONAL_FLAG,
     "prompt_lookup": _OPTIONAL_FLAG,
     "auto_off": _FLAG,
@@ -102,7 +88,6 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "verbose": _FLAG,
     "prompt_progress_callback": _optional(_CALLBACK),
     "accept": _optional(_CALLBACK),
-    "calibration": ('"auto", None or a Calibration (mlx_spec.calibration)', _is_calibration),
 }
 
 
@@ -115,6 +100,13 @@ def check_arguments(**named) -> None:
             expected, test = CHECKS[name]
             if not test(value):
                 raise ValueError(f"{name} must be {expected}, got {_show(value)}.")
+
+
+def check_instance(name: str, value, kind: type, expected: str = "") -> None:
+    """Raise ValueError unless `value` is a `kind`: for arguments whose type lives in a module
+    above this one (the module that defines the type checks it where the argument enters)."""
+    if not isinstance(value, kind):
+        raise ValueError(f"{name} must be {expected or 'a ' + kind.__name__}, got {_show(value)}.")
 
 
 def check_prompt(prompt) -> None:

@@ -25,8 +25,8 @@ import numpy as np
 from .arguments import check_arguments
 from .cache import ModelCache, make_cache
 from .generate import speculative_generate_step
-from .loop import prefill
-from .sampling import SamplingConfig, logprobs_from_logits
+from .cache.prefill import prefill
+from .sampling import SamplingConfig, check_sampling, logprobs_from_logits
 
 DEFAULT_SAMPLES = 2000
 DEFAULT_ALPHA = 1e-3
@@ -173,9 +173,10 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
                     seed: Optional[int] = 0, mtp_weights=None) -> ExactnessResult:
     """Run the whole check; `result.passed` is False when speculation changed the output."""
     check_arguments(target_model=target_model, draft_model=draft_model, prompt=prompt,
-                    sampling=sampling, samples=samples, num_draft_tokens=num_draft_tokens,
+                    samples=samples, num_draft_tokens=num_draft_tokens,
                     alpha=alpha, accept=accept, prompt_lookup=prompt_lookup, seed=seed,
                     mtp_weights=mtp_weights)
+    check_sampling(sampling)
     if isinstance(prompt, str):
         raise ValueError("prompt must be token ids here; encode the text with the tokenizer first.")
     prompt = [int(t) for t in prompt]

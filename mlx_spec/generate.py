@@ -15,7 +15,7 @@ from typing import Iterator, List, Optional, Union
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_arguments
+from .arguments import check_arguments, check_instance
 from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, check_rewindable, make_cache,
                     make_rewindable)
 from .drafters import DraftModelDrafter, MTPDrafter, PromptLookupDrafter
@@ -25,13 +25,14 @@ from .distributed.group import sharding_group
 from .defaults import DEFAULT_MAX_LOOKUP_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
-from .loop import DEFAULT_PREFILL_STEP_SIZE, Round, generate_rounds
+from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from .loop import Round, generate_rounds
 from .memory import wired_limit
 from .mtp import load_mtp, split_target
 from .session import Session, take_over
 from .policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_MAX_DRAFT_TOKENS,
                      SAMPLING_ACCEPTANCE_PRIOR, make_policy)
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, check_sampling
 from .stats import GenerationStats, StatsRecorder
 
 MLX_LM_ONLY_ARGS = {
@@ -187,6 +188,8 @@ def speculative_generate_step(
     model from. A reused `prompt_cache` then holds the target's layers only.
     """
     check_arguments(**locals())  # every parameter, by name
+    check_sampling(sampling)
+    _check_calibration(calibration)
     prompt = _as_tokens(None, prompt)
     target_vocab = vocab_size(model)
     _check_token_ids(prompt, target_vocab)
@@ -236,6 +239,15 @@ def speculative_generate_step(
         prompt_progress_callback=prompt_progress_callback, accept=accept, agree=agree,
     )
     return RoundStream(rounds, Session(target, draft, target.length, prompt_cache), policy)
+
+
+def _check_calibration(calibration) -> None:
+    if calibration is None or (isinstance(calibration, str) and calibration == "auto"):
+        return
+    from .calibration import Calibration
+
+    check_instance("calibration", calibration, Calibration,
+                   '"auto", None or a Calibration (mlx_spec.calibration)')
 
 
 def _mtp_head(model, draft_model, mtp_weights):

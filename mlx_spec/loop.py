@@ -19,11 +19,9 @@ import mlx.core as mx
 from .acceptance import AcceptanceRule, greedy_accept, rule_for
 from .attention import round_attention
 from .cache import ModelCache
+from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
 from .policy import DraftPolicy
 from .sampling import SamplingConfig, logprobs_from_logits, model_logprobs, sample
-
-DEFAULT_PREFILL_STEP_SIZE = 512
-
 
 @dataclass(frozen=True)
 class Round:
@@ -50,28 +48,6 @@ class Decoder:
     # A sharded target: rank 0's values of what the round syncs, for every rank
     # (mlx_spec.distributed.agreement); identity on one machine.
     agree: Callable[[mx.array], mx.array] = lambda x: x
-
-
-def prefill(cache: ModelCache, tokens: List[int], step_size: int,
-            progress: Optional[Callable[[int, int], None]] = None,
-            followers: Sequence = (), next_token: Optional[int] = None) -> None:
-    """Run `tokens` through the model in chunks, filling its cache.
-
-    `followers` (MTP drafters) are handed each chunk's hidden states with the
-    tokens after them (`next_token` follows the last) and evaluated with it.
-    """
-    after = tokens[1:] + [next_token]
-    for start in range(0, len(tokens), step_size):
-        cache.forward(mx.array(tokens[start:start + step_size], mx.uint32))
-        pending = [c.state for c in cache.layers]
-        for drafter in followers:
-            drafter.follow(after[start:start + step_size], cache.hidden)
-            pending += drafter.catch_up()
-        mx.eval(pending)
-        if progress:
-            progress(min(start + step_size, len(tokens)), len(tokens))
-    if tokens:  # free the prefill's buffers; with nothing prefilled, keep the warm ones
-        mx.clear_cache()
 
 
 def _propose(decoder: Decoder, lengths: Dict[str, int]):

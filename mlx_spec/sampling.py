@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .arguments import check_arguments
+from .arguments import check_arguments, check_instance
 
 DEFAULT_TEMP = 0.0
 DEFAULT_TOP_P = 1.0
@@ -36,6 +36,11 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temp == 0
+
+
+def check_sampling(sampling) -> None:
+    """ValueError unless `sampling` is a SamplingConfig (the API's `sampling` argument)."""
+    check_instance("sampling", sampling, SamplingConfig)
 
 
 def model_logprobs(logits: mx.array) -> mx.array:

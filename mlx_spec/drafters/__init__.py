@@ -18,26 +18,9 @@ proposal this round" so the next drafter in line is asked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
-import mlx.core as mx
-
-
-@dataclass
-class Proposal:
-    tokens: mx.array  # (k,) uint32, lazy
-    probs: Optional[mx.array]  # (k, V) q, probabilities; None when decoding greedily
-    source: str  # "draft", "lookup" or "mtp": where accepted tokens came from
-    drafter: object  # the drafter to commit() after verification
-
-    @property
-    def num_tokens(self) -> int:
-        return self.tokens.shape[0]
-
-
-from .draft_model import DraftModelDrafter  # noqa: E402
-from .mtp import MTPDrafter  # noqa: E402
-from .prompt_lookup import PromptLookupDrafter  # noqa: E402
+from .draft_model import DraftModelDrafter
+from .mtp import MTPDrafter
+from .prompt_lookup import PromptLookupDrafter
+from .protocol import Proposal
 
 __all__ = ["Proposal", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter"]

@@ -19,8 +19,9 @@ import mlx.core as mx
 
 from ..attention import round_attention
 from ..cache import ModelCache, make_cache
+from ..cache.prefill import prefill
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
-from . import Proposal
+from .protocol import Proposal
 
 
 # Catching up on more unseen tokens than this (decoded while the draft was off
@@ -48,8 +49,6 @@ class DraftModelDrafter:
 
     def prefill(self, prompt: List[int], step_size: int, progress=None) -> None:
         """Process all prompt tokens but the last, in chunks."""
-        from ..loop import prefill
-
         prefill(self.draft, prompt[:-1], step_size, progress)
         self.cached = len(prompt) - 1
 

@@ -23,7 +23,7 @@ import mlx.core as mx
 from ..attention import round_attention
 from ..cache import rewind
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
-from . import Proposal
+from .protocol import Proposal
 
 
 class MTPDrafter:

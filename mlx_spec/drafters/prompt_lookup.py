@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 
 from ..defaults import DEFAULT_MAX_NGRAM  # one place for the CLI and the API
-from . import Proposal
+from .protocol import Proposal
 
 DEFAULT_MIN_NGRAM = 1
 PAIRED_MIN_NGRAM = 2  # when a draft model is asked next

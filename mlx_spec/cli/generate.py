@@ -1,0 +1,75 @@
+"""`mlx-spec generate`: stream text to stdout, the round stats to stderr."""
+
+from __future__ import annotations
+
+import click
+
+from ..defaults import DEFAULT_MAX_TOKENS
+from .models import launched_group, load_pair, load_sharded
+from .options import (SEED, apply_chat_template, model_options, read_prompt, sampling_options,
+                      speculation_options)
+
+SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "mtp": "green"}
+
+
+@click.command()
+@model_options
+@click.option("--prompt", "-p", default="def fibonacci(n):", show_default=True, help="Prompt text, or - to read standard input.")
+@click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=DEFAULT_MAX_TOKENS, show_default=True)
+@sampling_options
+@speculation_options
+@click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
+@click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
+@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model or MTP layer, cyan = prompt lookup.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
+@click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, or a head trained for the target, as the shipped default's) instead of a draft model.")
+@click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory).")
+@click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
+def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
+             num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
+             seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
+             ignore_chat_template, color, calibration, quiet, mtp, mtp_weights, sharding):
+    """Generate text, streaming it to stdout; stats go to stderr."""
+    from ..generate import stream_generate
+
+    prompt = read_prompt(prompt)
+    if mtp and (draft_model is not None or no_draft):
+        raise click.UsageError("--mtp drafts with the target itself; drop --draft-model / --no-draft.")
+    if mtp_weights is not None and not mtp:
+        raise click.UsageError("--mtp-weights is only used with --mtp.")
+    group = launched_group()  # None unless mlx.launch started several ranks
+    if group is None and sharding != "auto":
+        raise click.UsageError("--sharding only applies under mlx.launch with two or more ranks.")
+    if group is None:
+        target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp)
+    else:
+        target_model, tokenizer, draft = load_sharded(model, draft_model, no_draft or mtp,
+                                                       group, sharding)
+    if not ignore_chat_template:
+        prompt = apply_chat_template(tokenizer, prompt)
+    shown = group is None or group.rank() == 0  # only rank 0 prints text and stats
+
+    response = None
+    try:
+        for response in stream_generate(
+            target_model, tokenizer, prompt, draft_model="mtp" if mtp else draft,
+            max_tokens=max_tokens,
+            num_draft_tokens=num_draft_tokens, adaptive=adaptive,
+            max_draft_tokens=max_draft_tokens, auto_off=not no_auto_off,
+            draft_confidence=draft_confidence, temp=temp, top_p=top_p, top_k=top_k,
+            min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
+            prompt_lookup_max_ngram=prompt_lookup_max_ngram,
+            calibration="auto" if calibration else None, mtp_weights=mtp_weights,
+        ):
+            fg = SOURCE_COLORS.get(response.source) if color else None
+            text = click.style(response.text, fg=fg) if fg else response.text
+            if shown:
+                click.echo(text, nl=False, color=True if color else None)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if not shown:
+        return
+    click.echo()
+    if response is not None and not quiet:
+        click.echo("=" * 10, err=True)
+        click.echo(response.stats.summary(), err=True)

@@ -1,0 +1,67 @@
+"""The one model resolver of the command line: flags -> loaded models, or one UsageError sentence.
+
+With no --model every command uses the shipped pair; --model alone decodes
+with no draft unless one is given; a mismatched pair is refused here. MLX
+and the models are imported when a command runs, never at `--help`.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+def load_model(path, role):
+    from ..loading import load
+
+    try:
+        return load(path)
+    except ValueError as exc:
+        raise click.UsageError(f"Cannot load the {role} model: {exc}") from None
+
+
+def resolve_models(model, draft_model, no_draft):
+    """Default: the shipped pair. --model alone decodes with no draft unless one is given."""
+    from ..loading import default_draft_path, default_target_path
+
+    if model is None:
+        if not (default_target_path() / "config.json").exists():
+            raise click.UsageError(
+                "No --model given and the default models are not installed; pass --model PATH."
+            )
+        model = str(default_target_path())
+        if draft_model is None:
+            draft_model = str(default_draft_path())
+    return model, (None if no_draft else draft_model)
+
+
+def load_pair(model, draft_model, no_draft):
+    """Load the target (and the draft unless there is none); refuse mismatched pairs."""
+    from ..loading import check_pair
+
+    model, draft_model = resolve_models(model, draft_model, no_draft)
+    target_model, tokenizer = load_model(model, "target")
+    if draft_model is None:
+        return target_model, tokenizer, None
+    draft, draft_tokenizer = load_model(draft_model, "draft")
+    try:
+        check_pair(target_model, draft, tokenizer, draft_tokenizer)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return target_model, tokenizer, draft
+
+
+def launched_group():
+    from ..distributed import launched_group
+
+    return launched_group()
+
+
+def load_sharded(model, draft_model, no_draft, group, sharding):
+    """Under mlx.launch: the target sharded across the ranks, the draft whole on each."""
+    from ..distributed import load_sharded
+
+    model, draft_model = resolve_models(model, draft_model, no_draft)
+    try:
+        return load_sharded(model, draft_model, group, sharding)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None

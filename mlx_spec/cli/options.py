@@ -1,0 +1,72 @@
+"""What the commands share: option groups, the seed range, reading a prompt, the chat template."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..arguments import SEED_LIMIT
+from ..defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS)
+
+SEED = click.IntRange(0, SEED_LIMIT - 1)  # what mx.random.seed accepts
+
+
+def read_prompt(prompt: str) -> str:
+    """The prompt text; bytes that are not UTF-8 become U+FFFD, with a one-line warning."""
+    if prompt == "-":
+        raw = sys.stdin.buffer.read()
+    else:  # on Linux, undecodable bytes in argv arrive as surrogate escapes
+        try:
+            raw = os.fsencode(prompt)
+        except UnicodeEncodeError:  # a lone surrogate that no byte produced
+            raw = prompt.encode("utf-8", "surrogatepass")
+    try:
+        prompt = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        prompt = raw.decode("utf-8", "replace")
+        click.echo("Warning: the prompt is not valid UTF-8; undecodable bytes were replaced "
+                   "with U+FFFD.", err=True)
+    if not prompt.strip():
+        raise click.UsageError("The prompt is empty; pass --prompt TEXT (or --prompt - for stdin).")
+    return prompt
+
+
+def apply_chat_template(tokenizer, prompt: str) -> str:
+    if getattr(tokenizer, "chat_template", None) is None:
+        return prompt
+    messages = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def options(*decorators):
+    """One decorator applying several click options, so commands share them."""
+    def apply(command):
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+    return apply
+
+
+model_options = options(
+    click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair)."),
+    click.option("--draft-model", "-d", default=None, help="Draft model: local directory or repo id sharing the target's tokenizer."),
+    click.option("--no-draft", is_flag=True, help="Decode with the target alone (the baseline)."),
+)
+sampling_options = options(
+    click.option("--temp", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy."),
+    click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True),
+    click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 disables top-k."),
+    click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True),
+)
+speculation_options = options(
+    click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help=f"Pin the tokens drafted per round (default: adaptive k; fixed k={DEFAULT_NUM_DRAFT_TOKENS} with --fixed, or with --seed at --temp > 0 so seeded runs repeat)."),
+    click.option("--adaptive/--fixed", default=None, help="Choose k each round from measured acceptance and cost, switching speculation off when it loses (the default)."),
+    click.option("--max-draft-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_DRAFT_TOKENS, show_default=True, help="Largest k the adaptive policy may choose."),
+    click.option("--no-auto-off", is_flag=True, help="Adaptive policy: never fall back to plain decoding."),
+    click.option("--draft-confidence", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True, help="Stop drafting when the draft's top probability falls below this."),
+    click.option("--prompt-lookup/--no-prompt-lookup", default=None, help="Draft by n-gram lookup in the prompt and output so far (default: on in front of a draft model at --temp 0; off otherwise)."),
+    click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True),
+    click.option("--calibration/--no-calibration", default=True, show_default=True, help="Start the adaptive policy from this machine's stored `mlx-spec tune` measurements, if any."),
+)

@@ -1,0 +1,88 @@
+"""`mlx-spec serve`: the OpenAI-compatible HTTP server (mlx_spec.server) from the command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import signal
+import sys
+
+import click
+
+from .models import load_pair
+from .options import model_options, sampling_options, speculation_options
+
+DEFAULT_MODEL_ID = "mlx-spec-default"  # what `serve` calls the shipped pair
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: 2147483648, 2GiB, 512MiB, 1.5GB (binary with i, decimal without)."""
+
+    name = "bytes"
+    UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", str(value), re.IGNORECASE)
+        if match is None:
+            self.fail(f"{value!r} is not a size; write it as 2147483648, 2GiB or 512MiB.", param, ctx)
+        return int(float(match.group(1)) * self.UNITS[(match.group(2) or "").lower()])
+
+
+@click.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on; 0.0.0.0 exposes the server to the network.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", default=None, envvar="MLX_SPEC_API_KEY", help="Require `Authorization: Bearer KEY` on every request (401 otherwise); also read from $MLX_SPEC_API_KEY.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Requests admitted at once (queued + generating); more get 429.")
+@click.option("--prompt-cache-bytes", type=ByteSize(), default="2GiB", show_default=True, help="Memory for prompt caches kept between requests (multi-turn reuse); 0 turns reuse off.")
+@click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=512, show_default=True, help="Token budget of a request that gives no max_tokens.")
+@sampling_options
+@speculation_options
+@click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
+def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
+          max_tokens, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
+          no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
+          verbose):
+    """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
+
+    Options other than the model's are defaults: a request may set its own
+    sampling, max_tokens, num_draft_tokens and prompt_lookup.
+    """
+    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
+        raise click.ClickException("mlx-spec serve needs its HTTP libraries; install them with "
+                                   "pip install 'mlx-spec[serve]'.")
+    from ..server.app import bind, create_app, make_server
+    from ..server.cache_store import PromptCacheStore
+    from ..server.requests import Settings
+    from ..server.worker import GenerationWorker, SpeculationOptions
+
+    model_id = model or DEFAULT_MODEL_ID
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft)
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                                   "choose another --port or --host.") from None
+    options = SpeculationOptions(adaptive=adaptive, max_draft_tokens=max_draft_tokens,
+                                 auto_off=not no_auto_off, draft_confidence=draft_confidence,
+                                 prompt_lookup_max_ngram=prompt_lookup_max_ngram,
+                                 calibration="auto" if calibration else None)
+    defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                        num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup)
+    store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+    worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency)
+    app = create_app(worker, model_id, defaults, api_key)
+    server = make_server(app, "info" if verbose else "warning")
+    address = f"[{host}]" if ":" in host else host
+    drafting = "no draft" if draft is None else f"draft {draft_model or 'the shipped one'}"
+    click.echo(f"Serving {model_id} ({drafting}) at http://{address}:{sock.getsockname()[1]}/v1; "
+               "Ctrl-C stops it.", err=True)
+    signal.signal(signal.SIGTERM, _terminated)  # uvicorn shuts down, then raises it again
+    server.run(sockets=[sock])
+
+
+def _terminated(signum, frame):
+    sys.exit(0)
