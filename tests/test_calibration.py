@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from families import make_family
 from tiny import make_llama
 
-from mlx_spec.calibration import (MAX_AGE_DAYS, Calibration, DraftCost, calibrate,
-                                  calibration_path, load_calibration, model_fingerprint,
-                                  mtp_key, save_calibration)
-from mlx_spec.calibration.measure import VERIFY_LENGTHS
+from mlx_spec.bench.calibrate import VERIFY_LENGTHS, calibrate
+from mlx_spec.calibration import (MAX_AGE_DAYS, Calibration, DraftCost, calibration_path,
+                                  load_calibration, model_fingerprint, mtp_key,
+                                  save_calibration)
 from mlx_spec.cli import main
 from mlx_spec.loading import load
 
@@ -64,7 +64,7 @@ def test_calibrate_a_hybrid_target_alone():
 
 def test_the_target_s_mtp_layer_is_measured_and_used(monkeypatch):
     """`tune --mtp`: the MTP layer's step stored as a draft of its own, and read by generate."""
-    from mlx_spec.calibration import measure
+    import mlx_spec.bench.calibrate as measure
     from mlx_spec.generate import speculative_generate_step
     from mlx_spec.loading import default_target_path
     from mlx_spec.mtp import load_mtp

@@ -78,11 +78,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
 
     _check_writable(rerender_path or json_path, report_path)
     if distributed:
-        from .distributed import bench_command
-
-        start = time.perf_counter()
-        bench_command(model, draft_model, json_path, report_path, max_tokens,
-                      lambda m: click.echo(f"[{time.perf_counter() - start:6.1f}s] {m}", err=True))
+        _distributed(model, draft_model, json_path, report_path, max_tokens, _progress())
         return
     if rerender_path:
         _write(_rerender(rerender_path), rerender_path, report_path, no_plots, click.echo)
@@ -96,11 +92,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     make = tiny_config if smoke else quick_config if quick else BenchConfig
     config = make(**overrides)
 
-    start = time.perf_counter()
-
-    def say(message):
-        click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
-
+    say = _progress()
     say(f"loading {model} and {draft_model}")
     target_model, draft, tokenizer = _load_pair(model, draft_model)
     try:
@@ -114,9 +106,51 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
         _tune(target_model, draft, tokenizer, say)
 
 
+def _progress():
+    """A progress printer: each message to stderr after the seconds since this call."""
+    start = time.perf_counter()
+
+    def say(message):
+        click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
+
+    return say
+
+
+def _distributed(model, draft_model, json_path, report_path, max_tokens, say) -> None:
+    """`mlx-spec bench --distributed`: load sharded, measure on every rank, rank 0 writes."""
+    from ..distributed import launched_group, load_sharded
+    from .distributed import DEFAULT_MAX_TOKENS, render_markdown, run_distributed_bench
+
+    group = launched_group()
+    if group is None:
+        raise click.UsageError("--distributed measures a target sharded across ranks; run it "
+                               "under mlx.launch with two or more ranks (mlx.launch -n 2 -- "
+                               "mlx-spec bench --distributed).")
+    model, draft_model = _resolve(model, draft_model)
+    rank0 = group.rank() == 0
+    say = say if rank0 else (lambda message: None)
+    say(f"loading {model} sharded over {group.size()} ranks, and {draft_model} on each")
+    try:
+        target_model, tokenizer, draft = load_sharded(model, draft_model, group)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    result = run_distributed_bench(target_model, draft, tokenizer, group,
+                                   {"target": model, "draft": draft_model},
+                                   max_tokens or DEFAULT_MAX_TOKENS, say)
+    if not rank0:
+        return
+    json_path = Path(json_path)
+    json_path.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    report_path = Path(report_path) if report_path else json_path.with_suffix(".md")
+    report_path.write_text(render_markdown(result))
+    click.echo(render_markdown(result))
+    click.echo(f"Wrote {json_path} and {report_path}.")
+
+
 def _tune(target_model, draft, tokenizer, say):
     """Calibrate the pair (as `mlx-spec tune` does) and store it for the adaptive policy."""
-    from ..calibration import calibrate, save_calibration
+    from ..calibration import save_calibration
+    from .calibrate import calibrate
 
     say("calibrating the pair for the adaptive policy (mlx-spec tune)")
     path = save_calibration(calibrate(target_model, draft, tokenizer, progress=say))

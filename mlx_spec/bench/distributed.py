@@ -195,38 +195,3 @@ def render_markdown(result: DistributedResult) -> str:
                   f"{result.agreement_seconds * 1e3:.1f} ms.", ""]
     return "\n".join(lines)
 
-
-def bench_command(model, draft_model, json_path, report_path, max_tokens, say) -> None:
-    """`mlx-spec bench --distributed`: load sharded, measure on every rank, rank 0 writes."""
-    import json
-    from pathlib import Path
-
-    import click
-
-    from ..distributed import launched_group, load_sharded
-    from .cli import _resolve
-
-    group = launched_group()
-    if group is None:
-        raise click.UsageError("--distributed measures a target sharded across ranks; run it "
-                               "under mlx.launch with two or more ranks (mlx.launch -n 2 -- "
-                               "mlx-spec bench --distributed).")
-    model, draft_model = _resolve(model, draft_model)
-    rank0 = group.rank() == 0
-    say = say if rank0 else (lambda message: None)
-    say(f"loading {model} sharded over {group.size()} ranks, and {draft_model} on each")
-    try:
-        target_model, tokenizer, draft = load_sharded(model, draft_model, group)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    result = run_distributed_bench(target_model, draft, tokenizer, group,
-                                   {"target": model, "draft": draft_model},
-                                   max_tokens or DEFAULT_MAX_TOKENS, say)
-    if not rank0:
-        return
-    json_path = Path(json_path)
-    json_path.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
-    report_path = Path(report_path) if report_path else json_path.with_suffix(".md")
-    report_path.write_text(render_markdown(result))
-    click.echo(render_markdown(result))
-    click.echo(f"Wrote {json_path} and {report_path}.")

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import platform
 import re
-import subprocess
 from dataclasses import dataclass
 from importlib import metadata
 
 import mlx.core as mx
+
+from ..calibration.machine import chip_name, memory_gb
 
 BLAS_PATTERN = re.compile(
     r"lib(openblas\w*|blis\w*|mkl_\w+|blas|cblas|flexiblas|satlas|tatlas|atlas|armpl\w*|"
@@ -49,33 +50,6 @@ def blas_library() -> str:
         return "unknown (no /proc/self/maps)"
     found = sorted({os.path.basename(m.group(0)) for m in BLAS_PATTERN.finditer(maps)})
     return ", ".join(found) if found else "none found (BLAS statically linked into MLX or absent)"
-
-
-def chip_name() -> str:
-    if platform.system() == "Darwin":
-        try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or mx.device_info().get("device_name", "unknown")
-
-
-def memory_gb() -> float:
-    size = mx.device_info().get("memory_size")
-    if not size:
-        try:
-            size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            size = 0
-    return size / 1e9
 
 
 def _version(package: str) -> str:

@@ -139,9 +139,9 @@ def calibration_unavailable() -> Optional[str]:
     if "calibration" not in inspect.signature(speculative_generate_step).parameters:
         return "speculative_generate_step takes no calibration argument yet"
     try:
-        from ..calibration import calibrate  # noqa: F401
+        from .calibrate import calibrate  # noqa: F401
     except ImportError:
-        return "mlx_spec.calibration is not there yet"
+        return "mlx_spec.bench.calibrate is not there yet"
     return None
 
 
@@ -266,7 +266,7 @@ def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig
         if missing is None:
             say(f"{pair.name}: calibrating")
             began = time.perf_counter()
-            from ..calibration import calibrate
+            from .calibrate import calibrate
             calibration = calibrate(pair.target_model, pair.draft_model, pair.tokenizer)
             calibration_s[pair.name] = time.perf_counter() - began
         with wired_limit(pair.target_model, pair.draft_model):

@@ -16,7 +16,7 @@ import platform
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..bench.machine import chip_name, memory_gb
+from .machine import chip_name, memory_gb
 
 FORMAT_VERSION = 1  # bump when the file's fields change meaning
 SAMPLED_TENSORS = 8  # tensors whose values enter the fingerprint, spread over the model

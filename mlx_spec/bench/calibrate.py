@@ -1,6 +1,10 @@
 """`calibrate`: this machine's costs for a target (and a draft), in seconds, in a few seconds.
 
-Four measurements, each reusing the benchmark's own:
+    cal = calibrate(target_model, draft_model, tokenizer)   # a few seconds
+    calibrate(target_model, None, tokenizer, mtp=True)      # the target's MTP layer too
+    save_calibration(cal)                                    # mlx_spec.calibration stores it
+
+Five measurements, each reusing the benchmark's own:
 
 1. plain decoding through mlx-spec's loop (the target alone), per token,
    from the first round on (the first round holds the prefill), and with a
@@ -10,14 +14,14 @@ Four measurements, each reusing the benchmark's own:
    calibrations of one pair predicted 0.74-1.19x plain at T = 1, anchored
    0.82-0.97x, measured 0.85x);
 2. the verify curve: one target forward over T tokens plus the log-softmax
-   a verify pass takes, after a 128-token context (bench.forward; attention
+   a verify pass takes, after a 128-token context (forward.py; attention
    caches are trimmed back after each pass, recurrent state just moves on,
    its size and so its cost unchanged);
 3. one draft step: a forward over 1 token, log-softmax and argmax (for
    the target's MTP layer: the layer over one pair, the target's output
    head, log-softmax and argmax);
 4. with a tokenizer, the draft's acceptance at k = 4 on one prompt of each
-   kind (code, copy, prose; bench.acceptance), greedy and at T = 1 with the
+   kind (code, copy, prose; acceptance.py), greedy and at T = 1 with the
    exact rule (a strong draft keeps most of its acceptance when sampling, a
    weak one loses it: no fixed guess fits both);
 5. what a round costs more at T = 1 than greedy (the real rounds of 1).
@@ -30,18 +34,18 @@ from typing import Callable, Dict, Optional
 
 import mlx.core as mx
 
-from ..bench.acceptance import iid_rate, measure_point
-from ..bench.forward import forward_seconds, prefilled_cache
-from ..bench.prompts import QUICK_PROMPTS, encode_prompts
-from ..bench.timing import median
-from ..generate import speculative_generate_step
 from ..cache import rewind
+from ..calibration.key import calibration_key, model_fingerprint, mtp_key
+from ..calibration.record import ROUND_K, Calibration, DraftCost
+from ..generate import speculative_generate_step
 from ..loading import vocab_size
 from ..mtp import load_mtp
 from ..mtp.heads import split_target
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
-from .key import calibration_key, model_fingerprint, mtp_key
-from .record import ROUND_K, Calibration, DraftCost
+from .acceptance import iid_rate, measure_point
+from .forward import forward_seconds, prefilled_cache
+from .prompts import QUICK_PROMPTS, encode_prompts
+from .timing import median
 
 VERIFY_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 CONTEXT_LENGTH = 128
