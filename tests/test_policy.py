@@ -1,11 +1,11 @@
-"""Draft-length policies, driven by synthetic rounds on a fake clock."""
+"""Draft-length policies, driven by synthetic rounds on a fake clock (timed as the loop times them)."""
 
 import random
 
 import pytest
 
 from mlx_spec.generate import speculative_generate_step
-from mlx_spec.loop import Round
+from mlx_spec.loop import Round, RoundClock
 from mlx_spec.costmodel import CostPrior
 from mlx_spec.policy import (FIRST_OFF_STEPS, LONG_OFF_STEPS, PLAIN_TRIAL_STEPS, AdaptivePolicy,
                              FixedPolicy, make_policy)
@@ -17,6 +17,32 @@ class FakeClock:
 
     def __call__(self):
         return self.now
+
+
+class Timed:
+    """A policy asked and told as the loop does it: the loop's RoundClock on `clock`, started
+    at the first question, one lap per observed round."""
+
+    def __init__(self, policy, clock):
+        self.policy = policy
+        self.round_clock = RoundClock(clock)
+
+    def proposal_length(self, source):
+        self.round_clock.start()
+        return self.policy.proposal_length(source)
+
+    def num_draft_tokens(self):
+        return self.proposal_length("draft")
+
+    def plain_steps(self):
+        self.round_clock.start()
+        return self.policy.plain_steps()
+
+    def observe(self, round_):
+        self.policy.observe(round_, self.round_clock.lap())
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
 
 
 def drive(policy, clock, acceptance, round_cost, plain_step, tokens, seed=0, noise=0.0):
@@ -61,7 +87,7 @@ def test_the_first_plain_block_is_timed_from_when_it_was_asked_for():
     queued after it) is nearly free. Timed from the first answer, the trial read 0.7 of a
     step and a draft that wins at k = 1 looked like one that loses."""
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     clock.now = 5.0  # the prefill
     n = policy.plain_steps()
     assert n == PLAIN_TRIAL_STEPS
@@ -74,7 +100,7 @@ def test_the_first_plain_block_is_timed_from_when_it_was_asked_for():
 def test_flat_verify_cost_and_good_draft_drafts_long():
     """GPU-like: verifying 9 tokens costs about one step, the draft is cheap."""
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     rate = simulate(policy, clock, acceptance=0.85, draft_step=0.05,
                     verify=lambda t: 1.0 + 0.02 * t, plain_step=1.0)
     assert policy.switched_off == 0
@@ -85,7 +111,7 @@ def test_flat_verify_cost_and_good_draft_drafts_long():
 def test_linear_verify_cost_switches_speculation_off():
     """Reference-BLAS-like: verifying T tokens costs T steps, so drafting cannot pay."""
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     rate = simulate(policy, clock, acceptance=0.6, draft_step=0.2,
                     verify=lambda t: 1.0 * t, plain_step=1.0, tokens=1500)
     assert policy.switched_off >= 1
@@ -94,7 +120,7 @@ def test_linear_verify_cost_switches_speculation_off():
 
 def test_poor_draft_switches_off_and_probes_again():
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     simulate(policy, clock, acceptance=0.05, draft_step=0.1,
              verify=lambda t: 1.0 + 0.05 * t, plain_step=1.0, tokens=2000)
     assert policy.switched_off >= 2  # probed again after an off period, lost again
@@ -103,7 +129,7 @@ def test_poor_draft_switches_off_and_probes_again():
 def _first_off_period(acceptance, verify, draft_step=0.2, tokens=400):
     """Plain tokens in the first run of plain steps after the first speculative round."""
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     _, plain_at = drive(policy, clock, acceptance, lambda k: k * draft_step + verify(k + 1),
                         1.0, tokens)
     run, previous = 0, None
@@ -125,8 +151,8 @@ def test_a_machine_where_verifying_is_dear_keeps_the_draft_off_longer():
 
 def test_adaptive_k_beats_a_poor_fixed_k_in_simulation():
     results = {}
-    for name, make in {"adaptive": lambda c: AdaptivePolicy(clock=c),
-                       "fixed-1": lambda c: FixedPolicy(1)}.items():
+    for name, make in {"adaptive": lambda c: Timed(AdaptivePolicy(), c),
+                       "fixed-1": lambda c: Timed(FixedPolicy(1), c)}.items():
         clock = FakeClock()
         results[name] = simulate(make(clock), clock, acceptance=0.9, draft_step=0.03,
                                  verify=lambda t: 1.0 + 0.02 * t, plain_step=1.0)
@@ -136,8 +162,8 @@ def test_adaptive_k_beats_a_poor_fixed_k_in_simulation():
 def test_make_policy():
     assert isinstance(make_policy(3), FixedPolicy)
     assert isinstance(make_policy(None, adaptive=True), AdaptivePolicy)
-    with pytest.raises(ValueError):
-        make_policy(0)
+    with pytest.raises(ValueError):  # the API checks num_draft_tokens where it enters
+        FixedPolicy(0)
 
 
 @pytest.mark.parametrize("draft_name", ["identical", "related", "unrelated"])
@@ -172,7 +198,7 @@ def test_flat_noisy_round_times_keep_speculation_on():
     plain step look cheaper than a round and switch a 6x-winning speculation off."""
     rng = random.Random(0)
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     for step in range(300):
         k = policy.num_draft_tokens()
         if step < PLAIN_TRIAL_STEPS:  # an uncalibrated policy times plain steps first
@@ -192,7 +218,7 @@ def test_flat_noisy_round_times_keep_speculation_on():
 def hard_opening_plain_steps(seed, opening=12, tokens=240):
     """Plain steps taken after a hard opening, in a simulated run where speculation wins."""
     clock = FakeClock()
-    _, plain_at = drive(AdaptivePolicy(clock=clock), clock,
+    _, plain_at = drive(Timed(AdaptivePolicy(), clock), clock,
                         acceptance=lambda emitted: 0.05 if emitted < opening else 0.75,
                         round_cost=lambda k: 0.15 * k + 1.0 + 0.1 * (k + 1), plain_step=1.0,
                         tokens=tokens, seed=seed, noise=0.2)  # +-20%, as on a shared machine
@@ -216,7 +242,7 @@ def test_hard_opening_does_not_keep_a_winning_draft_switched_off():
 def test_lookup_proposals_grow_past_the_draft_cap_when_verifying_is_cheap():
     """Lookup drafts for free: with a flat verify cost and a copy, its k goes past 8."""
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     rng = random.Random(0)
     for _ in range(60):
         k = policy.proposal_length("lookup")
@@ -231,7 +257,7 @@ def test_lookup_proposals_grow_past_the_draft_cap_when_verifying_is_cheap():
 
 def test_sources_keep_their_own_acceptance():
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock)
+    policy = Timed(AdaptivePolicy(), clock)
     for _ in range(20):
         clock.now += 1.0
         policy.observe(Round([0], 4, 0, "lookup", None))  # lookup: every draft rejected
@@ -250,21 +276,21 @@ def _prior(draft_step, verify, plain=1.0, acceptance=None):
 def test_a_calibration_that_says_drafting_loses_starts_plain():
     """Reference-BLAS-like costs: the calibration alone switches the draft off from token one."""
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock, prior=_prior(0.3, lambda t: 1.0 * t, acceptance=0.5))
+    policy = Timed(AdaptivePolicy(prior=_prior(0.3, lambda t: 1.0 * t, acceptance=0.5)), clock)
     assert policy.num_draft_tokens() == 0
     assert policy.plain_steps() >= 16
     rate = simulate(policy, clock, acceptance=0.5, draft_step=0.3, verify=lambda t: 1.0 * t,
                     plain_step=1.0, tokens=600)
     cold_clock = FakeClock()
-    cold = simulate(AdaptivePolicy(clock=cold_clock), cold_clock, acceptance=0.5, draft_step=0.3,
+    cold = simulate(Timed(AdaptivePolicy(), cold_clock), cold_clock, acceptance=0.5, draft_step=0.3,
                     verify=lambda t: 1.0 * t, plain_step=1.0, tokens=600)
     assert rate > 0.95 and rate >= cold
 
 
 def test_a_calibration_that_says_drafting_wins_starts_at_its_best_k():
     clock = FakeClock()
-    policy = AdaptivePolicy(clock=clock, prior=_prior(0.05, lambda t: 1.0 + 0.02 * t,
-                                                       acceptance=0.9))
+    policy = Timed(AdaptivePolicy(prior=_prior(0.05, lambda t: 1.0 + 0.02 * t,
+                                                   acceptance=0.9)), clock)
     first = policy.num_draft_tokens()
     assert first >= 6  # no cold k, k/2, 3k/2 schedule: straight to a long k
     assert policy.describe()["calibrated"] is True

@@ -20,6 +20,7 @@ from .models import load_pair
 def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
     """Measure this machine's decoding costs (in seconds) and store them for the adaptive policy."""
     from .. import calibration
+    from ..bench.calibrate import calibrate
 
     if show and forget:
         raise click.UsageError("Give --print or --forget, not both.")
@@ -39,7 +40,7 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
         _show_calibration(calibration, target_model, draft)
     else:
         try:
-            cal = calibration.calibrate(target_model, draft, tokenizer, progress=say, mtp=mtp,
+            cal = calibrate(target_model, draft, tokenizer, progress=say, mtp=mtp,
                                         mtp_weights=mtp_weights)
         except ValueError as exc:  # the MTP layer: a family without one, missing weights
             raise click.UsageError(str(exc)) from None

@@ -15,7 +15,7 @@ construction rather than by hoping that floating point agrees everywhere:
   round riding along in the same all-sum. The loop's one host sync of the
   round reads it on every rank.
 - `AgreedPolicy` hands a policy rank 0's round times (one round late, when
-  they arrive) in place of this rank's clock, so an adaptive policy updates
+  they arrive) in place of the times this rank measured, so an adaptive policy updates
   from identical numbers on every rank and chooses identical k.
 
 On identical Macs the replicated drafts and the rule's draws are equal anyway
@@ -25,7 +25,6 @@ Macs that round differently, at the cost of two small all-sums per round.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import replace
 from typing import Deque, Dict, List, Optional
@@ -39,12 +38,10 @@ TIME_WINDOW = 4  # round times each decision carries: up to 2 rounds are observe
 class RankAgreement:
     """Rank 0's values for every rank of `group`, folded into the round's own graph."""
 
-    def __init__(self, group, clock=time.perf_counter):
+    def __init__(self, group):
         self.group = group
         self.rank = group.rank()
-        self.clock = clock
         self._marks = 0  # rounds this rank has observed
-        self._last_mark: Optional[float] = None
         self._times = [0] * TIME_WINDOW  # microseconds of the last rounds, as this rank measured
         self._decided: Deque[mx.array] = deque()  # full all-sum results, oldest first
 
@@ -65,12 +62,10 @@ class RankAgreement:
         self._decided.append(full)
         return full[: flat.size].astype(x.dtype).reshape(x.shape)
 
-    def mark(self) -> None:
-        """A round was observed: note this rank's time for it (rank 0's is the one sent)."""
-        now = self.clock()
+    def mark(self, seconds: Optional[float]) -> None:
+        """A round was observed, taking `seconds` on this rank (rank 0's is the one sent)."""
         self._marks += 1
-        seconds = 0.0 if self._last_mark is None else now - self._last_mark
-        self._last_mark = now
+        seconds = seconds or 0.0
         self._times = self._times[1:] + [min(int(seconds * 1e6), MAX_MICROSECONDS)]
 
     def received(self) -> Dict[int, float]:
@@ -118,8 +113,7 @@ class AgreedPolicy:
     """A policy told rank 0's round times, on every rank, in the same order.
 
     Each observed round is held until rank 0's time for it arrives (in a later
-    round's decision), then passed on with a clock that advanced by exactly
-    that time. The policy therefore sees the same rounds with the same times on
+    round's decision), then passed on with exactly that time. The policy therefore sees the same rounds with the same times on
     every rank, one or two rounds late, and chooses the same lengths. A round
     whose time can no longer arrive (more than TIME_WINDOW rounds between two
     decisions, which the loop never does) is left out, on every rank alike.
@@ -128,13 +122,10 @@ class AgreedPolicy:
     def __init__(self, policy, agreement: RankAgreement):
         self.policy = policy
         self.agreement = agreement
-        self._now = 0.0
         self._held: Deque = deque()
         self._times: Dict[int, float] = {}
         self._latest = 0  # the newest round index rank 0 has sent a time for
         self._told = 0  # rounds passed on to the policy (or left out)
-        if hasattr(policy, "clock"):
-            policy.clock = lambda: self._now
 
     def proposal_length(self, source: str) -> int:
         return self.policy.proposal_length(source)
@@ -142,17 +133,16 @@ class AgreedPolicy:
     def plain_steps(self) -> int:
         return self.policy.plain_steps()
 
-    def observe(self, round_) -> None:
+    def observe(self, round_, seconds: Optional[float]) -> None:
         sent = self.agreement.received()
         self._times.update({i: t for i, t in sent.items() if i > self._told})
         self._latest = max([self._latest, *sent])
-        self.agreement.mark()
+        self.agreement.mark(seconds)
         self._held.append(round_)
         while self._held:
             index = self._told + 1
             if index in self._times:
-                self._now += self._times.pop(index)
-                self.policy.observe(self._held.popleft())
+                self.policy.observe(self._held.popleft(), self._times.pop(index))
             elif index <= self._latest - TIME_WINDOW:  # its time was never sent
                 self._held.popleft()
             else:
