@@ -8,31 +8,22 @@ response dataclass, `generate` returns the whole string.
 from __future__ import annotations
 
 import sys
-import warnings
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Union
 
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_arguments, check_instance
-from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, check_rewindable, make_cache,
-                    make_rewindable)
-from .drafters import DraftModelDrafter, MTPDrafter, PromptLookupDrafter
-from .costmodel import CostPrior
-from .distributed.agreement import agree_across_ranks
-from .distributed.group import sharding_group
-from .defaults import DEFAULT_MAX_LOOKUP_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
-from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
-from .loading import check_pair, vocab_size
+from .arguments import check_arguments
+from .assemble import assemble, check_calibration
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
+from .loading import check_pair, vocab_size
 from .loop import Round, generate_rounds
 from .memory import wired_limit
-from .mtp import load_mtp, split_target
-from .session import Session, take_over
-from .policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_MAX_DRAFT_TOKENS,
-                     SAMPLING_ACCEPTANCE_PRIOR, make_policy)
+from .policy import DEFAULT_MAX_DRAFT_TOKENS
 from .sampling import SamplingConfig, check_sampling
+from .session import Session
 from .stats import GenerationStats, StatsRecorder
 
 MLX_LM_ONLY_ARGS = {
@@ -86,50 +77,6 @@ def _check_token_ids(tokens: List[int], size: int) -> None:
     if bad:
         raise ValueError(f"prompt holds token id {bad[0]}, outside the target model's "
                          f"vocabulary (0..{size - 1}).")
-
-
-def _split_prompt_cache(prompt_cache, target_model, draft_model):
-    """The caller's (target layers, draft layers or None), each checked against its model."""
-    if not isinstance(prompt_cache, list):
-        raise ValueError("prompt_cache must be a list of caches, as make_prompt_cache(model) "
-                         "returns (target layers first, then the draft's).")
-    n = len(make_cache(target_model))
-    if draft_model is None:
-        check_prompt_cache(prompt_cache, target_model, "target")
-        return prompt_cache, None
-    if len(prompt_cache) == n:
-        raise ValueError("prompt_cache holds only the target's layers; with a draft model pass "
-                         "make_cache(target_model) + make_cache(draft_model).")
-    check_prompt_cache(prompt_cache[:n], target_model, "target")
-    check_prompt_cache(prompt_cache[n:], draft_model, "draft")
-    return prompt_cache[:n], prompt_cache[n:]
-
-
-def _caches(prompt_cache, target_model, draft_model, max_kv_size, speculating: bool,
-            reserve: int):
-    """(target layers, draft layers or None): the caller's, checked, or new ones.
-
-    When speculating or reusing a cache, sliding windows become rewindable (with
-    room for the longest round) in the caller's list itself, so that a reused
-    prompt cache stays the one in use; a kind no rewind path handles gets one
-    sentence when speculating.
-    """
-    if prompt_cache is None:  # as mlx-lm: max_kv_size makes sliding windows of that size
-        target_cache = make_cache(target_model, max_kv_size)
-        draft_cache = make_cache(draft_model, max_kv_size) if draft_model is not None else None
-        if speculating:
-            for layers in (target_cache, draft_cache or []):
-                make_rewindable(layers, reserve)
-    else:
-        target_cache, draft_cache = _split_prompt_cache(prompt_cache, target_model, draft_model)
-        make_rewindable(prompt_cache, reserve)  # in the caller's list; the slices are re-cut
-        n = len(target_cache)
-        target_cache = prompt_cache[:n]
-        draft_cache = prompt_cache[n:] if draft_cache is not None else None
-        check_rewindable(target_cache, "target")
-        if draft_cache is not None:
-            check_rewindable(draft_cache, "draft")
-    return target_cache, draft_cache
 
 
 def speculative_generate_step(
@@ -189,118 +136,22 @@ def speculative_generate_step(
     """
     check_arguments(**locals())  # every parameter, by name
     check_sampling(sampling)
-    _check_calibration(calibration)
+    check_calibration(calibration)
     prompt = _as_tokens(None, prompt)
-    target_vocab = vocab_size(model)
-    _check_token_ids(prompt, target_vocab)
-    mtp_head = _mtp_head(model, draft_model, mtp_weights)
-    if mtp_head is not None:
-        draft_model = None  # no second model: no draft cache, no pair to check
-    if draft_model is not None:
-        check_pair(model, draft_model)
-    drafting = draft_model is not None or mtp_head is not None
-    if prompt_lookup is None:
-        prompt_lookup = drafting and sampling.greedy
-    reserve = max(DEFAULT_RESERVE,
-                  max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS) + 2)
-    speculating = drafting or prompt_lookup
-    take_over(prompt_cache)  # an earlier call left open settles it first
-    target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
-                                        speculating, reserve)
-    drafters = []
-    if prompt_lookup:
-        # In front of a draft model a single-token match is too weak a signal:
-        # in code the last token has nearly always occurred before.
-        min_ngram = min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram) if drafting else 1
-        drafters.append(PromptLookupDrafter(target_vocab, sampling.greedy,
-                                            max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram))
-    draft = None
-    if draft_model is not None:
-        draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
-                                  confidence=draft_confidence)
-        drafters.append(draft)
-    if mtp_head is not None:
-        drafters.append(MTPDrafter(mtp_head, sampling))
-    if policy is None:
-        if sharding_group(model) is not None:  # a calibration measures one machine: start cold
-            calibration = None
-        prior = _cost_prior(calibration, model, draft_model, sampling, mtp_head)
-        acceptance = DEFAULT_ACCEPTANCE_PRIOR if sampling.greedy else SAMPLING_ACCEPTANCE_PRIOR
-        policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
-                             acceptance_prior=acceptance)
-    # A sharded target: every rank takes rank 0's drafts, decisions and timings (no-op otherwise).
-    drafters, policy, agree = agree_across_ranks(model, drafters, policy, draft_confidence)
-    # A reused cache is shown at each response by a trim: sliding windows must rewind too.
-    target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
-                        reserve=reserve, split=split_target(model) if mtp_head is not None else None)
+    _check_token_ids(prompt, vocab_size(model))
+    parts = assemble(
+        model, draft_model, sampling, prompt_cache=prompt_cache,
+        num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,
+        auto_off=auto_off, draft_confidence=draft_confidence, prompt_lookup=prompt_lookup,
+        prompt_lookup_max_ngram=prompt_lookup_max_ngram, max_kv_size=max_kv_size, policy=policy,
+        calibration=calibration, mtp_weights=mtp_weights)
     rounds = generate_rounds(
-        prompt, target, drafters, policy, sampling=sampling, max_tokens=max_tokens,
-        prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
-        prompt_progress_callback=prompt_progress_callback, accept=accept, agree=agree,
+        prompt, parts.target, parts.drafters, parts.policy, sampling=sampling,
+        max_tokens=max_tokens, prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
+        prompt_progress_callback=prompt_progress_callback, accept=accept, agree=parts.agree,
     )
-    return RoundStream(rounds, Session(target, draft, target.length, prompt_cache), policy)
-
-
-def _check_calibration(calibration) -> None:
-    if calibration is None or (isinstance(calibration, str) and calibration == "auto"):
-        return
-    from .calibration import Calibration
-
-    check_instance("calibration", calibration, Calibration,
-                   '"auto", None or a Calibration (mlx_spec.calibration)')
-
-
-def _mtp_head(model, draft_model, mtp_weights):
-    """The target's MTP layer when draft_model is "mtp" (check_arguments allows no other string)."""
-    if isinstance(draft_model, str):
-        return load_mtp(model, mtp_weights)
-    if mtp_weights is not None:
-        raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or neither.')
-    return None
-
-
-def _cost_prior(calibration, target_model, draft_model, sampling,
-                mtp_head=None) -> Optional[CostPrior]:
-    """The adaptive policy's starting point from a calibration (see the `calibration` argument)."""
-    if calibration is None:
-        return None
-    if calibration == "auto":
-        from .calibration import load_calibration
-
-        try:
-            calibration = load_calibration(target_model)
-        except ValueError as exc:  # a corrupt file must not stop generation
-            warnings.warn(f"{exc} Starting without it.", stacklevel=3)
-            return None
-        if calibration is None:
-            return None
-    from .calibration import mtp_key
-    from .calibration.record import ROUND_K
-
-    steps, acceptance, extra = {"lookup": 0.0}, {}, {}
-    measured_mtp = mtp_head is not None and any(fp.startswith("mtp:") for fp in calibration.drafts)
-    sources = {"draft": calibration.draft(draft_model) if draft_model is not None else None,
-               # fingerprinting the layer reads its weights: only when a layer was measured
-               "mtp": calibration.drafts.get(mtp_key(mtp_head)) if measured_mtp else None}
-    for source, draft in sources.items():
-        if draft is None:
-            continue
-        steps[source] = draft.step_s
-        parts = CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps)
-        # What a real round measured beyond the sum of the parts (timed at other moments)
-        offset = 0.0 if draft.round_s is None else \
-            draft.round_s - parts.round_seconds(source, ROUND_K)
-        if not sampling.greedy and draft.sampling_extra_s is not None:
-            offset += draft.sampling_extra_s
-        if offset:
-            extra[source] = offset
-        measured = draft.acceptance_at(0.0 if sampling.greedy else sampling.temp)
-        if measured is not None:
-            acceptance[source] = measured
-        elif draft.acceptance is not None:  # only greedy measured: sampling accepts less, as a rule
-            acceptance[source] = min(draft.acceptance, SAMPLING_ACCEPTANCE_PRIOR)
-    return CostPrior(calibration.plain_step_s, dict(calibration.verify_s), steps, acceptance,
-                     extra)
+    session = Session(parts.target, parts.draft, parts.target.length, prompt_cache)
+    return RoundStream(rounds, session, parts.policy)
 
 
 class RoundStream:
