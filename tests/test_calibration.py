@@ -105,7 +105,7 @@ def test_a_file_from_before_sampling_acceptance_still_loads(pair, measured):
 
 
 def test_what_sampling_adds_to_a_round_reaches_the_policy_only_when_sampling(pair, measured):
-    from mlx_spec.generate import _cost_prior
+    from mlx_spec.assemble import cost_prior as _cost_prior
     from mlx_spec.sampling import SamplingConfig
 
     cal, _ = measured
@@ -122,7 +122,7 @@ def test_the_prior_is_anchored_to_the_real_round(pair, measured):
     """The measured greedy round at k = ROUND_K is what the prior predicts there; other k
     follow the parts' slope (verify curve, draft step)."""
     from mlx_spec.calibration.record import ROUND_K
-    from mlx_spec.generate import _cost_prior
+    from mlx_spec.assemble import cost_prior as _cost_prior
     from mlx_spec.sampling import SamplingConfig
 
     cal, _ = measured
