@@ -5,7 +5,7 @@
 The cache holds the target's layers and the draft's. With
 `prompt_cache_live=False` it is brought up to date when each turn's generator
 ends or is closed (`closing` sees to that even when we stop early), with no
-per-token upkeep; see "Reusing a prompt cache across turns" in the README.
+per-token upkeep; see "Reusing a prompt cache across turns" in docs/python-api.md.
 """
 
 from contextlib import closing

@@ -2,10 +2,11 @@
 
 On MLX's CUDA backend, `mx.fast.scaled_dot_product_attention` over more than
 one query sets up a cuDNN graph per (queries, keys) shape. A verify pass meets
-a new key length every round, so every round paid that set-up. Measured on an
-H200 (shipped pair, fixed k = 4, 100 tokens): 20-76 tokens/s on a prompt seen
-for the first time, 526-554 on the same prompt repeated; the same attention
-composed from two matmuls and a softmax ran 714-932 tokens/s on new prompts.
+a new key length every round, so every round paid that set-up: on an H200 the
+shipped pair decoded an order of magnitude slower on a prompt seen for the
+first time than on the same prompt repeated, and the same attention composed
+from two matmuls and a softmax was faster than either (measured by hand when
+the swap was made; no results file was kept).
 
 `round_attention()` therefore swaps in the composed form for queries of 2 to
 SHORT_QUERIES tokens while the round's lazy graph is built, on the CUDA backend

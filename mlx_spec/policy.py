@@ -18,7 +18,7 @@ from .costmodel import CostPrior, expected_tokens_per_round
 from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_LOOKUP_TOKENS,
                        DEFAULT_NUM_DRAFT_TOKENS)
 
-DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the prompt set (README)
+DEFAULT_ADAPTIVE = True  # the bench: adaptive beat the best fixed k over the prompt set (docs/benchmarks.md)
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 FIRST_OFF_STEPS = 32  # tokens decoded without a source after it is switched off; doubles each time
 MAX_OFF_STEPS = 256

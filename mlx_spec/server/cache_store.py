@@ -3,7 +3,7 @@
 Each entry is a cache list (the target's layers, then the draft's, as
 `stream_generate` takes it) keyed by the exact token sequence it holds: after
 a call a reused cache holds the prompt and every token the caller was given
-(README, "Reusing a prompt cache across turns"). A new prompt reuses the entry
+(docs/python-api.md, "Reusing a prompt cache across turns"). A new prompt reuses the entry
 with the longest key that is a proper prefix of it and sends only the rest.
 Nothing is trimmed, so the rule holds for every cache kind, recurrent
 (hybrid) layers included.

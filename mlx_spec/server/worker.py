@@ -1,6 +1,6 @@
 """The one generation thread: jobs in a FIFO queue, tokens streamed back, cancel between tokens.
 
-MLX generation is not thread-safe (README, "Thread safety"), so every
+MLX generation is not thread-safe (docs/python-api.md, "Thread safety"), so every
 generation runs on this one thread, one job at a time, in arrival order.
 The HTTP side `submit`s a `Job` and reads the events the job's sink is given:
 `TextDelta`s, then one `Finished` or `Failed`. Admission: at most
@@ -14,7 +14,7 @@ the tokens handed out, so the cache goes back to the store, and frees the
 slot. A cancelled job still queued is skipped. A stop string is handled the same way: the text
 before it is sent, then the generator is closed.
 
-The thread calls `mx.clear_streams()` before it ends (README, "Thread safety").
+The thread calls `mx.clear_streams()` before it ends (docs/python-api.md, "Thread safety").
 """
 
 from __future__ import annotations
