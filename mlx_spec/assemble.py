@@ -131,6 +131,7 @@ def _caches(prompt_cache, target_model, draft_model, max_kv_size, speculating: b
         n = len(target_cache)
         target_cache = prompt_cache[:n]
         draft_cache = prompt_cache[n:] if draft_cache is not None else None
+    if speculating or prompt_cache is not None:  # rejected drafts, or a response's trim
         check_rewindable(target_cache, "target")
         if draft_cache is not None:
             check_rewindable(draft_cache, "draft")

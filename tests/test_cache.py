@@ -126,3 +126,21 @@ def test_a_cache_kind_no_rewind_path_handles_gets_one_sentence():
 
     with pytest.raises(ValueError, match=r"cannot rewind \(CompressedCache: neither trimmable"):
         check_rewindable([CompressedCache()], "target")
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_model_whose_own_cache_cannot_rewind_is_refused_before_speculating(role):
+    """No prompt cache given: the caches the call makes itself are checked too."""
+    from tiny import make_llama
+
+    class CompressedCache:  # as deepseek_v41's LayerCache
+        offset = 0
+
+    target, draft = make_llama(layers=2), make_llama(layers=1, seed=5)
+    odd = target if role == "target" else draft
+    odd.make_cache = lambda: [CompressedCache() for _ in odd.layers]
+    with pytest.raises(ValueError, match=f"^The {role} model's cache has layers of a kind "
+                                         "mlx-spec cannot rewind \\(CompressedCache"):
+        speculative_generate_step([1, 2, 3], target, draft, max_tokens=5)
+    if role == "target":  # decoding it alone needs no rewind: no refusal up front
+        speculative_generate_step([1, 2, 3], target, None, max_tokens=5, prompt_lookup=False)
