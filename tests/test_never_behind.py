@@ -11,9 +11,10 @@ import random
 import pytest
 
 from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
-from mlx_spec.bench.never_behind import (DEFAULTS, DEFAULTS_CAL, LM_AT_K, LOOKUP, PLAIN,
-                                         SPEC_AT_K, NeverBehind, NeverBehindConfig, measure,
-                                         paired_ratio, render_markdown, row_ratios)
+from mlx_spec.bench.studies.never_behind import (DEFAULTS, DEFAULTS_CAL, LM_AT_K, LOOKUP,
+                                                 PLAIN, SPEC_AT_K, NeverBehind,
+                                                 NeverBehindConfig, measure, paired_ratio,
+                                                 render_markdown, row_ratios)
 from mlx_spec.bench.serialize import from_dict
 from mlx_spec.bench.timing import median_interval
 from mlx_spec.bench.zoo import ZOO_NAMES, Pair, build_zoo

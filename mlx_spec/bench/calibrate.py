@@ -43,9 +43,9 @@ from ..mtp import load_mtp
 from ..mtp.heads import split_target
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .acceptance import iid_rate, measure_point
-from .forward import forward_seconds, prefilled_cache
+from .forward import verify_curve
 from .prompts import QUICK_PROMPTS, encode_prompts
-from .timing import median
+from .timing import median, time_after_prefill
 
 VERIFY_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 CONTEXT_LENGTH = 128
@@ -77,18 +77,16 @@ class _AsVerified:
         return sample(logprobs[:, -1], GREEDY) if self._draft_step else logprobs
 
 
-def verify_curve(target_model) -> Dict[int, float]:
+def verify_seconds(target_model) -> Dict[int, float]:
     """Seconds of one target verify pass over T tokens, for every T in VERIFY_LENGTHS."""
-    cache = prefilled_cache(target_model, CONTEXT_LENGTH)
-    return forward_seconds(_AsVerified(target_model), cache, VERIFY_LENGTHS,
-                           repeats=VERIFY_REPEATS)
+    return verify_curve(target_model, VERIFY_LENGTHS, CONTEXT_LENGTH, VERIFY_REPEATS,
+                        timed=_AsVerified(target_model))
 
 
 def draft_step_seconds(draft_model) -> float:
     """Seconds of one draft step (1 token: forward, log-softmax, argmax)."""
-    cache = prefilled_cache(draft_model, CONTEXT_LENGTH)
-    return forward_seconds(_AsVerified(draft_model, draft_step=True), cache, [1],
-                           repeats=DRAFT_REPEATS)[1]
+    return verify_curve(draft_model, [1], CONTEXT_LENGTH, DRAFT_REPEATS,
+                        timed=_AsVerified(draft_model, draft_step=True))[1]
 
 
 def mtp_step_seconds(target_model, head) -> float:
@@ -113,13 +111,9 @@ def mtp_step_seconds(target_model, head) -> float:
 
 def _plain_run(target_model, prompt) -> float:
     """Seconds per token of one plain decoding run through mlx-spec's own loop."""
-    rounds = speculative_generate_step(prompt, target_model, None,
-                                       max_tokens=PLAIN_TOKENS + 1, prompt_lookup=False)
-    next(rounds)  # prefill and the first token: not a decoding step
-    start, tokens = time.perf_counter(), 0
-    for round_ in rounds:
-        tokens += len(round_.tokens)
-    return (time.perf_counter() - start) / tokens
+    decoded = time_after_prefill(speculative_generate_step(
+        prompt, target_model, None, max_tokens=PLAIN_TOKENS + 1, prompt_lookup=False))
+    return decoded.seconds / decoded.tokens
 
 
 def _rounds_run(target_model, draft_model, prompt, temp: float, **options) -> float:
@@ -223,7 +217,7 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
         say("plain decoding (target alone)")
         plain_runs.append(plain_step_seconds(target_model))
     say(f"verify cost over T = {VERIFY_LENGTHS[0]}..{VERIFY_LENGTHS[-1]} tokens")
-    verify_s = verify_curve(target_model)
+    verify_s = verify_seconds(target_model)
     mx.clear_cache()
     return Calibration(key=calibration_key(target_model), created=time.time(),
                        plain_step_s=plain_runs[0], verify_s=verify_s, drafts=drafts)

@@ -8,7 +8,8 @@ reports. Three figures:
   over the quick prompt set, after one warm-up generation (each run's prefill
   and first round are not timed);
 - **verify cost**: seconds of one sharded forward over T tokens after a
-  128-token context, T = 1, 2, 4, 8, 16 (interleaved medians), and the ratio to T = 1;
+  128-token context, T = 1, 2, 4, 8, 16 (interleaved medians; forward.verify_curve,
+  as `mlx-spec bench` measures it), and the ratio to T = 1;
 - **communication**: the same collectives a forward issues, timed alone (tensor
   parallel: two all-sums of (1, T, hidden) per layer; pipeline: the stage
   hand-offs and the closing all-gather), plus the rank agreement's small
@@ -19,17 +20,18 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
 
+from .forward import verify_curve
 from .prompts import QUICK_PROMPTS
-from .timing import interleaved_medians
+from .timing import interleaved_medians, time_after_prefill
 
 VERIFY_SIZES = (1, 2, 4, 8, 16)
 CONTEXT_TOKENS = 128
+VERIFY_REPEATS = 3
 DEFAULT_MAX_TOKENS = 48
 
 
@@ -69,32 +71,16 @@ def generation_tps(target_model, draft_model, prompt: List[int], max_tokens: int
     """(tokens/s, tokens per round) of one greedy generation, prefill excluded."""
     from ..generate import speculative_generate_step
 
-    rounds = speculative_generate_step(prompt, target_model, draft_model, max_tokens=max_tokens,
-                                       prompt_lookup=draft_model is not None, calibration=None)
-    first = next(rounds)  # prefill and the first round: not timed
-    start, tokens, count = time.perf_counter(), 0, 0
-    for round_ in rounds:
-        tokens += len(round_.tokens)
-        count += 1
-    seconds = time.perf_counter() - start
-    return tokens / seconds, (tokens + len(first.tokens)) / (count + 1)
+    decoded = time_after_prefill(speculative_generate_step(
+        prompt, target_model, draft_model, max_tokens=max_tokens,
+        prompt_lookup=draft_model is not None, calibration=None))
+    return (decoded.tokens / decoded.seconds,
+            (decoded.tokens + decoded.first_tokens) / (decoded.rounds + 1))
 
 
-def verify_curve(target_model, sizes=VERIFY_SIZES, repeats: int = 3) -> Dict[int, float]:
+def verify_seconds(target_model) -> Dict[int, float]:
     """Seconds of one target forward over T tokens after CONTEXT_TOKENS of context."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(target_model)
-    mx.eval(target_model(mx.arange(CONTEXT_TOKENS)[None] % 97, cache=cache))
-
-    def forward(size):
-        def run():
-            mx.eval(target_model(mx.arange(size)[None] % 89, cache=cache))
-            for layer in cache:
-                layer.trim(size)
-        return run
-
-    return interleaved_medians({t: forward(t) for t in sizes}, repeats=repeats)
+    return verify_curve(target_model, VERIFY_SIZES, CONTEXT_TOKENS, VERIFY_REPEATS)
 
 
 def collectives_alone(target_model, group, sharding: str, sizes=VERIFY_SIZES,
@@ -157,7 +143,7 @@ def run_distributed_bench(target_model, draft_model, tokenizer, group, models: D
         result.speculative_tps.append(tps)
         result.tokens_per_round.append(per_round)
     progress("verify cost of the sharded target")
-    result.verify_seconds = verify_curve(target_model)
+    result.verify_seconds = verify_seconds(target_model)
     progress("the collectives of one pass, alone")
     result.communication_seconds = collectives_alone(target_model, group, sharding)
     result.agreement_seconds = agreement_alone(group)

@@ -80,6 +80,18 @@ def forward_seconds(model, cache, lengths: Sequence[int], batch: int = 1,
     return interleaved_medians({t: forward(t) for t in lengths}, repeats, warmup)
 
 
+def verify_curve(model, lengths: Sequence[int], context_length: int,
+                 repeats: int = DEFAULT_REPEATS, seed: int = 0, timed=None) -> Dict[int, float]:
+    """Median time of one forward over T tokens after `context_length` tokens, for every T.
+
+    `forward_seconds` on a fresh `prefilled_cache`. `timed`, when given, is
+    called in the timed passes instead of `model` (the model as a round
+    calls it: with the log-softmax of a verify pass, or a draft step's argmax).
+    """
+    cache = prefilled_cache(model, context_length, seed=seed)
+    return forward_seconds(timed or model, cache, lengths, repeats=repeats, seed=seed)
+
+
 def knee(curve: Dict[int, float]) -> Optional[int]:
     """First size whose cost grew >= KNEE_FRACTION as fast as the size did, or None."""
     points = sorted(curve.items())
@@ -93,9 +105,7 @@ def measure_model(role: str, model, read_gbs: float,
                   lengths: Sequence[int] = DEFAULT_VERIFY_LENGTHS,
                   context_length: int = DEFAULT_CONTEXT_LENGTH,
                   repeats: int = DEFAULT_REPEATS, seed: int = 0) -> ModelCost:
-    cache = prefilled_cache(model, context_length, seed=seed)
-    lengths = sorted(set(lengths) | {1})
-    verify_s = forward_seconds(model, cache, lengths, repeats=repeats, seed=seed)
+    verify_s = verify_curve(model, sorted(set(lengths) | {1}), context_length, repeats, seed)
     weight_bytes = model_bytes(model)
     decode_s = verify_s[1]
     curve = {t: ratio(s, decode_s) for t, s in verify_s.items()}

@@ -12,7 +12,6 @@ is the geometric mean over prompts of (method / plain) on the same prompt.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -21,7 +20,7 @@ import mlx.core as mx
 from ..generate import speculative_generate_step
 from ..memory import wired_limit
 from ..sampling import SamplingConfig
-from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, median, ratio
+from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, median, ratio, time_after_prefill
 
 PLAIN, ADAPTIVE, LOOKUP, LOOKUP_DRAFT = "plain", "adaptive", "lookup", "lookup+draft"
 
@@ -50,20 +49,19 @@ class SourcesRace:
 
 
 def _run(target_model, draft_model, ids, temp, max_tokens, **options) -> Tuple[float, dict]:
-    start, n, stats = None, 0, {"drafted": 0, "accepted": 0, "lookup": 0, "ks": []}
-    for round_ in speculative_generate_step(ids, target_model, draft_model,
-                                            max_tokens=max_tokens,
-                                            sampling=SamplingConfig(temp=temp), **options):
-        if start is None:  # the first round carries the prefill: not timed
-            start = time.perf_counter()
-        else:
-            n += len(round_.tokens)
+    stats = {"drafted": 0, "accepted": 0, "lookup": 0, "ks": []}  # every round, the first too
+
+    def count(round_):
         stats["drafted"] += round_.num_drafted
         stats["accepted"] += round_.num_accepted
         stats["lookup"] += round_.num_accepted if round_.source == "lookup" else 0
         if round_.num_drafted:
             stats["ks"].append(round_.num_drafted)
-    return ratio(n, time.perf_counter() - start), stats
+
+    decoded = time_after_prefill(speculative_generate_step(
+        ids, target_model, draft_model, max_tokens=max_tokens,
+        sampling=SamplingConfig(temp=temp), **options), count)
+    return decoded.tokens_per_s, stats
 
 
 def methods_for(ks: Sequence[int]) -> Dict[str, dict]:

@@ -4,6 +4,8 @@
 `interleaved_medians` does the same for several fns in turn. A fn must
 evaluate what it computes (MLX is lazy: an unevaluated graph costs nothing).
 Only medians and ratios of medians are ever reported as headlines.
+`time_after_prefill(rounds)` times one generation of mlx-spec's loop from
+the end of its first round (which carries the prefill) to the end of its last.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable, Dict, Hashable, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, Hashable, Iterable, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -42,6 +45,43 @@ def time_fn(fn: Callable[[], object], repeats: int = DEFAULT_REPEATS,
             warmup: int = DEFAULT_WARMUP) -> float:
     """Median seconds of `fn` over `repeats` calls after `warmup` untimed ones."""
     return interleaved_medians({"fn": fn}, repeats, warmup)["fn"]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A generation timed from the end of its first round to the end of its last."""
+
+    seconds: float
+    tokens: int  # emitted by the timed rounds
+    rounds: int  # timed rounds
+    drafted: int  # drafts of the timed rounds
+    accepted: int  # accepted drafts of the timed rounds
+    first_tokens: int  # emitted by the first, untimed round
+
+    @property
+    def tokens_per_s(self) -> float:
+        return ratio(self.tokens, self.seconds)
+
+
+def time_after_prefill(rounds: Iterable, each: Optional[Callable[[object], None]] = None) -> Decoded:
+    """Time the rounds of one generation (speculative_generate_step's), its prefill excluded.
+
+    The clock starts as the first round arrives (it carries the prefill and
+    the first token) and stops after the last; only the later rounds count.
+    `each(round_)`, when given, sees every round as it arrives, the first too.
+    """
+    start = None
+    tokens = count = drafted = accepted = first_tokens = 0
+    for round_ in rounds:
+        if start is None:  # the first round carries the prefill: not timed
+            start = time.perf_counter()
+            first_tokens = len(round_.tokens)
+        else:
+            tokens, count = tokens + len(round_.tokens), count + 1
+            drafted, accepted = drafted + round_.num_drafted, accepted + round_.num_accepted
+        if each is not None:
+            each(round_)
+    return Decoded(time.perf_counter() - start, tokens, count, drafted, accepted, first_tokens)
 
 
 def median(values: Sequence[float]) -> float:

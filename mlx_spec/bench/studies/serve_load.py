@@ -1,6 +1,6 @@
 """Throughput and latency of `mlx-spec serve` under 1, 2, 4 and 8 concurrent clients.
 
-    python bench/serve_load.py [--max-tokens 64] [--clients 1,2,4,8] [--json out.json]
+    python -m mlx_spec.bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8] [--json out.json]
 
 Starts `mlx-spec serve` (the shipped pair) as a child process on a free local
 port, once with speculation (the defaults: adaptive k, prompt lookup in front
@@ -12,7 +12,8 @@ after another; at each level the clients send max(MIN_REQUESTS, 2 x clients)
 requests in all. Per request: time to the first text chunk (TTFT), time to
 the end, completion tokens (from `usage`). Per level: requests/s and tokens/s
 over the level's wall-clock time, and the medians of TTFT and latency. One
-warm-up request per server is left out. Only 127.0.0.1 is contacted.
+warm-up request per server is left out. Only 127.0.0.1 is contacted. Prints a
+Markdown table; writes a file only with --json (bench/results/ holds one).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What rewinding costs: a verify round with rejections, per cache kind and rewind path.
 
-    python bench/rewind_cost.py [--hidden 512 --layers 8 --context 256]
+    python -m mlx_spec.bench.studies.rewind_cost [--hidden 512 --layers 8 --context 256]
 
 Random models of equal size (hidden, layers, vocabulary): a Gated DeltaNet
 hybrid (mlx-lm's qwen3_5 class, 3 of every 4 layers linear attention) and a
@@ -8,7 +8,8 @@ plain llama. One round = anchor, a verify forward over k + 1 = 5 tokens, the
 host sync, keep 2 of them, then evaluate the caches (a replay is lazy, so its
 cost lands here). Rewind paths: the Gated DeltaNet recurrence alone (the
 default), the recurrent mixers, the whole model. Interleaved medians after a
-warm-up; each round starts from the same prefilled context.
+warm-up; each round starts from the same prefilled context. Prints a table
+and one JSON line; writes no file.
 """
 
 import argparse

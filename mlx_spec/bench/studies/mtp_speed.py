@@ -1,6 +1,6 @@
 """End-to-end speed of the shipped target's MTP head against the draft model, interleaved.
 
-    python bench/mtp_speed.py [--prompts 12] [--tokens 96] [--repeats 2] [--out NAME]
+    python -m mlx_spec.bench.studies.mtp_speed [--prompts 12] [--tokens 96] [--repeats 2] [--out NAME]
 
 On the held-out prompts the acceptance was simulated on (the training script's
 `make_prompts` over the validation modules, same seed), each prompt is
@@ -9,7 +9,8 @@ MTP head, and prompt lookup in front of each; adaptive k and fixed k), so
 machine noise hits all of them alike. Reported: median tokens/s (prompt
 prefill included) and the median over prompts of each configuration's speed
 divided by the target alone's on that same prompt, plus acceptance from the
-rounds. Writes bench/results/<out>.json and .md. Torch is not needed.
+rounds. Run from the repository root (the prompts come from training/data.py):
+writes bench/results/<out>.json and .md. Torch is not needed.
 """
 
 from __future__ import annotations
@@ -26,19 +27,17 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from training.data import encode_stream, load_corpus, make_prompts  # noqa: E402
+import mlx_spec
+from mlx_spec.bench.studies import RESULTS_DIR
+from mlx_spec.generate import speculative_generate_step
 
-import mlx_spec  # noqa: E402
-from mlx_spec.generate import speculative_generate_step  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 SEED = 1234  # the training script's: the same held-out prompts as metrics.json
 PROMPT_TOKENS = 64
 
 
 def held_out_prompts(tokenizer_path: Path, n: int):
     from tokenizers import Tokenizer
+    from training.data import encode_stream, load_corpus, make_prompts  # the repository's
 
     tok = Tokenizer.from_file(str(tokenizer_path))
     _, _, val = load_corpus()
@@ -112,14 +111,14 @@ def main(argv):
               "mlx": mx.__version__, "dtype": "float16 (shipped weights: MLX's CPU matmul does not call BLAS "
               "for float16)", "prompts": len(prompts), "tokens": args.tokens, "repeats": args.repeats,
               "greedy": True, "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Shipped target: MTP head vs draft model ({blas})", "",
              f"{result['machine']}, MLX {result['mlx']}, {result['dtype']}. Greedy, {len(prompts)} held-out "
              f"prompts of {PROMPT_TOKENS} tokens x {args.repeats} repeats, {args.tokens} tokens each, "
              "configurations interleaved per prompt (order alternating); every output checked equal to "
              "the target's. Speedup: median over runs of (tokens/s) / (target alone's tokens/s on the "
-             "same prompt, same repeat); adaptive k unless a k is given; `python bench/mtp_speed.py`.", "",
+             "same prompt, same repeat); adaptive k unless a k is given; `python -m mlx_spec.bench.studies.mtp_speed`.", "",
              "| configuration | median tokens/s | speedup vs target (median, IQR) | acceptance |",
              "|---|---|---|---|"]
     for name, r in rows.items():
@@ -127,7 +126,7 @@ def main(argv):
         q = r["speedup_quartiles"]
         lines.append(f"| {name} | {r['median_tokens_per_s']} | {r['median_speedup_vs_target']:.2f}x "
                      f"({q[0]:.2f}-{q[1]:.2f}) | {acc} |")
-    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS_DIR / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

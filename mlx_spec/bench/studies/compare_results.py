@@ -1,9 +1,11 @@
 """Compare bench JSON files side by side (several Macs, or before/after a change).
 
-    python bench/compare_results.py bench/results/*.json
+    python -m mlx_spec.bench.studies.compare_results bench/results/*.json
 
 Prints one row per file: machine, BLAS, bandwidth, draft cost, verify cost at
-k+1, acceptance at T=0, measured speed-ups and the recommended k.
+k+1, acceptance at T=0, measured speed-ups and the recommended k. Reads
+`mlx-spec bench` JSON files; another study's JSON is skipped with a line on
+stderr. Writes nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ COLUMNS = ("file", "chip", "device", "read GB/s", "draft cost", "verify(k+1)", "
            "spec/target T=0", "spec/mlx-lm T=0", "best k T=0")
 
 
-def row(path: Path) -> list:
-    d = json.loads(path.read_text())
+BENCH_KEYS = ("config", "machine", "bandwidth", "target", "draft", "end_to_end", "verdicts")
+
+
+def row(path: Path, d: dict) -> list:
     k = d["config"]["num_draft_tokens"]
     target, draft = d["target"], d["draft"]
     e2e = {c["temp"]: c["ratios"] for c in d["end_to_end"]}.get(0.0, {})
@@ -38,8 +42,14 @@ def row(path: Path) -> list:
 
 def main(paths):
     if not paths:
-        sys.exit("usage: python bench/compare_results.py RESULT.json [RESULT.json ...]")
-    table = [list(COLUMNS)] + [row(Path(p)) for p in paths]
+        sys.exit("usage: python -m mlx_spec.bench.studies.compare_results RESULT.json [RESULT.json ...]")
+    table = [list(COLUMNS)]
+    for p in map(Path, paths):
+        d = json.loads(p.read_text())
+        if isinstance(d, dict) and all(key in d for key in BENCH_KEYS):
+            table.append(row(p, d))
+        else:  # another study's results (never_behind, serve_load, ...): not comparable here
+            print(f"skipped {p}: not an `mlx-spec bench` result", file=sys.stderr)
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
     for r in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())

@@ -1,20 +1,20 @@
 """The automatic off switch with a useless draft: plain vs adaptive vs fixed k = 4.
 
-    python bench/off_switch.py
+    python -m mlx_spec.bench.studies.off_switch
 
 The shipped target drafts with a random one-layer llama (same vocabulary, no
 skill): every draft is rejected, so speculation can only lose. Interleaved
 runs of 200 tokens, prefill excluded, medians after a warm-up; the goal is
-adaptive within 5% of plain decoding.
+adaptive within 5% of plain decoding. Prints a table; writes no file.
 """
 
 import statistics
-import time
 
 import mlx.core as mx
 from mlx_lm.models import llama
 
 from mlx_spec import load
+from mlx_spec.bench.timing import time_after_prefill
 from mlx_spec.generate import speculative_generate_step
 
 REPEATS = 5
@@ -32,13 +32,9 @@ def useless_draft(vocab_size: int):
 
 
 def tokens_per_second(ids, target_model, **options) -> float:
-    start, n = None, 0
-    for round_ in speculative_generate_step(ids, target_model, max_tokens=200, **options):
-        if start is None:
-            start = time.perf_counter()  # the first round carries the prefill
-        else:
-            n += len(round_.tokens)
-    return n / (time.perf_counter() - start)
+    decoded = time_after_prefill(speculative_generate_step(ids, target_model, max_tokens=200,
+                                                           **options))
+    return decoded.tokens / decoded.seconds
 
 
 if __name__ == "__main__":

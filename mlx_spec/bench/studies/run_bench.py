@@ -1,23 +1,23 @@
 """Reproducible bench run: fixed seed, results named after the machine, under bench/results/.
 
-    python bench/run_bench.py              # full run on the shipped pair (a real Mac)
-    python bench/run_bench.py --quick      # a few minutes
-    python bench/run_bench.py --model T --draft-model D
+    python -m mlx_spec.bench.studies.run_bench            # full run, the shipped pair
+    python -m mlx_spec.bench.studies.run_bench --quick    # a few minutes
+    python -m mlx_spec.bench.studies.run_bench --model T --draft-model D
 
-Writes bench/results/<chip>-<quick|full>.json and .md (and PNGs when
-matplotlib is installed); every other flag goes to `mlx-spec bench`.
+Run from the repository root: writes bench/results/<chip>-<quick|full>.json
+and .md (and PNGs when matplotlib is installed) unless --json says where;
+every other flag goes to `mlx-spec bench`.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 from mlx_spec.bench.cli import bench
-from mlx_spec.bench.machine import chip_name
+from mlx_spec.bench.studies import RESULTS_DIR
+from mlx_spec.calibration.machine import chip_name
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_SEED = "0"
 
 
@@ -29,7 +29,7 @@ def main(argv):
         args += ["--json", str(RESULTS_DIR / f"{chip}-{mode}.json")]
     if "--seed" not in args:
         args += ["--seed", DEFAULT_SEED]
-    bench.main(args=args, prog_name="bench/run_bench.py")
+    bench.main(args=args, prog_name="python -m mlx_spec.bench.studies.run_bench")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,24 @@
-"""Is mlx-spec ever behind? Plain decoding, mlx-lm's best fixed k and mlx-spec, pair by pair.
+"""Is mlx-spec ever behind plain decoding or mlx-lm's best fixed k? One table over the pair zoo.
 
-For each pair and temperature T, two interleaved phases in one process:
+Run from the repository root:
+
+    python -m mlx_spec.bench.studies.never_behind            # every pair, T = 0 / 0.7 / 1
+    python -m mlx_spec.bench.studies.never_behind --quick    # one repeat, fewer k and T
+    python -m mlx_spec.bench.studies.never_behind --pairs weak,strong --temps 0 --repeats 5
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
+        python -m mlx_spec.bench.studies.never_behind        # the same with OpenBLAS
+    python -m mlx_spec.bench.studies.never_behind --rerender bench/results/never-behind-....json
+
+Writes bench/results/never-behind-<machine>-<blas>.json and .md (the BLAS
+library MLX actually loaded; --out another path); progress goes to stderr.
+The pairs: mlx_spec/bench/zoo.py.
+
+Time on the 2-core development CPU (netlib BLAS, quiet machine): the full
+run (4 pairs x 3 T, 8 table repeats, 3 sweep repeats, 64 tokens, copy task)
+took 30 minutes; --quick (one repeat) a few minutes.
+
+What is measured, and how: for each pair and temperature T, two interleaved
+phases in one process:
 
 1. sweep: mlx-lm's speculative_generate_step at each fixed k; its best k is
    the one with the highest median tokens/s;
@@ -27,24 +45,32 @@ and the defaults against plain decoding, with tokens per round.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
+import json
+import platform
+import re
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 
-from ..generate import speculative_generate_step
-from ..memory import wired_limit
-from ..sampling import SamplingConfig
-from .endtoend import (MethodResult, RunResult, interleave, run_mlx_lm, run_mlx_spec,
-                       run_target_alone)
-from .machine import MachineInfo, machine_info
-from .prompts import PROMPTS, Prompt, encode_prompts
-from .timing import DEFAULT_WARMUP, median, median_interval, ratio
-from .zoo import Pair
+from ...generate import speculative_generate_step
+from ...memory import wired_limit
+from ...sampling import SamplingConfig
+from ..endtoend import (MethodResult, RunResult, interleave, run_mlx_lm, run_mlx_spec,
+                        run_target_alone)
+from ..machine import MachineInfo, machine_info
+from ..prompts import PROMPTS, Prompt, encode_prompts
+from ..serialize import from_dict
+from ..timing import DEFAULT_WARMUP, median, median_interval, ratio, time_after_prefill
+from ..zoo import ZOO_NAMES, Pair, build_zoo
+from . import RESULTS_DIR
 
 PLAIN, LM_AT_K, SPEC_AT_K = "plain", "mlx-lm@k", "mlx-spec@k"
 DEFAULTS, DEFAULTS_CAL, LOOKUP = "defaults", "defaults+cal", "lookup"
@@ -139,7 +165,7 @@ def calibration_unavailable() -> Optional[str]:
     if "calibration" not in inspect.signature(speculative_generate_step).parameters:
         return "speculative_generate_step takes no calibration argument yet"
     try:
-        from .calibrate import calibrate  # noqa: F401
+        from ..calibrate import calibrate  # noqa: F401
     except ImportError:
         return "mlx_spec.bench.calibrate is not there yet"
     return None
@@ -151,17 +177,12 @@ def run_defaults(target_model, draft_model, ids, temp, max_tokens, rounds_log=No
 
     `rounds_log`, when given, gets (tokens, rounds) of the timed part.
     """
-    start, n, rounds, drafted, accepted = None, 0, 0, 0, 0
-    for round_ in speculative_generate_step(ids, target_model, draft_model, max_tokens=max_tokens,
-                                            sampling=SamplingConfig(temp=temp), **options):
-        if start is None:
-            start = time.perf_counter()
-            continue
-        n, rounds = n + len(round_.tokens), rounds + 1
-        drafted, accepted = drafted + round_.num_drafted, accepted + round_.num_accepted
+    decoded = time_after_prefill(speculative_generate_step(
+        ids, target_model, draft_model, max_tokens=max_tokens,
+        sampling=SamplingConfig(temp=temp), **options))
     if rounds_log is not None:
-        rounds_log.append((n, rounds))
-    return RunResult(time.perf_counter() - start, n, drafted, accepted)
+        rounds_log.append((decoded.tokens, decoded.rounds))
+    return RunResult(decoded.seconds, decoded.tokens, decoded.drafted, decoded.accepted)
 
 
 def _defaults_methods(pair: Pair, temp: float, max_tokens: int, calibration,
@@ -266,7 +287,7 @@ def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig
         if missing is None:
             say(f"{pair.name}: calibrating")
             began = time.perf_counter()
-            from .calibrate import calibrate
+            from ..calibrate import calibrate
             calibration = calibrate(pair.target_model, pair.draft_model, pair.tokenizer)
             calibration_s[pair.name] = time.perf_counter() - began
         with wired_limit(pair.target_model, pair.draft_model):
@@ -363,3 +384,99 @@ def render_markdown(result: NeverBehind) -> str:
              for r in result.copy_rows])
     out.append(f"Took {result.elapsed_s:.0f} s; seed {c.seed}; every figure is in the JSON file.")
     return "\n".join(out) + "\n"
+
+
+QUICK = dict(temps=(0.0, 1.0), ks=(1, 2, 4), repeats=1, sweep_repeats=1, max_tokens=48)
+
+
+def _floats(text):
+    return tuple(float(v) for v in text.split(",") if v)
+
+
+def _names(text):
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=_names, default=ZOO_NAMES,
+                        help=f"comma-separated, from {', '.join(ZOO_NAMES)} (default: all)")
+    parser.add_argument("--temps", type=_floats, default=DEFAULT_TEMPS,
+                        help="comma-separated temperatures (default: 0,0.7,1)")
+    parser.add_argument("--ks", type=lambda t: tuple(int(v) for v in t.split(",")),
+                        default=None, help="mlx-lm's fixed k to sweep (default: 1..6)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=8,
+                        help="the table's repeats (default 8: ~93%% intervals for its ratios)")
+    parser.add_argument("--sweep-repeats", type=int, default=3,
+                        help="repeats of mlx-lm's sweep over k, which only picks k (default 3)")
+    parser.add_argument("--prompts", type=_names, default=DEFAULT_PROMPTS,
+                        help="names from mlx_spec/bench/prompts.py, one per repeat in turn")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-copy-task", action="store_true")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="leave the with-calibration column out")
+    parser.add_argument("--quick", action="store_true",
+                        help="one repeat, T = 0 and 1, k = 1, 2, 4, 48 tokens")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="path without suffix (default: bench/results/never-behind-"
+                             "<machine>-<blas>)")
+    parser.add_argument("--rerender", type=Path, default=None,
+                        help="rebuild the Markdown from a saved JSON file and exit")
+    return parser.parse_args(argv)
+
+
+def blas_slug(blas: str) -> str:
+    lowered = blas.lower()
+    for name in ("openblas", "mkl", "blis", "accelerate", "flexiblas"):
+        if name in lowered:
+            return name
+    return "netlib" if "libblas" in lowered else "blas-unknown"
+
+
+def default_out(blas: str) -> Path:
+    machine = re.sub(r"[^a-z0-9]+", "-", f"{platform.system()}-{platform.machine()}".lower())
+    return RESULTS_DIR / f"never-behind-{machine.strip('-')}-{blas_slug(blas)}"
+
+
+def config_from(args):
+    chosen = dict(temps=args.temps, ks=args.ks or DEFAULT_KS, repeats=args.repeats,
+                  sweep_repeats=args.sweep_repeats, max_tokens=args.max_tokens)
+    if args.quick:
+        chosen.update(QUICK)
+    return NeverBehindConfig(prompts=args.prompts, seed=args.seed,
+                             copy_task=not args.no_copy_task,
+                             calibrate=not args.no_calibration, **chosen)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.rerender:
+        result = from_dict(NeverBehind, json.loads(args.rerender.read_text()))
+        args.rerender.with_suffix(".md").write_text(render_markdown(result))
+        print(args.rerender.with_suffix(".md"))
+        return 0
+    start = time.perf_counter()
+
+    def progress(message: str) -> None:
+        print(f"[{time.perf_counter() - start:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+    try:
+        pairs = build_zoo(args.pairs)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    progress(f"built {', '.join(p.name for p in pairs)}")
+    result = measure(pairs, config_from(args), progress)
+    out = args.out or default_out(result.machine.blas)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result.as_dict(), indent=1))
+    markdown = render_markdown(result)
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    progress(f"wrote {out.with_suffix('.json')} and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

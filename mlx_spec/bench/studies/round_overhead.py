@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Per-round overhead at equal work: mlx-lm's speculative loop against mlx-spec's.
 
 Greedy, fixed k, no prompt lookup, so both accept exactly the same drafts.
@@ -11,7 +10,9 @@ CPU kernels run on their own threads). "mlx-spec, device rule" judges greedy
 drafts with the acceptance rule's graph, as every round did before the host
 comparison; "mlx-spec" is the current loop.
 
-    python bench/round_overhead.py [--repeats 15] [--max-tokens 200]
+    python -m mlx_spec.bench.studies.round_overhead [--repeats 15] [--max-tokens 200]
+
+Prints its figures; writes no file.
 """
 
 from __future__ import annotations
