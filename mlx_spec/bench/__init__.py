@@ -10,8 +10,12 @@ how the speed-up scales with k, temperature, context, target size and batch.
     result = run_bench(target_model, draft_model, tokenizer, quick_config())
 
 Modules are named after what they measure; `runner` orders them, `report`
-and `plots` present them, `cli` is the command line. The names below are
-imported from `runner` on first use, so `mlx-spec --help` imports no MLX.
+and `plots` present them, `cli` is the command line. `calibrate` measures
+the per-machine costs that mlx_spec.calibration stores (`mlx-spec tune`);
+`studies/` holds the standalone studies (`python -m
+mlx_spec.bench.studies.<name>`). Imports point down into the rest of the
+package, never back. The names below are imported from `runner` on first
+use, so `mlx-spec --help` imports no MLX.
 """
 
 from importlib import import_module

@@ -2,7 +2,8 @@
 
 `blas_library()` runs a matmul first (so a lazily loaded BLAS is mapped) and
 then reads /proc/self/maps; on macOS MLX's CPU path uses Accelerate and the
-GPU path Metal, so no maps file is needed there.
+GPU path Metal, so no maps file is needed there. The chip's name and the
+memory come from mlx_spec.calibration.machine (a calibration's key reads them too).
 """
 
 from __future__ import annotations
