@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_spec.bench import run_bench, tiny_config
-from mlx_spec.bench.cli import bench
+from mlx_spec.cli.bench import bench
 from mlx_spec.bench.forward import knee
 from mlx_spec.bench.machine import blas_library
 from mlx_spec.bench.report import render_markdown, render_text

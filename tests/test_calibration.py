@@ -291,7 +291,7 @@ def test_generate_takes_the_calibration_flag(model_dirs, flag):
 
 
 def test_bench_tune_stores_the_pair(model_dirs, pair, tmp_path):
-    from mlx_spec.bench.cli import bench
+    from mlx_spec.cli.bench import bench
 
     result = CliRunner().invoke(bench, [
         "--model", str(model_dirs["target"]), "--draft-model", str(model_dirs["draft"]),

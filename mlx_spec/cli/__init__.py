@@ -13,7 +13,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from ..bench.cli import bench
+from .bench import bench
 from .check import check
 from .generate import generate
 from .serve import serve

@@ -8,7 +8,7 @@ verify_cost_dtype, distributed_one_process, compare_results and run_bench
 write files write them under RESULTS_DIR, `bench/results` relative to the
 current directory: the repository's own bench/results/ when run from its
 root, which bench/README.md lists file by file. `mlx-spec bench` itself
-(mlx_spec.bench.cli) needs none of this package.
+(mlx_spec/cli/bench.py) needs none of this package.
 """
 
 from pathlib import Path

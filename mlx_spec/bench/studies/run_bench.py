@@ -12,9 +12,9 @@ every other flag goes to `mlx-spec bench`.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 
-from mlx_spec.bench.cli import bench
 from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.calibration.machine import chip_name
 
@@ -29,7 +29,8 @@ def main(argv):
         args += ["--json", str(RESULTS_DIR / f"{chip}-{mode}.json")]
     if "--seed" not in args:
         args += ["--seed", DEFAULT_SEED]
-    bench.main(args=args, prog_name="python -m mlx_spec.bench.studies.run_bench")
+    # The command itself, as a user runs it (the command line sits above the bench package).
+    sys.exit(subprocess.run([sys.executable, "-m", "mlx_spec", "bench", *args]).returncode)
 
 
 if __name__ == "__main__":

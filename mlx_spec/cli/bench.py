@@ -1,4 +1,4 @@
-"""`mlx-spec bench` (also `python -m mlx_spec.bench`): flags in, files and a summary out. No maths.
+"""`mlx-spec bench`: flags in, files and a summary out. No maths (that is mlx_spec.bench).
 
 Progress lines and the summary go to stderr and stdout; every figure goes to
 the JSON file, the readable report next to it (Markdown), plots when
@@ -14,35 +14,18 @@ from pathlib import Path
 
 import click
 
-from ..arguments import SEED_LIMIT
+from .models import load_pair, resolve_models
+from .options import SEED
 
 DEFAULT_JSON = "mlx-spec-bench.json"
 
 
 def _resolve(model, draft_model):
-    from ..loading import default_draft_path, default_target_path
-
-    if model is None:
-        if not (default_target_path() / "config.json").exists():
-            raise click.UsageError(
-                "No --model given and the default models are not installed; "
-                "pass --model PATH --draft-model PATH.")
-        return str(default_target_path()), draft_model or str(default_draft_path())
+    """The pair to measure (the shipped one by default); the bench needs a draft."""
+    model, draft_model = resolve_models(model, draft_model, no_draft=False)
     if draft_model is None:
         raise click.UsageError("Benchmarking speculation needs a draft: pass --draft-model PATH.")
     return model, draft_model
-
-
-def _load_pair(model, draft_model):
-    from ..loading import check_pair, load
-
-    try:
-        target_model, tokenizer = load(model)
-        draft, draft_tokenizer = load(draft_model)
-        check_pair(target_model, draft, tokenizer, draft_tokenizer)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    return target_model, draft, tokenizer
 
 
 def _parse_sizes(text: str):
@@ -62,7 +45,7 @@ def _parse_sizes(text: str):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=DEFAULT_JSON, show_default=True, help="Where to write every figure as JSON.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Markdown report path [default: next to the JSON, .md].")
 @click.option("--no-plots", is_flag=True, help="Do not write PNG plots even if matplotlib is installed.")
-@click.option("--seed", type=click.IntRange(0, SEED_LIMIT - 1), default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None, help="Tokens generated per run [default: 128, quick 48].")
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per measurement [default: 5, quick 3].")
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help="k of the end-to-end comparison and scaling [default: 4].")
@@ -74,7 +57,7 @@ def _parse_sizes(text: str):
 def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max_tokens,
           repeats, num_draft_tokens, target_sizes, rerender_path, tune, smoke, distributed):
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
-    from .runner import BenchConfig, quick_config, run_bench, tiny_config
+    from ..bench.runner import BenchConfig, quick_config, run_bench, tiny_config
 
     _check_writable(rerender_path or json_path, report_path)
     if distributed:
@@ -94,7 +77,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
 
     say = _progress()
     say(f"loading {model} and {draft_model}")
-    target_model, draft, tokenizer = _load_pair(model, draft_model)
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False)
     try:
         result = run_bench(target_model, draft, tokenizer, config,
                            models={"target": model, "draft": draft_model}, progress=say)
@@ -119,7 +102,7 @@ def _progress():
 def _distributed(model, draft_model, json_path, report_path, max_tokens, say) -> None:
     """`mlx-spec bench --distributed`: load sharded, measure on every rank, rank 0 writes."""
     from ..distributed import launched_group, load_sharded
-    from .distributed import DEFAULT_MAX_TOKENS, render_markdown, run_distributed_bench
+    from ..bench.distributed import DEFAULT_MAX_TOKENS, render_markdown, run_distributed_bench
 
     group = launched_group()
     if group is None:
@@ -150,7 +133,7 @@ def _distributed(model, draft_model, json_path, report_path, max_tokens, say) ->
 def _tune(target_model, draft, tokenizer, say):
     """Calibrate the pair (as `mlx-spec tune` does) and store it for the adaptive policy."""
     from ..calibration import save_calibration
-    from .calibrate import calibrate
+    from ..bench.calibrate import calibrate
 
     say("calibrating the pair for the adaptive policy (mlx-spec tune)")
     path = save_calibration(calibrate(target_model, draft, tokenizer, progress=say))
@@ -170,8 +153,8 @@ def _check_writable(*paths):
 
 
 def _rerender(json_path):
-    from .runner import BenchResult, recompute_predictions
-    from .serialize import from_dict
+    from ..bench.runner import BenchResult, recompute_predictions
+    from ..bench.serialize import from_dict
 
     try:
         saved = from_dict(BenchResult, json.loads(Path(json_path).read_text()))
@@ -182,8 +165,8 @@ def _rerender(json_path):
 
 def _write(result, json_path, report_path, no_plots, say):
     """Write the JSON, the Markdown report and plots; print the summary."""
-    from . import plots
-    from .report import render_markdown, render_text
+    from ..bench import plots
+    from ..bench.report import render_markdown, render_text
 
     json_path = Path(json_path)
     json_path.parent.mkdir(parents=True, exist_ok=True)
