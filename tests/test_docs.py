@@ -387,78 +387,6 @@ def test_docs_pages_are_linked_from_the_readme_or_the_index():
     assert not orphans, f"docs pages no one links to: {orphans}"
 
 
-def import_graph(package: Path) -> dict:
-    """module -> {module it imports}, inside `package`; imports inside functions count
-    too (a deferred import still needs the module, only later)."""
-    modules = {}
-    for path in package.rglob("*.py"):
-        parts = list(path.relative_to(package.parent).with_suffix("").parts)
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {name: set() for name in modules}
-    for name, path in modules.items():
-        is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = (name.split(".") if is_package else name.split(".")[:-1]) if node.level else []
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-                base = ".".join(base + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
-            else:
-                continue
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    graph[name].add(target)
-    return graph
-
-
-def import_cycles(graph: dict) -> list:
-    """The strongly connected groups of more than one module (Tarjan)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                found.append(sorted(group))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_imports_point_down_with_no_cycles():
-    """docs/architecture.md's rule: every import inside mlx_spec points down; no cycles."""
-    graph = import_graph(ROOT / "mlx_spec")
-    cycles = import_cycles(graph)
-    shown = ["{" + ", ".join(c) + "}: " + "; ".join(f"{m} -> {t}" for m in c for t in sorted(graph[m])
-                                                  if t in c) for c in cycles]
-    assert not cycles, "import cycles:\n" + "\n".join(shown)
-
-
-# -------------------------------------------- the checkers can fail
-
-
 def test_checkers_report_bad_links(tmp_path):
     page = tmp_path / "page.md"
     (tmp_path / "there.md").write_text("# A heading\n")
@@ -512,14 +440,3 @@ def test_fenced_blocks_and_prose():
     assert LINK.findall(prose(text)) == ["x.md"]
     assert slug("Reusing a prompt cache across turns") == "reusing-a-prompt-cache-across-turns"
     assert slug("`mlx-spec tune`: calibration") == "mlx-spec-tune-calibration"
-
-
-def test_checkers_report_an_import_cycle(tmp_path):
-    package = tmp_path / "pkg"
-    (package / "sub").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "a.py").write_text("from .sub import b\n")
-    (package / "sub" / "__init__.py").write_text("")
-    (package / "sub" / "b.py").write_text("def f():\n    from ..a import g  # deferred, still a cycle\n")
-    (package / "c.py").write_text("from . import a\n")
-    assert import_cycles(import_graph(package)) == [["pkg.a", "pkg.sub.b"]]
