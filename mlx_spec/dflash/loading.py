@@ -1,0 +1,118 @@
+"""Loading a published DFlash drafter, and checking that it fits a target.
+
+A drafter is read from a local directory or a Hugging Face repo id already in
+the local cache (the hub is asked only when HF_HUB_OFFLINE allows it):
+config.json (`DFlashDraftModel`) and *.safetensors with the published names
+(`fc`, `hidden_norm`, `norm`, `layers.N.*`; a `model.` prefix is accepted).
+Every problem is one sentence: an unknown layout, missing or unexpected
+weights, weights of the wrong shape, or a drafter whose hidden size, tap
+layers or mask token do not fit the target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..loading import vocab_size
+from ..mtp.heads import text_model
+from .config import DFlashConfig, is_dflash_config, parse_config
+from .model import DFlashModel
+from .taps import decoder_layers, embedding
+
+PREFIXES = ("model.",)
+
+
+def dflash_directory(path) -> Optional[Path]:
+    """The local directory of a DFlash drafter at `path` (a directory or a cached repo id),
+    or None when `path` is not one (any other model, or nothing there)."""
+    directory = _local(str(path))
+    if directory is None or not (directory / "config.json").exists():
+        return None
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return directory if is_dflash_config(config) else None
+
+
+def load_dflash(path) -> DFlashModel:
+    """The drafter at `path`; ValueError with one sentence when it cannot be used."""
+    directory = _local(str(path))
+    if directory is None:
+        raise ValueError(f"DFlash drafter '{path}' was not found: give a local directory or the "
+                         "repo id of one in the Hugging Face cache.")
+    where = f"The DFlash drafter in {directory}"
+    try:
+        config = parse_config(json.loads((directory / "config.json").read_text()), where)
+    except OSError as exc:
+        raise ValueError(f"{where} has no readable config.json ({exc.strerror}).") from None
+    model = DFlashModel(config)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{where} has no *.safetensors weights.")
+    weights = {}
+    for file in files:
+        for name, value in mx.load(str(file)).items():
+            for prefix in PREFIXES:
+                if name.startswith(prefix):
+                    name = name[len(prefix):]
+            weights[name] = value
+    expected = dict(tree_flatten(model.parameters()))
+    missing = sorted(expected.keys() - weights.keys())
+    unexpected = sorted(weights.keys() - expected.keys())
+    if missing or unexpected:
+        what = f"lacks {missing[0]}" if missing else f"holds an unexpected weight {unexpected[0]}"
+        raise ValueError(f"{where} {what}; it is not in the DFlashDraftModel layout this "
+                         f"config describes ({len(missing)} missing, {len(unexpected)} unexpected).")
+    for name, value in weights.items():
+        if value.shape != expected[name].shape:
+            raise ValueError(f"{where}: weight {name} has shape {tuple(value.shape)}, the config "
+                             f"says {tuple(expected[name].shape)}.")
+    model.load_weights(list(weights.items()))
+    mx.eval(model.parameters())
+    return model
+
+
+def check_fits(drafter: DFlashModel, target_model) -> None:
+    """ValueError unless the drafter can read this target's hidden states and vocabulary."""
+    config: DFlashConfig = drafter.dflash_config
+    text = text_model(target_model)
+    target_hidden = getattr(getattr(text, "args", None), "hidden_size", None) or \
+        embedding(target_model).weight.shape[-1]
+    if config.hidden_size != target_hidden:
+        raise ValueError(f"The DFlash drafter's hidden size is {config.hidden_size} and the "
+                         f"target's is {target_hidden}; use the drafter published for this target.")
+    num_layers = len(decoder_layers(target_model))
+    outside = [i for i in config.target_layer_ids if i >= num_layers]
+    if outside:
+        raise ValueError(f"The DFlash drafter taps target layer {outside[0]}, and the target has "
+                         f"{num_layers} layers (0..{num_layers - 1}); use the drafter published "
+                         "for this target.")
+    vocab = vocab_size(target_model)
+    if not 0 <= config.mask_token_id < vocab:
+        raise ValueError(f"The DFlash drafter's mask token {config.mask_token_id} is outside the "
+                         f"target's vocabulary (0..{vocab - 1}); use the drafter published for "
+                         "this target.")
+
+
+def is_dflash_model(value) -> bool:
+    return isinstance(value, DFlashModel)
+
+
+def _local(path: str) -> Optional[Path]:
+    if Path(path).exists():
+        return Path(path)
+    parts = path.split("/")
+    if len(parts) != 2 or not all(parts) or path.startswith((".", "~")):
+        return None
+    from mlx_lm.utils import hf_repo_to_path
+
+    try:
+        return hf_repo_to_path(path)  # the local cache only: nothing is downloaded here
+    except Exception:
+        return None

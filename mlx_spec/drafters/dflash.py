@@ -1,0 +1,136 @@
+"""Proposals from a DFlash block drafter: one pass fills a whole block of mask positions.
+
+The loop hands it the target's tapped hidden states at every position the
+target keeps (`follow`: prefill chunks, the kept rows of a verify pass, plain
+steps); they are queued and turned into context keys/values in one pass at the
+next proposal (`catch_up`). A proposal embeds [last token] + [mask] * (B - 1)
+with the target's embedding, runs the drafter's layers over it once, and reads
+the first k drafts from rows 1..k through the target's output head. Rejected
+drafts never enter its cache (only context rows do), so `commit` has nothing
+to undo. q for the acceptance rule: per row, the drafter's distribution after
+the same sampling transform as the target's; the rows come from one parallel
+pass, so q_i does not depend on d_1..d_{i-1}, which the rule allows.
+
+Positions: context row r sits at absolute position start + r, where `start`
+is how many tokens the target cache held when the drafter began (a reused
+prompt cache: the drafter has no context for that prefix, which costs
+acceptance, never exactness); the block starts right after the context.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from ..attention import round_attention
+from ..dflash.model import DFlashModel
+from ..dflash.taps import embedding, output_head
+from ..mtp.heads import model_type, text_model
+from ..sampling import SamplingConfig, logprobs_from_logits, sample
+from .protocol import Proposal
+
+
+class DFlashDrafter:
+    source = "dflash"
+    follows_target = True  # the loop hands it the target's tapped hidden states (`follow`)
+
+    def __init__(self, drafter: DFlashModel, target_model, sampling: SamplingConfig,
+                 start: int = 0):
+        self.drafter = drafter
+        self.config = drafter.dflash_config
+        self.sampling = sampling
+        self.block_size = self.config.block_size
+        self.embed = embedding(target_model)
+        self.head = output_head(target_model)
+        self.embed_scale = _embedding_scale(target_model)
+        self.start = start
+        self.cache = [KVCache() for _ in drafter.layers]  # context keys/values only
+        self._queued: List[mx.array] = []  # (m, taps * H) blocks of tapped target rows
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.block_size - 1
+
+    def follow(self, tokens: List[int], hidden: mx.array) -> None:
+        """The target's tapped hidden states (len(tokens), taps * H) at the positions it kept."""
+        self._queued.append(hidden)
+
+    def catch_up(self) -> list:
+        """Turn the queued rows into context keys/values (lazily); the arrays holding them."""
+        if self._queued:
+            taps = self._queued[0] if len(self._queued) == 1 else mx.concatenate(self._queued)
+            self._queued = []
+            context = self.drafter.context(taps.astype(self.drafter.fc.weight.dtype))  # (1, m, H)
+            offset = self.start + self.cache[0].offset
+            for layer, cache in zip(self.drafter.layers, self.cache):
+                cache.update_and_fetch(*layer.self_attn.keys_values(context, offset))
+        return [c.state for c in self.cache if c.keys is not None]
+
+    def can_propose(self, history: List[int]) -> bool:
+        return bool(self._queued) or self.cache[0].offset > 0
+
+    def propose(self, history: List[int], k: int) -> Optional[Proposal]:
+        with round_attention():
+            self.catch_up()
+            count = self.cache[0].offset
+            if count == 0:  # nothing seen yet (a one-token prompt): a plain step first
+                return None
+            k = min(k, self.block_size - 1)
+            block = mx.array([history[-1]] + [self.config.mask_token_id] * (self.block_size - 1),
+                             mx.uint32)
+            x = self.embed(block[None]) * self.embed_scale  # (1, B, H)
+            offset = self.start + count
+            keys, values, masks = [], [], []
+            for i, cache in enumerate(self.cache):
+                first = _first_visible(self.config.window(i), count)
+                keys.append(cache.keys[..., first:count, :])
+                values.append(cache.values[..., first:count, :])
+                masks.append(block_mask(self.config, i, offset - (count - first), offset,
+                                        self.block_size))
+            rows = self.drafter.block(x.astype(self.drafter.fc.weight.dtype), keys, values,
+                                      offset, masks)
+            draft_logits = self.head(rows[:, 1:k + 1])[0]  # (k, V)
+        draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)  # (k, V)
+        tokens = sample(draft_logprobs, self.sampling)  # (k,) one draw per row, independent
+        probs = None if self.sampling.greedy else mx.exp(draft_logprobs)
+        mx.async_eval(tokens, *([probs] if probs is not None else []))
+        return Proposal(tokens, probs, self.source, self)
+
+    def commit(self, num_accepted: int) -> None:
+        pass  # the block never entered the cache; the kept rows come back through `follow`
+
+
+def _first_visible(window: Optional[int], count: int) -> int:
+    """The oldest context row any block query of a sliding layer can see (the first query
+    sees the window - 1 rows before it); 0 for a full layer."""
+    return 0 if window is None else max(0, count - (window - 1))
+
+
+def block_mask(config, layer: int, context_start: int, offset: int,
+               block_size: int) -> Optional[mx.array]:
+    """Which keys each block query sees in `layer`: (B, context rows + B) booleans, or None
+    for all. Context rows sit at positions context_start..offset - 1, the block at offset.."""
+    window, causal = config.window(layer), config.causal(layer)
+    if window is None and not causal:
+        return None
+    query = mx.arange(offset, offset + block_size)[:, None]  # (B, 1) absolute positions
+    context = mx.arange(context_start, offset)[None, :]
+    block = mx.arange(offset, offset + block_size)[None, :]
+    see_context = mx.ones((block_size, offset - context_start), mx.bool_)
+    see_block = mx.ones((block_size, block_size), mx.bool_)
+    if causal:
+        see_block = block <= query
+    if window is not None:
+        see_context = see_context & (query - context < window)
+        see_block = see_block & (query - block < window)
+    return mx.concatenate([see_context, see_block], axis=1)
+
+
+def _embedding_scale(target_model) -> float:
+    """What the target's own forward multiplies its embeddings by (Gemma: sqrt(hidden))."""
+    if model_type(target_model).startswith("gemma"):
+        hidden = text_model(target_model).args.hidden_size
+        return float(mx.array(hidden ** 0.5, mx.bfloat16).astype(mx.float32).item())
+    return 1.0
