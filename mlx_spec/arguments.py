@@ -12,6 +12,7 @@ prompt that is text, a list of token ids or a 1-D integer array.
 
 from __future__ import annotations
 
+import os
 from numbers import Integral, Real
 from typing import Callable, Dict, Tuple
 
@@ -45,12 +46,12 @@ def _is_model(value) -> bool:
 
 
 def _is_draft(value) -> bool:
-    return value is None or value == "mtp" or (not isinstance(value, str) and _is_model(value))
+    if value is None or isinstance(value, (str, os.PathLike)):  # "mtp" or a drafter's path
+        return True
+    return _is_model(value) or hasattr(value, "dflash_config")  # a DFlash drafter
 
 
 def _is_path(value) -> bool:
-    import os
-
     return value is None or isinstance(value, (str, os.PathLike))
 
 
@@ -64,7 +65,8 @@ _SEED = ("an int in [0, 2**64) (MLX's seed range)", lambda v: _is_int(v) and 0 <
 CHECKS: Dict[str, Tuple[str, Callable]] = {
     "model": _MODEL,
     "target_model": _MODEL,
-    "draft_model": ('None, a model such as load() returns, or "mtp"', _is_draft),
+    "draft_model": ('None, a model such as load() returns, a DFlash drafter, the path of either, '
+                    'or "mtp"', _is_draft),
     "mtp_weights": ("None, a directory or a Hugging Face repo id", _is_path),
     "tokenizer": ("a tokenizer such as load() returns", lambda v: hasattr(v, "encode")),
     "max_tokens": _int(1),

@@ -9,6 +9,7 @@ that make every rank take rank 0's drafts and timings.
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable, List, Optional
@@ -16,17 +17,20 @@ from typing import Callable, List, Optional
 import mlx.core as mx
 
 from .arguments import check_instance
-from .cache import (DEFAULT_RESERVE, ModelCache, check_prompt_cache, check_rewindable, make_cache,
-                    make_rewindable)
+from .cache import (DEFAULT_RESERVE, ModelCache, cache_length, check_prompt_cache,
+                    check_rewindable, make_cache, make_rewindable)
 from .calibration import Calibration, load_calibration, mtp_key
 from .calibration.record import ROUND_K
 from .costmodel import CostPrior
 from .defaults import DEFAULT_MAX_LOOKUP_TOKENS
+from .dflash import DFlashModel, check_fits, dflash_directory, is_dflash_model, load_dflash
+from .dflash.taps import tap_capture
 from .distributed.agreement import agree_across_ranks
 from .distributed.group import sharding_group
-from .drafters import DraftModelDrafter, MTPDrafter, PromptLookupDrafter
+from .drafters import DFlashDrafter, DraftModelDrafter, MTPDrafter, PromptLookupDrafter
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .loading import check_pair, vocab_size
+from .loading import load as load_model
 from .mtp import load_mtp, split_target
 from .policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, make_policy
 from .sampling import SamplingConfig
@@ -50,16 +54,25 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
              mtp_weights) -> Assembly:
     """Caches, drafters, policy and agreement for one call (see speculative_generate_step)."""
     target_vocab = vocab_size(model)
+    if isinstance(draft_model, os.PathLike):
+        draft_model = str(draft_model)
     mtp_head = mtp_head_for(model, draft_model, mtp_weights)
     if mtp_head is not None:
         draft_model = None  # no second model: no draft cache, no pair to check
+    block_drafter = block_drafter_for(model, draft_model)
+    if block_drafter is not None:
+        draft_model = None  # it reads the target's hidden states: no cache of its own to keep
+    elif isinstance(draft_model, str):  # the directory of an ordinary draft model
+        draft_model = load_model(draft_model)[0]
     if draft_model is not None:
         check_pair(model, draft_model)
-    drafting = draft_model is not None or mtp_head is not None
+    drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
     if prompt_lookup is None:
         prompt_lookup = drafting and sampling.greedy
+    block = block_drafter.dflash_config.block_size if block_drafter is not None else 0
     reserve = max(DEFAULT_RESERVE,
-                  max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS) + 2)
+                  max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS,
+                      block) + 2)
     speculating = drafting or prompt_lookup
     take_over(prompt_cache)  # an earlier call left open settles it first
     target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
@@ -78,18 +91,24 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         drafters.append(draft)
     if mtp_head is not None:
         drafters.append(MTPDrafter(mtp_head, sampling))
+    if block_drafter is not None:
+        drafters.append(DFlashDrafter(block_drafter, model, sampling,
+                                      start=cache_length(target_cache)))
     if policy is None:
         if sharding_group(model) is not None:  # a calibration measures one machine: start cold
             calibration = None
         prior = cost_prior(calibration, model, draft_model, sampling, mtp_head)
         acceptance = DEFAULT_ACCEPTANCE_PRIOR if sampling.greedy else SAMPLING_ACCEPTANCE_PRIOR
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
-                             acceptance_prior=acceptance)
+                             acceptance_prior=acceptance,
+                             block_tokens={"dflash": block - 1} if block else None)
     # A sharded target: every rank takes rank 0's drafts, decisions and timings (no-op otherwise).
     drafters, policy, agree = agree_across_ranks(model, drafters, policy, draft_confidence)
     # A reused cache is shown at each response by a trim: sliding windows must rewind too.
     target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
-                        reserve=reserve, split=split_target(model) if mtp_head is not None else None)
+                        reserve=reserve, split=split_target(model) if mtp_head is not None else None,
+                        capture=tap_capture(model, block_drafter.dflash_config.target_layer_ids)
+                        if block_drafter is not None else None)
     return Assembly(target, drafters, draft, policy, agree)
 
 
@@ -145,9 +164,26 @@ def check_calibration(calibration) -> None:
                    '"auto", None or a Calibration (mlx_spec.calibration)')
 
 
+def block_drafter_for(model, draft_model) -> Optional[DFlashModel]:
+    """The DFlash drafter when draft_model is one (loaded, or the path of one), checked to fit
+    the target; None for any other draft."""
+    if isinstance(draft_model, str) and draft_model != "mtp":
+        if dflash_directory(draft_model) is None:
+            return None
+        draft_model = load_dflash(draft_model)
+    if not is_dflash_model(draft_model):
+        return None
+    check_fits(draft_model, model)
+    if sharding_group(model) is not None:
+        raise ValueError("A DFlash drafter reads the target's hidden states, which a sharded "
+                         "target does not hold whole on every rank; draft with a draft model, "
+                         "prompt lookup or MTP there.")
+    return draft_model
+
+
 def mtp_head_for(model, draft_model, mtp_weights):
-    """The target's MTP layer when draft_model is "mtp" (check_arguments allows no other string)."""
-    if isinstance(draft_model, str):
+    """The target's MTP layer when draft_model is "mtp"."""
+    if isinstance(draft_model, str) and draft_model == "mtp":
         return load_mtp(model, mtp_weights)
     if mtp_weights is not None:
         raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or neither.')

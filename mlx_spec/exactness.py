@@ -70,7 +70,9 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
                      prompt_lookup: bool = False,
                      mtp_weights=None) -> Tuple[Dict[Tuple[int, int], int], float]:
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
-    fresh = prompt_lookup or isinstance(draft_model, str)  # the whole prompt every sample
+    # The whole prompt every sample: lookup and block drafters read it (an MTP layer or a
+    # DFlash drafter learns it from the target's prefill).
+    fresh = prompt_lookup or isinstance(draft_model, str) or hasattr(draft_model, "dflash_config")
     target_cache = make_cache(target_model)
     draft_cache = make_cache(draft_model) if draft_model is not None and not fresh else []
     caches = [ModelCache(target_model, target_cache)]

@@ -7,6 +7,7 @@ response dataclass, `generate` returns the whole string.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Union
@@ -215,7 +216,9 @@ def stream_generate(
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
-    if draft_model is not None and not isinstance(draft_model, str):  # "mtp": no second model
+    if isinstance(draft_model, os.PathLike):
+        draft_model = str(draft_model)
+    if _is_loaded_draft_model(draft_model):  # "mtp", a path, a DFlash drafter: checked later
         check_pair(model, draft_model, tokenizer)
     tokens = _as_tokens(tokenizer, prompt)
     if seed is not None:
@@ -259,6 +262,11 @@ def stream_generate(
         finally:
             if reused and started:
                 session.settle(seen)
+
+
+def _is_loaded_draft_model(draft_model) -> bool:
+    return draft_model is not None and not isinstance(draft_model, str) and \
+        not hasattr(draft_model, "dflash_config")
 
 
 def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len: int):

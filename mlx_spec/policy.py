@@ -211,7 +211,8 @@ class AdaptivePolicy:
                  decay: float = DEFAULT_DECAY, auto_off: bool = True,
                  max_lookup_tokens: int = DEFAULT_MAX_LOOKUP_TOKENS,
                  prior: Optional[CostPrior] = None,
-                 acceptance_prior: float = DEFAULT_ACCEPTANCE_PRIOR):
+                 acceptance_prior: float = DEFAULT_ACCEPTANCE_PRIOR,
+                 block_tokens: Optional[Dict[str, int]] = None):
         for name, value in (("max_draft_tokens", max_draft_tokens),
                             ("max_lookup_tokens", max_lookup_tokens)):
             if value < 1:
@@ -219,6 +220,9 @@ class AdaptivePolicy:
         self.k_max = max_draft_tokens
         self.k_initial = min(initial_draft_tokens, max_draft_tokens)
         self.max_lookup_tokens = max_lookup_tokens
+        # A block drafter's source: it drafts its whole block in one pass, so k may go up to
+        # the block's length (its cap and first length), whatever max_draft_tokens says.
+        self.block_tokens = dict(block_tokens or {})
         self.decay = decay
         self.auto_off = auto_off
         self.prior = prior
@@ -235,8 +239,9 @@ class AdaptivePolicy:
     def source(self, name: str) -> SourceEstimate:
         if name not in self.sources:
             lookup = name == "lookup"
-            k_max = self.max_lookup_tokens if lookup else self.k_max
-            k0 = min(FIRST_LOOKUP_TOKENS, k_max) if lookup else self.k_initial
+            k_max = self.max_lookup_tokens if lookup else self.block_tokens.get(name, self.k_max)
+            k0 = min(FIRST_LOOKUP_TOKENS, k_max) if lookup else \
+                self.block_tokens.get(name, self.k_initial)
             prior = self.prior
             a = prior.acceptance.get(name) if prior is not None else None
             estimate = SourceEstimate(k_max, k0, self.decay, self.acceptance_prior if a is None else a)
@@ -379,7 +384,8 @@ class AdaptivePolicy:
 def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_MAX_DRAFT_TOKENS,
                 auto_off=True, prior: Optional[CostPrior] = None,
                 max_lookup_tokens: int = DEFAULT_MAX_LOOKUP_TOKENS,
-                acceptance_prior: float = DEFAULT_ACCEPTANCE_PRIOR):
+                acceptance_prior: float = DEFAULT_ACCEPTANCE_PRIOR,
+                block_tokens: Optional[Dict[str, int]] = None):
     """A pinned k gives FixedPolicy; otherwise the default policy. The arguments were checked
     where they entered (`check_arguments`); the policies check only what they are built with."""
     if adaptive is None:
@@ -388,5 +394,6 @@ def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_M
         initial = num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
         return AdaptivePolicy(max_draft_tokens, initial, auto_off=auto_off,
                               max_lookup_tokens=max_lookup_tokens, prior=prior,
+                              block_tokens=block_tokens,
                               acceptance_prior=acceptance_prior)
     return FixedPolicy(num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS)

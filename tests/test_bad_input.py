@@ -96,12 +96,12 @@ def test_models_and_flags_of_generate_are_checked(pair, case):
     target_model, draft_model, tokenizer = pair
     call = {"swapped": lambda: generate(tokenizer, target_model, "x"),
             "tokenizer": lambda: generate(target_model, 5, "x"),
-            "draft": lambda: generate(target_model, tokenizer, "x", draft_model="draft"),
+            "draft": lambda: generate(target_model, tokenizer, "x", draft_model=3),
             "verbose": lambda: generate(target_model, tokenizer, "x", verbose="yes")}[case]
     sentence = {"swapped": "model must be a model such as load() returns, got a TokenizerWrapper.",
                 "tokenizer": "tokenizer must be a tokenizer such as load() returns, got 5.",
-                "draft": "draft_model must be None, a model such as load() returns, or \"mtp\", "
-                         "got 'draft'.",
+                "draft": "draft_model must be None, a model such as load() returns, a DFlash "
+                         "drafter, the path of either, or \"mtp\", got 3.",
                 "verbose": "verbose must be True or False, got 'yes'."}[case]
     with pytest.raises(ValueError) as error:
         call()

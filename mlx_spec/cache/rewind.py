@@ -87,7 +87,7 @@ class ModelCache:
 
     def __init__(self, model, layers: list, length: Optional[int] = None,
                  rewindable: bool = True, reserve: int = DEFAULT_RESERVE,
-                 split: Optional[tuple] = None):
+                 split: Optional[tuple] = None, capture: Optional[Callable] = None):
         if rewindable:  # sliding windows become WindowKVCache, in `layers` itself
             make_rewindable(layers, reserve)
         self.model = model
@@ -106,7 +106,10 @@ class ModelCache:
         # Hidden states for an MTP drafter: with split = (trunk, head), where
         # head(trunk(x)) is the model's own computation, `forward` keeps the
         # trunk's output in `hidden` (the logits are unchanged). None: no cost.
+        # A block drafter's taps: capture(tokens (1, T), layers) -> (logits (1, T, V), hidden
+        # (T, X)), the model's own forward with chosen layer outputs kept on the side.
         self.split = split
+        self.capture = capture
         self.hidden: Optional[mx.array] = None  # (T, H) of the last forward, lazy
 
     @property
@@ -129,6 +132,9 @@ class ModelCache:
         return logits
 
     def _run(self, tokens: mx.array) -> mx.array:
+        if self.capture is not None:
+            logits, self.hidden = self.capture(tokens[None], self.layers)
+            return logits[0]
         if self.split is None:
             return self.model(tokens[None], cache=self.layers)[0]
         trunk, head = self.split

@@ -78,6 +78,9 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     say = _progress()
     say(f"loading {model} and {draft_model}")
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False)
+    if hasattr(draft, "dflash_config"):
+        raise click.UsageError("mlx-spec bench measures draft models; for a DFlash drafter "
+                               "compare `mlx-spec generate` with and without --draft-model.")
     try:
         result = run_bench(target_model, draft, tokenizer, config,
                            models={"target": model, "draft": draft_model}, progress=say)

@@ -9,7 +9,7 @@ from .models import launched_group, load_pair, load_sharded
 from .options import (SEED, apply_chat_template, model_options, read_prompt, sampling_options,
                       speculation_options)
 
-SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "mtp": "green"}
+SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "mtp": "green", "dflash": "green"}
 
 
 @click.command()
@@ -20,7 +20,7 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "mtp": "green"}
 @speculation_options
 @click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
-@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model or MTP layer, cyan = prompt lookup.")
+@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
 @click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, or a head trained for the target, as the shipped default's) instead of a draft model.")
 @click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory).")

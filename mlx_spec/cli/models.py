@@ -35,13 +35,24 @@ def resolve_models(model, draft_model, no_draft):
 
 
 def load_pair(model, draft_model, no_draft):
-    """Load the target (and the draft unless there is none); refuse mismatched pairs."""
+    """Load the target (and the draft unless there is none); refuse mismatched pairs.
+
+    A draft directory holding a DFlash drafter (config.json: DFlashDraftModel)
+    loads as one, checked to fit the target."""
+    from ..dflash import check_fits, dflash_directory, load_dflash
     from ..loading import check_pair
 
     model, draft_model = resolve_models(model, draft_model, no_draft)
     target_model, tokenizer = load_model(model, "target")
     if draft_model is None:
         return target_model, tokenizer, None
+    if dflash_directory(draft_model) is not None:
+        try:
+            drafter = load_dflash(draft_model)
+            check_fits(drafter, target_model)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        return target_model, tokenizer, drafter
     draft, draft_tokenizer = load_model(draft_model, "draft")
     try:
         check_pair(target_model, draft, tokenizer, draft_tokenizer)

@@ -34,6 +34,9 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
     if not (show or forget):
         say("loading the models")
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget)
+    if hasattr(draft, "dflash_config"):
+        raise click.UsageError("mlx-spec tune does not measure DFlash drafters yet; with one the "
+                               "adaptive policy starts from its own first rounds.")
     if forget:
         _forget_calibration(calibration, target_model)
     elif show:

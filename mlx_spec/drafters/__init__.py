@@ -1,4 +1,5 @@
-"""Where proposals come from: a draft model, n-gram lookup in the text so far, the target's MTP layer.
+"""Where proposals come from: a draft model, n-gram lookup in the text so far, the target's MTP
+layer, a DFlash block drafter.
 
 A drafter has these methods, called by the loop:
 
@@ -6,7 +7,7 @@ A drafter has these methods, called by the loop:
     commit(num_accepted)                     rewind its state after verification
     can_propose(history) -> bool             would it propose (cheap: decides when plain
                                              decoding stops to let it try)
-    follow(tokens, hidden)                   only with `follows_target = True` (MTP): after
+    follow(tokens, hidden)                   only with `follows_target = True` (MTP, DFlash): after
                                              every round and prefill chunk, the target's hidden
                                              states at the kept positions (T, H) and the token
                                              after each
@@ -18,9 +19,10 @@ proposal this round" so the next drafter in line is asked.
 
 from __future__ import annotations
 
+from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter
 from .mtp import MTPDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .protocol import Proposal
 
-__all__ = ["Proposal", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter"]
+__all__ = ["Proposal", "DFlashDrafter", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter"]

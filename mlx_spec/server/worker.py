@@ -222,8 +222,8 @@ class GenerationWorker:
         cache, cached = self.store.take(prompt_ids)
         if cache is None:
             cache = make_cache(self.target_model)
-            if self.draft_model is not None:
-                cache += make_cache(self.draft_model)
+            if self.draft_model is not None and not hasattr(self.draft_model, "dflash_config"):
+                cache += make_cache(self.draft_model)  # a DFlash drafter keeps no cache here
         return cache, cached
 
     def _arguments(self, request: GenerationRequest) -> dict:
