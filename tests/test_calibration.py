@@ -115,7 +115,11 @@ def test_what_sampling_adds_to_a_round_reaches_the_policy_only_when_sampling(pai
                                                                    sampling_extra_s=0.5)})
     greedy = _cost_prior(cal, target_model, draft_model, SamplingConfig())
     sampled = _cost_prior(cal, target_model, draft_model, SamplingConfig(temp=0.7))
-    assert sampled.round_seconds("draft", 2) == pytest.approx(greedy.round_seconds("draft", 2) + 0.5)
+    # On the extra per round itself: a round's prediction is floored at its verify pass, which
+    # a greedy prediction from a calibration measured under load can fall below (CI saw it).
+    assert sampled.extra_seconds.get("draft", 0.0) == \
+        pytest.approx(greedy.extra_seconds.get("draft", 0.0) + 0.5)
+    assert sampled.round_seconds("draft", 2) > greedy.round_seconds("draft", 2)
 
 
 def test_the_prior_is_anchored_to_the_real_round(pair, measured):
