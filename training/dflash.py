@@ -58,6 +58,7 @@ def arguments():
     ap.add_argument("--blocks", type=int, default=6, help="blocks per sequence per step")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--init", default=None, help="continue from the drafter a previous run wrote")
     return ap.parse_args()
 
 
@@ -215,6 +216,14 @@ def main():
     config = drafter_config(target, taps, args.layers, args.block_size, mask_id)
     drafter = DFlashModel(parse_config(config))
     init_from_target(drafter, target)
+    previous = None
+    if args.init:  # a second stage: the weights and settings of the first
+        from mlx_spec.dflash import load_dflash
+
+        drafter = load_dflash(args.init)
+        drafter.set_dtype(mx.float32)
+        config = json.loads((Path(args.init) / "config.json").read_text())
+        previous = json.loads((Path(args.init) / "metrics.json").read_text())
     embed, head = target.model.embed_tokens, target.lm_head
     theta = config["rope_theta"]
     B = args.block_size
@@ -255,7 +264,8 @@ def main():
                  f"python -m training.dflash --sequences {args.sequences} --prompt-tokens "
                  f"{args.prompt_tokens} --generate-tokens {args.generate_tokens} --block-size {B} "
                  f"--taps {args.taps} --layers {args.layers} --steps {args.steps} --batch "
-                 f"{args.batch} --blocks {args.blocks} --lr {args.lr} --seed {args.seed}")
+                 f"{args.batch} --blocks {args.blocks} --lr {args.lr} --seed {args.seed}"
+                 + (" --init FIRST_STAGE_DIR" if args.init else ""))
     metrics = {"reproduce": reproduce, "seconds": round(time.perf_counter() - start, 1),
                "loss_first_100": round(float(np.mean(losses[:100])), 4),
                "loss_last_100": round(float(np.mean(losses[-100:])), 4),
@@ -263,6 +273,8 @@ def main():
                "mask_token_id": mask_id, "taps": taps, "block_size": B,
                "loss_curve": [round(float(np.mean(losses[i:i + 100])), 4)
                               for i in range(0, len(losses), 100)]}
+    if previous is not None:
+        metrics["first_stage"] = previous
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     say(f"wrote {out}: loss {metrics['loss_first_100']} -> {metrics['loss_last_100']}")
     if not math.isfinite(metrics["loss_last_100"]):

@@ -1,0 +1,113 @@
+"""Accepted length per round of the shipped DFlash drafter against the shipped draft model and
+MTP head, at equal verify length (blocks of 4, 8 and 16: k = 3, 7, 15 drafts), greedy.
+
+    python -m mlx_spec.bench.studies.dflash_acceptance [--dflash DIR] [--prompts 16] [--tokens 96]
+        [--out NAME]
+
+`--dflash` names the drafter (default: the one shipped in
+mlx_spec/default_models/dflash), e.g. one `python -m training.dflash` wrote.
+
+Held-out prompts: the training script's `make_prompts` over the validation
+modules (the same as mtp_speed's). Every source drafts exactly k tokens per
+round (fixed k, no prompt lookup), so the rounds verify the same number of
+tokens and only the proposals differ. Reported per source and k: mean accepted
+drafts per speculative round, tokens per round (accepted + the target's own),
+and tokens/s of the whole generation (prefill excluded) on this machine,
+sources interleaved prompt by prompt. Writes bench/results/<NAME>.json and .md.
+Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import mlx.core as mx
+
+from mlx_spec import load_default_pair
+from mlx_spec.bench.machine import blas_library
+from mlx_spec.bench.studies import RESULTS_DIR
+from mlx_spec.bench.studies.mtp_speed import held_out_prompts
+from mlx_spec.dflash import load_dflash
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.loading import default_target_path
+from mlx_spec.sampling import SamplingConfig
+
+KS = (3, 7, 15)
+
+
+def arguments():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dflash", default=None, help="the DFlash drafter's directory")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--out", default="dflash-shipped-acceptance")
+    return ap.parse_args()
+
+
+def run(prompt, target, draft, k, tokens):
+    start, rounds = None, []
+    for round_ in speculative_generate_step(prompt, target, draft, max_tokens=tokens,
+                                            num_draft_tokens=k, prompt_lookup=False,
+                                            sampling=SamplingConfig(), calibration=None):
+        if start is None:  # the first round carries the prefill
+            mx.synchronize()
+            start = time.perf_counter()
+        rounds.append(round_)
+    seconds = time.perf_counter() - start
+    speculative = [r for r in rounds if r.num_drafted > 0]
+    return {"rounds": len(speculative), "accepted": sum(r.num_accepted for r in speculative),
+            "tokens": sum(len(r.tokens) for r in rounds[1:]), "seconds": seconds}
+
+
+def main():
+    args = arguments()
+    target, draft_model, tokenizer = load_default_pair()
+    dflash_dir = args.dflash or default_target_path().parent / "dflash"
+    sources = {"draft model": draft_model, "MTP head": "mtp", "DFlash": load_dflash(dflash_dir)}
+    prompts = held_out_prompts(default_target_path() / "tokenizer.json", args.prompts)
+    for source in sources.values():  # warm up every path once
+        run(prompts[0], target, source, 3, 8)
+    totals = {(name, k): [] for name in sources for k in KS}
+    for i, prompt in enumerate(prompts):
+        for k in KS:
+            for name, source in sources.items():
+                totals[(name, k)].append(run(prompt, target, source, k, args.tokens))
+        print(f"prompt {i + 1}/{len(prompts)}", flush=True)
+    rows = []
+    for (name, k), runs in totals.items():
+        rounds = sum(r["rounds"] for r in runs)
+        accepted = sum(r["accepted"] for r in runs)
+        rows.append({"source": name, "k": k, "block": k + 1, "rounds": rounds,
+                     "mean_accepted": round(accepted / rounds, 3) if rounds else 0.0,
+                     "tokens_per_round": round(1 + accepted / rounds, 3) if rounds else 1.0,
+                     "tokens_per_second": round(statistics.median(
+                         r["tokens"] / r["seconds"] for r in runs), 1)})
+    drafter_flag = f"--dflash {args.dflash} " if args.dflash else ""
+    result = {"command": "python -m mlx_spec.bench.studies.dflash_acceptance " + drafter_flag +
+                         f"--prompts {args.prompts} --tokens {args.tokens} --out {args.out}",
+              "drafter": str(dflash_dir),
+              "machine": platform.processor() or platform.machine(), "blas": blas_library(),
+              "mlx": mx.__version__, "prompts": len(prompts), "tokens": args.tokens,
+              "rows": rows}
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# DFlash drafter: accepted length at equal verify length\n",
+             f"`{result['command']}`  \n{result['machine']}, BLAS {result['blas']}, MLX "
+             f"{result['mlx']}; greedy, fixed k, no prompt lookup, {len(prompts)} held-out "
+             f"prompts x {args.tokens} tokens.\n",
+             "| source | block (k + 1) | rounds | mean accepted drafts | tokens per round | "
+             "tokens/s (median over prompts) |", "|---|---|---|---|---|---|"]
+    for row in sorted(rows, key=lambda r: (r["k"], r["source"])):
+        lines.append(f"| {row['source']} | {row['block']} | {row['rounds']} | "
+                     f"{row['mean_accepted']} | {row['tokens_per_round']} | "
+                     f"{row['tokens_per_second']} |")
+    (RESULTS_DIR / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
