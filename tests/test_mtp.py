@@ -467,7 +467,7 @@ def test_mismatched_shapes_are_one_sentence(pairs, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"draft_model": "eagle"}, 'draft_model must be None, a model such as load'),
+    ({"draft_model": "eagle"}, "Model path 'eagle' does not exist"),  # a path: nothing there
     ({"draft_model": None, "mtp_weights": "x/y"}, 'mtp_weights is only used with draft_model="mtp"'),
     ({"draft_model": "mtp", "mtp_weights": "./no/such/dir"}, "neither a local directory nor"),
 ])
