@@ -26,6 +26,7 @@ from .arguments import check_arguments
 from .cache import ModelCache, make_cache
 from .generate import speculative_generate_step
 from .cache.prefill import prefill
+from .dflash import is_dflash_model
 from .sampling import SamplingConfig, check_sampling, logprobs_from_logits
 
 DEFAULT_SAMPLES = 2000
@@ -72,7 +73,7 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
     # The whole prompt every sample: lookup and block drafters read it (an MTP layer or a
     # DFlash drafter learns it from the target's prefill).
-    fresh = prompt_lookup or isinstance(draft_model, str) or hasattr(draft_model, "dflash_config")
+    fresh = prompt_lookup or isinstance(draft_model, str) or is_dflash_model(draft_model)
     target_cache = make_cache(target_model)
     draft_cache = make_cache(draft_model) if draft_model is not None and not fresh else []
     caches = [ModelCache(target_model, target_cache)]

@@ -18,6 +18,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .arguments import check_arguments
 from .assemble import assemble, check_calibration
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from .dflash import is_dflash_model
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .loading import check_pair, vocab_size
 from .loop import Round, generate_rounds
@@ -266,7 +267,7 @@ def stream_generate(
 
 def _is_loaded_draft_model(draft_model) -> bool:
     return draft_model is not None and not isinstance(draft_model, str) and \
-        not hasattr(draft_model, "dflash_config")
+        not is_dflash_model(draft_model)
 
 
 def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len: int):

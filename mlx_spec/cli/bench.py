@@ -58,6 +58,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
           repeats, num_draft_tokens, target_sizes, rerender_path, tune, smoke, distributed):
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
     from ..bench.runner import BenchConfig, quick_config, run_bench, tiny_config
+    from ..dflash import is_dflash_model
 
     _check_writable(rerender_path or json_path, report_path)
     if distributed:
@@ -78,7 +79,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     say = _progress()
     say(f"loading {model} and {draft_model}")
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False)
-    if hasattr(draft, "dflash_config"):
+    if is_dflash_model(draft):
         raise click.UsageError("mlx-spec bench measures draft models; for a DFlash drafter "
                                "compare `mlx-spec generate` with and without --draft-model.")
     try:

@@ -21,6 +21,7 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
     """Measure this machine's decoding costs (in seconds) and store them for the adaptive policy."""
     from .. import calibration
     from ..bench.calibrate import calibrate
+    from ..dflash import is_dflash_model
 
     if show and forget:
         raise click.UsageError("Give --print or --forget, not both.")
@@ -34,7 +35,7 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
     if not (show or forget):
         say("loading the models")
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget)
-    if hasattr(draft, "dflash_config"):
+    if is_dflash_model(draft):
         raise click.UsageError("mlx-spec tune does not measure DFlash drafters yet; with one the "
                                "adaptive policy starts from its own first rounds.")
     if forget:

@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from ..cache import make_cache
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM
+from ..dflash import is_dflash_model
 from ..generate import stream_generate
 from ..stats import GenerationStats
 from .cache_store import PromptCacheStore
@@ -222,7 +223,7 @@ class GenerationWorker:
         cache, cached = self.store.take(prompt_ids)
         if cache is None:
             cache = make_cache(self.target_model)
-            if self.draft_model is not None and not hasattr(self.draft_model, "dflash_config"):
+            if self.draft_model is not None and not is_dflash_model(self.draft_model):
                 cache += make_cache(self.draft_model)  # a DFlash drafter keeps no cache here
         return cache, cached
 
