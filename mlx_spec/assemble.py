@@ -34,7 +34,7 @@ from .loading import load as load_model
 from .mtp import load_mtp, split_target
 from .policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, make_policy
 from .sampling import SamplingConfig
-from .session import take_over
+from .session import held_tokens, take_over
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Assembly:
     draft: Optional[DraftModelDrafter]  # the draft model's drafter, whose cache a session settles
     policy: object  # a DraftPolicy
     agree: Optional[Callable[[mx.array], mx.array]]  # rank 0's values (a sharded target)
+    earlier: List[int]  # the tokens a reused cache held before the call, when known ([] if not)
 
 
 def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_draft_tokens,
@@ -77,13 +78,15 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     take_over(prompt_cache)  # an earlier call left open settles it first
     target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
                                         speculating, reserve)
+    earlier = held_tokens(prompt_cache, cache_length(target_cache))
     drafters = []
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
         # in code the last token has nearly always occurred before.
         min_ngram = min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram) if drafting else 1
         drafters.append(PromptLookupDrafter(target_vocab, sampling.greedy,
-                                            max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram))
+                                            max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram,
+                                            context=earlier))
     draft = None
     if draft_model is not None:
         draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
@@ -109,7 +112,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
                         reserve=reserve, split=split_target(model) if mtp_head is not None else None,
                         capture=tap_capture(model, block_drafter.dflash_config.target_layer_ids)
                         if block_drafter is not None else None)
-    return Assembly(target, drafters, draft, policy, agree)
+    return Assembly(target, drafters, draft, policy, agree, earlier)
 
 
 def _split_prompt_cache(prompt_cache, target_model, draft_model):

@@ -152,7 +152,8 @@ def speculative_generate_step(
         max_tokens=max_tokens, prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
         prompt_progress_callback=prompt_progress_callback, accept=accept, agree=parts.agree,
     )
-    session = Session(parts.target, parts.draft, parts.target.length, prompt_cache)
+    session = Session(parts.target, parts.draft, parts.target.length, prompt_cache,
+                      parts.earlier if len(parts.earlier) == parts.target.length else None)
     return RoundStream(rounds, session, parts.policy)
 
 
@@ -199,12 +200,12 @@ def stream_generate(
     `prompt_cache_live` (with a reused `prompt_cache`): True, mlx-lm's
     contract, shows the caller's cache holding exactly the tokens handed out
     at every response, so the caller may stop anywhere, even keeping the
-    generator open; the last token of a speculative round is handed out after
-    the next round, and while the draft model sits out (plain steps, prompt
-    lookup) it is fed every token one by one. False: the cache is brought up
-    to date only when the generator ends or is closed (`close()`,
-    `contextlib.closing`, or dropping it), which is all a caller that always
-    finishes or closes needs (the server does); no per-token upkeep.
+    generator open and reading the cache; it costs trims and lazy forwards
+    that are dropped unread (the last token of a round is handed out after the
+    next round, whose verify pass feeds it). Either way the cache is settled
+    for good when the generator ends, is closed or collected, or the next call
+    takes the cache over. False: nothing is shown mid-stream and no token
+    waits for the next round.
     """
     unsupported = sorted(MLX_LM_ONLY_ARGS.keys() & kwargs.keys())
     if unsupported:
@@ -246,7 +247,7 @@ def stream_generate(
         try:
             handed = _handed_out(rounds, eos, max_tokens, recorder,
                                  session if live else None, len(tokens))
-            for token, round_, i, finish in handed:
+            for token, round_, i, finish, upcoming in handed:
                 started = True
                 session.seen = seen  # from now on a later call settles it if this one did not
                 seen.append(token)
@@ -254,14 +255,12 @@ def stream_generate(
                     detokenizer.add_token(token)
                 if finish is not None:
                     detokenizer.finalize()
-                    if reused:  # the last token too, as mlx-lm: the cache is final now
-                        session.settle(seen)
-                elif live:
-                    session.hold(seen)  # what the caller has, should it stop here
+                if live:  # what the caller has, should it stop here (the last token too)
+                    session.hold(seen, upcoming)
                 yield _response(detokenizer.last_segment, token, round_, i, recorder, finish)
                 session.release()
         finally:
-            if reused and started:
+            if reused and started:  # for good once the stream stops, however it stops
                 session.settle(seen)
 
 
@@ -271,7 +270,8 @@ def _is_loaded_draft_model(draft_model) -> bool:
 
 
 def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len: int):
-    """(token, round, index in round, finish reason) for each token the caller gets.
+    """(token, round, index in round, finish reason, the tokens after it in this batch) for
+    each token the caller gets.
 
     With a reused prompt cache (`session` given) the last token of a round
     that is not in the target cache yet is handed out after the next round,
@@ -293,10 +293,13 @@ def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len
         fed = session.target.length - session.start if session is not None else 0
         waits = session is not None and finish is None and fed < prompt_len + emitted
         deferred = [items.pop()] if waits and items else []
-        yield from items
+        tokens = [item[0] for item in items]
+        for j, item in enumerate(items):
+            yield item + (tokens[j + 1:],)
         if finish is not None:
             return
-    yield from deferred
+    for item in deferred:
+        yield item + ([],)
 
 
 def _cut_round(tokens: List[int], eos: set, remaining: int):

@@ -7,14 +7,23 @@ at every point the caller can stop at: after the last response, when the
 caller breaks out of the loop (with or without closing the generator), or
 when an exception is raised inside the caller's loop.
 
-`hold(n)` makes the caches show the first n tokens of the call while a
-response is out (attention layers: a trim, taken back by `release()`);
-`settle(seen)` makes them hold exactly `seen` for good.
+`hold(seen, upcoming)` makes the caches show this call's tokens so far while
+a response is out, and `release()` takes it back: trims of what the caches
+computed ahead, and, for what they have not computed (a draft that sat out
+while prompt lookup proposed, the call's last token), lazy forwards whose
+undo drops them, so nothing is computed unless the cache is read meanwhile.
+The only other cost: the last token of a round that the target cache lacks
+is handed out after the next round, whose verify pass feeds it.
+`settle(seen)` makes the caches hold exactly `seen` for good, once the stream
+stops (exhausted, closed, collected, an exception), lazily: what it feeds is
+computed by the cache's next use. It also records the tokens on the cache, so
+the next call's prompt lookup can search the earlier turns (`held_tokens`).
 
 Without holds (`stream_generate(..., prompt_cache_live=False)`) the caches
-are settled when the generator ends or is closed, or, for a generator left
-open, by the next call that takes the cache over (`hand_over`), so a
-conversation stays right whatever the caller does with the generator.
+show nothing while a response is out; they are settled when the generator
+ends or is closed, or, for a generator left open, by the next call that takes
+the cache over (`hand_over`), so a conversation stays right whatever the
+caller does with the generator.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import mlx.core as mx
 from .cache import ModelCache
 
 OWNER = "_mlx_spec_owner"  # on the first layer of a reused prompt cache: its latest call's Session
+TOKENS = "_mlx_spec_tokens"  # on the same layer: the tokens the cache holds, when a call left it
 
 
 @dataclass
@@ -36,6 +46,7 @@ class Session:
     draft: Optional[object]  # the DraftModelDrafter, if any
     start: int  # tokens the target cache held before this call
     prompt_cache: Optional[list] = None  # the caller's list, when reused
+    earlier: Optional[List[int]] = None  # the `start` tokens the cache held before, when known
     seen: Optional[List[int]] = None  # this call's prompt + tokens handed out, once it started
     _held: List = field(default_factory=list)
 
@@ -57,11 +68,18 @@ class Session:
         if self.seen is not None and self.owns_cache:
             self.settle(self.seen)
 
-    def hold(self, seen: List[int]) -> None:
-        """Show `seen` (this call's tokens so far) while a response is out; `release()` takes it back."""
-        undos = [self.target.peek(self.start + len(seen))]
+    def hold(self, seen: List[int], upcoming: List[int] = ()) -> None:
+        """Show `seen` (this call's tokens so far) while a response is out; `release()` takes it
+        back. `upcoming`: the tokens the caller gets next, which a lazy view may cover at once.
+        Only trims and lazy forwards that nothing computes unless the cache is read meanwhile."""
+        wanted = self.start + len(seen)
+        target = self.target
+        if target.length < wanted:  # the call's last token (earlier ones wait for the next round)
+            undos = [target.look_ahead(mx.array(seen[target.length - self.start:], mx.uint32))]
+        else:
+            undos = [target.peek(wanted)]
         if self.draft is not None:
-            undos.append(self.draft.peek(seen, len(seen)))
+            undos.append(self.draft.peek(seen, len(seen), upcoming))
         self._held = [undo for undo in undos if undo is not None]
 
     def release(self) -> None:
@@ -89,11 +107,13 @@ class Session:
                 target.keep(wanted - target.anchor_length)
             else:
                 target.restore_length(wanted)
-        if target.length < wanted:
+        if target.length < wanted:  # lazily: computed by the cache's next use
             target.forward(mx.array(seen[target.length - self.start:], mx.uint32))
-        mx.eval([c.state for c in target.layers])
         if self.draft is not None:
             self.draft.settle(seen, len(seen))
+        if self.prompt_cache:  # for the next call's prompt lookup (a proposal source only)
+            known = self.earlier is not None and len(self.earlier) == self.start
+            setattr(self.prompt_cache[0], TOKENS, self.earlier + list(seen) if known else None)
         self.seen = None  # settled: nothing for a later call to finish
 
 
@@ -105,3 +125,13 @@ def take_over(prompt_cache: Optional[list]) -> None:
     earlier = owner() if isinstance(owner, weakref.ref) else None
     if earlier is not None:
         earlier.hand_over()
+
+
+def held_tokens(prompt_cache: Optional[list], length: int) -> List[int]:
+    """The first `length` tokens a reused cache holds, as the call that left it recorded
+    them ([] when unknown: a new cache, or one fed by something else since)."""
+    tokens = getattr(prompt_cache[0], TOKENS, None) if isinstance(prompt_cache, list) and \
+        prompt_cache else None
+    if not isinstance(tokens, list) or len(tokens) < length:
+        return []
+    return tokens[:length]  # (a trimmed cache keeps a prefix)

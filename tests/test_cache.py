@@ -144,3 +144,42 @@ def test_a_model_whose_own_cache_cannot_rewind_is_refused_before_speculating(rol
         speculative_generate_step([1, 2, 3], target, draft, max_tokens=5)
     if role == "target":  # decoding it alone needs no rewind: no refusal up front
         speculative_generate_step([1, 2, 3], target, None, max_tokens=5, prompt_lookup=False)
+
+
+def _pending_ops(layers, tmp_path) -> int:
+    """Operations not yet computed behind the arrays the layers hold (0: all evaluated)."""
+    arrays = [v for layer in layers for value in vars(layer).values()
+              for v in (value if isinstance(value, (list, tuple)) else [value])
+              if isinstance(v, mx.array)]
+    mx.export_to_dot(str(tmp_path / "graph.dot"), *arrays)
+    return (tmp_path / "graph.dot").read_text().count("shape=rectangle")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_look_ahead_shows_the_tokens_and_its_undo_leaves_no_trace(target_model, family, tmp_path):
+    """What `look_ahead` shows equals feeding for real; after the undo the cache is as before
+    and nothing of the look-ahead is left to compute, although the layers wrote into their
+    buffers in place (mlx-lm's `keys[..., a:b, :] = k`)."""
+    from families import make_family
+    model = target_model if family == "llama" else make_family("qwen3_5", seed=0)
+    prompt, ahead, follow = [4, 8, 15, 16], [23, 42, 7], [30, 31]
+    shown = ModelCache(model, make_cache(model))
+    shown.forward(mx.array(prompt, mx.uint32))
+    mx.eval([c.state for c in shown.layers])
+    undo = shown.look_ahead(mx.array(ahead, mx.uint32))
+    assert shown.length == len(prompt + ahead)
+    assert _pending_ops(shown.layers, tmp_path) > 0  # shown lazily
+    undo()
+    assert shown.length == len(prompt)
+    assert _pending_ops(shown.layers, tmp_path) == 0  # dropped, never to be computed
+    undo = shown.look_ahead(mx.array(ahead, mx.uint32))  # again, read this time
+    fed = make_cache(model)
+    last_logits(model, fed, prompt + ahead)
+    assert mx.allclose(last_logits(model, shown.layers, follow), last_logits(model, fed, follow),
+                       atol=1e-4).item()  # what the caller reads is the real thing
+    undo()
+    assert shown.length == len(prompt)
+    clean = make_cache(model)
+    last_logits(model, clean, prompt)
+    assert mx.allclose(last_logits(model, shown.layers, follow), last_logits(model, clean, follow),
+                       atol=1e-4).item()

@@ -9,6 +9,7 @@ prompt lookup, on a hybrid (Gated DeltaNet) target and on sliding-window
 targets, with the cache kept live per token and settled only at the end.
 """
 
+import mlx.core as mx
 import mlx_lm
 import pytest
 from families import make_family
@@ -254,3 +255,61 @@ def test_the_conversation_example_runs():
     assert out.returncode == 0, out.stderr
     turns = [line for line in out.stdout.splitlines() if "new prompt tokens prefilled" in line]
     assert len(turns) == 3
+
+
+def _same_as_fed(layers, model, tokens):
+    """The layers hold exactly `tokens`: offsets, and what the next token's logits come out as."""
+    fed = make_prompt_cache(model)
+    model(mx.array([tokens]), cache=fed)
+    assert all(c.offset == len(tokens) for c in layers)
+    probe = mx.array([[7, 11]])
+    got, want = model(probe, cache=layers)[0, -1], model(probe, cache=fed)[0, -1]
+    return mx.allclose(got, want, atol=1e-4).item()
+
+
+@pytest.mark.parametrize("held", [True, False])
+@pytest.mark.parametrize("drafting", ["draft-k3", "lookup-and-draft", "self-k3"])
+@pytest.mark.parametrize("stop_after", [1, 3, 4, 6])
+def test_a_cache_read_right_after_a_break_holds_the_yielded_tokens(pair, held, drafting, stop_after):
+    """Read (offsets and contents, target and draft) right after `break`, the generator still
+    held or dropped: the prompt and exactly the yielded tokens, whatever the caches computed."""
+    target_model, draft_model, tokenizer = pair
+    draft = target_model if drafting == "self-k3" else draft_model
+    cache = make_prompt_cache(target_model) + make_prompt_cache(draft)
+    n = len(target_model.layers)
+    prompt = tokenizer.encode(TURNS[0] + TURNS[0])  # a repeat: lookup has something to find
+    got = []
+    stream = stream_generate(target_model, tokenizer, prompt, draft_model=draft, max_tokens=20,
+                             prompt_cache=cache, num_draft_tokens=3,
+                             prompt_lookup=drafting == "lookup-and-draft")
+    for response in stream:
+        got.append(response.token)
+        if len(got) == stop_after:
+            break
+    if not held:
+        del stream
+    assert _same_as_fed(cache[:n], target_model, prompt + got)
+    assert _same_as_fed(cache[n:], draft, prompt + got)
+
+
+def test_the_next_turn_looks_up_the_earlier_turns(pair):
+    """A reused cache remembers the tokens it holds, so prompt lookup in the next turn searches
+    the earlier turns too (a proposal source only: the tokens are the target's either way)."""
+    from mlx_spec.drafters import PromptLookupDrafter
+    from mlx_spec.session import held_tokens
+    target_model, draft_model, tokenizer = pair
+    cache = make_prompt_cache(target_model)
+    first = tokenizer.encode(TURNS[0])
+    out = [r.token for r in stream_generate(target_model, tokenizer, first, max_tokens=6,
+                                            prompt_cache=cache)]
+    assert held_tokens(cache, cache_length(cache)) == first + out
+    assert held_tokens(cache, 3) == first[:3]  # a trimmed cache holds a prefix
+    ids = tokenizer.encode(TURNS[1])
+    list(stream_generate(target_model, tokenizer, ids, max_tokens=4, prompt_cache=cache))
+    assert held_tokens(cache, cache_length(cache))[:len(first + out) + len(ids)] == first + out + ids
+    other = make_prompt_cache(target_model)  # fed by something else: nothing claimed
+    target_model(mx.array([first]), cache=other)
+    assert held_tokens(other, cache_length(other)) == []
+    earlier = PromptLookupDrafter(300, greedy=True, context=[5, 6, 7, 8, 9])
+    assert earlier.lookup([1, 6, 7], 3) == [8, 9, 1]  # (6, 7) occurred in the earlier turns
+    assert PromptLookupDrafter(300, greedy=True).lookup([1, 6, 7], 3) == []

@@ -21,6 +21,7 @@ the caller feeds one token at a time (the draft model's steps). Given
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence
@@ -245,6 +246,30 @@ class ModelCache:
                 layer.cache = list(slots)
         return undo
 
+    def look_ahead(self, tokens: mx.array) -> Callable[[], None]:
+        """Feed `tokens` for show until the returned undo is called.
+
+        The forward is lazy and the undo puts every layer's attributes back by
+        reference (arrays, offsets, recurrent slots), so what was fed is never
+        computed unless something reads the cache before the undo.
+        """
+        saved = [(layer, {key: _handle(value) for key, value in vars(layer).items()})
+                 for layer in leaves(self.layers)]
+        length, recent, hidden, record = self.length, list(self._recent), self.hidden, self._record
+        calls = dict(self.mixers.calls) if self.mixers is not None else None
+        self._record = False
+        self.forward(tokens)
+
+        def undo():
+            for layer, state in saved:
+                vars(layer).clear()
+                vars(layer).update(state)
+            self.length, self.hidden, self._record = length, hidden, record
+            self._recent = deque(recent, maxlen=self._recent.maxlen)
+            if calls is not None:
+                self.mixers.calls = calls
+        return undo
+
     def point_at(self, length: int) -> Optional[Checkpoint]:
         """A recent checkpoint holding exactly `length` tokens (recurrent caches only)."""
         return next((p for p in reversed(self._recent) if p.length == length), None)
@@ -259,6 +284,17 @@ class ModelCache:
         for layer in self.trimmable:
             _untrim(layer, n)
         self.length += n
+
+
+def _handle(value):
+    """A copy of the references in `value` that later in-place writes do not reach: a
+    `copy.copy(a)` is the same array (no operation, no data copied), but the updates
+    `a[...] = x` makes to the object `a` do not reach it."""
+    if isinstance(value, mx.array):
+        return copy.copy(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_handle(v) for v in value)
+    return value
 
 
 def _untrim(layer, n: int) -> None:

@@ -46,9 +46,11 @@ class DraftModelDrafter:
         self._proposed_at = 0
         self._start = None
         self._steps = []  # checkpoints after each draft step (recurrent drafts only)
+        self._ahead = None  # (undo, tokens) of a lazy forward shown to the caller, see peek()
 
     def prefill(self, prompt: List[int], step_size: int, progress=None) -> None:
         """Process all prompt tokens but the last, in chunks."""
+        self.drop_look_ahead()
         prefill(self.draft, prompt[:-1], step_size, progress)
         self.cached = len(prompt) - 1
 
@@ -56,6 +58,7 @@ class DraftModelDrafter:
         return True  # a model always has a guess
 
     def propose(self, history: List[int], k: int) -> Proposal:
+        self.drop_look_ahead()
         self._steps = []
         self._start = (self.draft.checkpoint(), self.cached)  # for settle() after a break
         unseen = history[self.cached:]
@@ -97,6 +100,7 @@ class DraftModelDrafter:
         return mx.exp(mx.max(draft_logprobs)).item() < self.confidence
 
     def commit(self, num_accepted: int) -> None:
+        self.drop_look_ahead()
         keep = min(self.cached, self._proposed_at + num_accepted)
         if self._steps:  # step j's checkpoint holds history + j drafts
             self.draft.restore(self._steps[keep - self._proposed_at])
@@ -104,18 +108,19 @@ class DraftModelDrafter:
             self.draft.restore_length(self.draft.length - (self.cached - keep))
         self.cached = keep
 
-    def peek(self, history: List[int], num_tokens: int):
+    def peek(self, history: List[int], num_tokens: int, upcoming: List[int] = ()):
         """Show only history[:num_tokens] until the returned undo is called (None: nothing to do).
 
-        A draft that trails (it catches up lazily) is fed the missing tokens for
-        good: they are accepted history, which its next proposal would feed anyway.
+        A draft that trails (it catches up at its next proposal) is shown the
+        missing tokens, and `upcoming` (the ones the caller gets next), by one
+        lazy forward, which later responses of the round trim: never computed
+        unless the cache is read meanwhile, and dropped before the draft is
+        used again.
         """
         extra = self.cached - num_tokens
         if extra < 0:
-            self.draft.forward(mx.array(history[self.cached:num_tokens], mx.uint32))
-            self.cached = num_tokens
-            self._steps = []
-            return None
+            return self._look_ahead(history[self.cached:num_tokens], list(upcoming))
+        self.drop_look_ahead()
         if extra == 0:
             return None
         if not self._steps:
@@ -130,8 +135,27 @@ class DraftModelDrafter:
         self.draft.restore(self._steps[step])
         return lambda: self.draft.restore(now)
 
+    def _look_ahead(self, missing: List[int], upcoming: List[int]):
+        fed = self._ahead[1] if self._ahead is not None else []
+        if self.draft.has_recurrent or fed[:len(missing)] != missing:  # (recurrent: no trims)
+            self.drop_look_ahead()
+            fed = missing + ([] if self.draft.has_recurrent else upcoming)
+            self._ahead = (self.draft.look_ahead(mx.array(fed, mx.uint32)), fed)
+        extra = len(fed) - len(missing)
+        if extra == 0:
+            return None
+        self.draft.restore_length(self.draft.length - extra)
+        return lambda: self.draft.untrim(extra)
+
+    def drop_look_ahead(self) -> None:
+        """Undo what `peek` showed a trailing draft (before anything feeds the draft)."""
+        if self._ahead is not None:
+            self._ahead[0]()
+            self._ahead = None
+
     def settle(self, history: List[int], num_tokens: int) -> None:
         """Make the draft cache hold exactly history[:num_tokens] (end of a call)."""
+        self.drop_look_ahead()
         if self.cached > num_tokens and self.draft.has_recurrent and self._start:
             point, self.cached = self._start  # before the last proposal: a prefix of the wanted
             self.draft.restore(point)
@@ -139,5 +163,4 @@ class DraftModelDrafter:
             self.draft.restore_length(self.draft.length - (self.cached - num_tokens))
         elif self.cached < num_tokens:
             self.draft.forward(mx.array(history[self.cached:num_tokens], mx.uint32))
-        mx.eval([c.state for c in self.draft_cache])
         self.cached = num_tokens
