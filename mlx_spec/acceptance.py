@@ -83,5 +83,31 @@ def token_match_accept(draft_tokens, draft_probs, target_logprobs):
     return num_accepted, target_tokens[num_accepted]
 
 
-def rule_for(greedy: bool) -> AcceptanceRule:
-    return greedy_accept if greedy else speculative_accept
+def sampler_match(sampler) -> AcceptanceRule:
+    """Any sampler (one mlx-spec cannot read): draw the target's token at every verified
+    position with it, keep drafts while they equal those draws.
+
+    Exact for any sampler: the token emitted at each position is the sampler's
+    own draw from the target's log-probabilities given the tokens before it
+    (mlx-lm's rule at temp > 0, with the caller's sampler)."""
+    def rule(draft_tokens, draft_probs, target_logprobs):
+        rows = [sampler(target_logprobs[i:i + 1]).reshape(-1) for i in range(target_logprobs.shape[0])]
+        target_tokens = mx.concatenate(rows).astype(mx.uint32)  # (k+1,)
+        k = draft_tokens.shape[0]
+        num_accepted = _accepted_prefix(draft_tokens == target_tokens[:k])
+        return num_accepted, target_tokens[num_accepted]
+    return rule
+
+
+def rule_for(sampling) -> AcceptanceRule:
+    """The rule for a SamplingConfig: greedy, the residual rule, or the sampler's own."""
+    if sampling.sampler is not None:
+        return sampler_match(sampling.sampler)
+    return greedy_accept if sampling.greedy else speculative_accept
+
+
+def rule_name(sampling) -> str:
+    """What the stats call the rule `rule_for(sampling)` gives."""
+    if sampling.sampler is not None:
+        return "sampler match"
+    return "greedy" if sampling.greedy else "residual"

@@ -69,7 +69,7 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
                     'or "mtp"', _is_draft),
     "mtp_weights": ("None, a directory or a Hugging Face repo id", _is_path),
     "tokenizer": ("a tokenizer such as load() returns", lambda v: hasattr(v, "encode")),
-    "max_tokens": _int(1),
+    "max_tokens": ("an int >= 1, or -1 for no limit", lambda v: _is_int(v) and (v >= 1 or v == -1)),
     "num_draft_tokens": _optional(_int(1)),
     "max_draft_tokens": _int(1),
     "prompt_lookup_max_ngram": _int(1),
@@ -80,6 +80,7 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "top_p": _real("(0, 1]", lambda v: 0 < v <= 1),
     "top_k": _int(0, " (0 disables top-k)"),
     "min_p": _real("[0, 1)", lambda v: 0 <= v < 1),
+    "min_tokens_to_keep": _int(1),
     "draft_confidence": _real("[0, 1)", lambda v: 0 <= v < 1),
     "alpha": _real("(0, 1)", lambda v: 0 < v < 1),
     "seed": _optional(_SEED),
@@ -90,6 +91,11 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "verbose": _FLAG,
     "prompt_progress_callback": _optional(_CALLBACK),
     "accept": _optional(_CALLBACK),
+    "sampler": _optional(_CALLBACK),
+    "logits_processors": ("None or a list of callables (tokens, logits) -> logits, as "
+                          "mlx_lm.sample_utils.make_logits_processors returns",
+                          lambda v: v is None or (isinstance(v, (list, tuple))
+                                                  and all(callable(p) for p in v))),
 }
 
 

@@ -52,7 +52,7 @@ class Assembly:
 def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_draft_tokens,
              adaptive, max_draft_tokens, auto_off, draft_confidence, prompt_lookup,
              prompt_lookup_max_ngram, max_kv_size, policy, calibration,
-             mtp_weights) -> Assembly:
+             mtp_weights, logits_processors=None) -> Assembly:
     """Caches, drafters, policy and agreement for one call (see speculative_generate_step)."""
     target_vocab = vocab_size(model)
     if isinstance(draft_model, os.PathLike):
@@ -90,7 +90,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     draft = None
     if draft_model is not None:
         draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
-                                  confidence=draft_confidence)
+                                  confidence=draft_confidence, processors=logits_processors)
         drafters.append(draft)
     if mtp_head is not None:
         drafters.append(MTPDrafter(mtp_head, sampling))

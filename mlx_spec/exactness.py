@@ -50,12 +50,21 @@ class ExactnessResult:
 
 
 def exact_distribution(target_model, prompt: List[int], sampling: SamplingConfig,
-                       first_tokens: int = DEFAULT_FIRST_TOKENS) -> Dict[Tuple[int, int], float]:
-    """{(t1, t2): probability} for the likeliest t1; (-1, -1) pools every other t1."""
-    p1 = np.array(mx.exp(logprobs_from_logits(target_model(mx.array([prompt]))[0, -1], sampling)))
+                       first_tokens: int = DEFAULT_FIRST_TOKENS,
+                       logits_processors=()) -> Dict[Tuple[int, int], float]:
+    """{(t1, t2): probability} for the likeliest t1; (-1, -1) pools every other t1.
+    `logits_processors` (mlx-lm's) see the prompt, then the prompt and t1."""
+    def processed(tokens, logits):
+        for processor in logits_processors or ():
+            logits = processor(mx.array(tokens, mx.uint32), logits[None])[0]
+        return logits
+
+    first = processed(prompt, target_model(mx.array([prompt]))[0, -1])
+    p1 = np.array(mx.exp(logprobs_from_logits(first, sampling)))
     top = [int(t) for t in np.argsort(-p1)[:first_tokens] if p1[t] > 0]
-    batch = mx.array([prompt + [t] for t in top])
-    p2 = np.array(mx.exp(logprobs_from_logits(target_model(batch)[:, -1], sampling)))  # (m, V)
+    batch = target_model(mx.array([prompt + [t] for t in top]))[:, -1]
+    second = mx.stack([processed(prompt + [t], batch[row]) for row, t in enumerate(top)])
+    p2 = np.array(mx.exp(logprobs_from_logits(second, sampling)))  # (m, V)
     cells = {}
     for row, t1 in enumerate(top):
         for t2 in np.nonzero(p2[row] > 0)[0]:
@@ -68,12 +77,13 @@ def exact_distribution(target_model, prompt: List[int], sampling: SamplingConfig
 
 def sample_first_two(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
                      samples: int, num_draft_tokens: int = 2, accept=None,
-                     prompt_lookup: bool = False,
-                     mtp_weights=None) -> Tuple[Dict[Tuple[int, int], int], float]:
+                     prompt_lookup: bool = False, mtp_weights=None,
+                     logits_processors=None) -> Tuple[Dict[Tuple[int, int], int], float]:
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
     # The whole prompt every sample: lookup and block drafters read it (an MTP layer or a
-    # DFlash drafter learns it from the target's prefill).
-    fresh = prompt_lookup or isinstance(draft_model, str) or is_dflash_model(draft_model)
+    # DFlash drafter learns it from the target's prefill), and logits processors see it.
+    fresh = prompt_lookup or isinstance(draft_model, str) or is_dflash_model(draft_model) or \
+        bool(logits_processors)
     target_cache = make_cache(target_model)
     draft_cache = make_cache(draft_model) if draft_model is not None and not fresh else []
     caches = [ModelCache(target_model, target_cache)]
@@ -88,10 +98,11 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
         out = []
         for round_ in speculative_generate_step(
             prompt if fresh else prompt[-1:], target_model, draft_model,
-            max_tokens=3, num_draft_tokens=num_draft_tokens, sampling=sampling,
+            max_tokens=2, num_draft_tokens=num_draft_tokens, sampling=sampling,
             accept=accept, prompt_lookup=prompt_lookup, mtp_weights=mtp_weights,
             prompt_cache=None if fresh else target_cache + draft_cache,
             calibration=None,  # k is fixed: nothing to calibrate (and no fingerprint per sample)
+            logits_processors=logits_processors,
         ):
             out += round_.tokens
             drafted += round_.num_drafted
@@ -173,13 +184,18 @@ def _upper_regularized_gamma(a: float, x: float) -> float:
 def check_exactness(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
                     samples: int = DEFAULT_SAMPLES, num_draft_tokens: int = 2,
                     alpha: float = DEFAULT_ALPHA, accept=None, prompt_lookup: bool = False,
-                    seed: Optional[int] = 0, mtp_weights=None) -> ExactnessResult:
-    """Run the whole check; `result.passed` is False when speculation changed the output."""
+                    seed: Optional[int] = 0, mtp_weights=None,
+                    logits_processors=None) -> ExactnessResult:
+    """Run the whole check; `result.passed` is False when speculation changed the output.
+    With mlx-lm's `logits_processors` the exact distribution is the processed one."""
     check_arguments(target_model=target_model, draft_model=draft_model, prompt=prompt,
                     samples=samples, num_draft_tokens=num_draft_tokens,
                     alpha=alpha, accept=accept, prompt_lookup=prompt_lookup, seed=seed,
-                    mtp_weights=mtp_weights)
+                    mtp_weights=mtp_weights, logits_processors=logits_processors)
     check_sampling(sampling)
+    if sampling.sampler is not None:
+        raise ValueError("The exactness check needs a sampler it can read (temp, top_p, top_k, "
+                         "min_p); an opaque sampler's distribution is unknown to it.")
     if isinstance(prompt, str):
         raise ValueError("prompt must be token ids here; encode the text with the tokenizer first.")
     prompt = [int(t) for t in prompt]
@@ -189,8 +205,9 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
         raise ValueError("The prompt is empty; give some text to continue.")
     if seed is not None:
         mx.random.seed(seed)
-    exact = exact_distribution(target_model, prompt, sampling)
+    exact = exact_distribution(target_model, prompt, sampling, logits_processors=logits_processors)
     counts, acceptance = sample_first_two(target_model, draft_model, prompt, sampling, samples,
-                                          num_draft_tokens, accept, prompt_lookup, mtp_weights)
+                                          num_draft_tokens, accept, prompt_lookup, mtp_weights,
+                                          logits_processors)
     statistic, dof, p_value = chi_square(counts, exact)
     return ExactnessResult(samples, statistic, dof, p_value, acceptance, alpha)

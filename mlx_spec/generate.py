@@ -9,30 +9,30 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Union
 
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .acceptance import rule_name
 from .arguments import check_arguments
 from .assemble import assemble, check_calibration
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
-from .dflash import is_dflash_model
+from .dflash import dflash_directory, is_dflash_model
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .loading import check_pair, vocab_size
 from .loop import Round, generate_rounds
 from .memory import wired_limit
 from .policy import DEFAULT_MAX_DRAFT_TOKENS
-from .sampling import SamplingConfig, check_sampling
+from .sampling import SamplingConfig, check_sampling, read_sampler
 from .session import Session
 from .stats import GenerationStats, StatsRecorder
 
+NO_LIMIT = sys.maxsize  # max_tokens=-1, as in mlx-lm: until a stop token or the caller stops
+
 MLX_LM_ONLY_ARGS = {
-    "sampler": "pass temp, top_p, top_k and min_p instead, so that the draft is sampled "
-               "through the same transform as the target.",
-    "logits_processors": "they would change the target's distribution without changing the "
-                         "draft's, which breaks exact acceptance.",
     "kv_bits": "quantized KV caches are not supported while speculating.",
 }
 
@@ -104,6 +104,8 @@ def speculative_generate_step(
     stop_tokens=(),
     calibration="auto",
     mtp_weights=None,
+    logits_processors=None,
+    input_embeddings=None,
 ) -> "RoundStream":
     """Rounds of token ids from `model` (the target), speculating with the drafters.
 
@@ -135,10 +137,23 @@ def speculative_generate_step(
     from `mtp_weights` (a local directory or Hugging Face repo of the
     original checkpoint) or else from the directory `mlx_spec.load` read the
     model from. A reused `prompt_cache` then holds the target's layers only.
+
+    `input_embeddings` (N, H), as mlx-lm: the target prefills from them in
+    place of the prompt's own embeddings; `prompt` is then their N token ids,
+    which a draft model and prompt lookup draft from, or empty (drafting off).
+
+    `logits_processors` (mlx-lm's, e.g. from `make_logits_processors`) change
+    the target's logits at every verified position, each given the tokens
+    before it (drafts included), and the draft model's logits the same way;
+    the output is exactly the processed distribution's.
     """
     check_arguments(**locals())  # every parameter, by name
     check_sampling(sampling)
+    max_tokens = NO_LIMIT if max_tokens == -1 else max_tokens
     check_calibration(calibration)
+    if input_embeddings is not None:
+        prompt, draft_model, prompt_lookup = _with_embeddings(
+            model, prompt, input_embeddings, draft_model, prompt_lookup, logits_processors)
     prompt = _as_tokens(None, prompt)
     _check_token_ids(prompt, vocab_size(model))
     parts = assemble(
@@ -146,15 +161,45 @@ def speculative_generate_step(
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,
         auto_off=auto_off, draft_confidence=draft_confidence, prompt_lookup=prompt_lookup,
         prompt_lookup_max_ngram=prompt_lookup_max_ngram, max_kv_size=max_kv_size, policy=policy,
-        calibration=calibration, mtp_weights=mtp_weights)
+        calibration=calibration, mtp_weights=mtp_weights, logits_processors=logits_processors)
     rounds = generate_rounds(
         prompt, parts.target, parts.drafters, parts.policy, sampling=sampling,
         max_tokens=max_tokens, prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
         prompt_progress_callback=prompt_progress_callback, accept=accept, agree=parts.agree,
+        logits_processors=logits_processors, input_embeddings=input_embeddings,
     )
     session = Session(parts.target, parts.draft, parts.target.length, prompt_cache,
                       parts.earlier if len(parts.earlier) == parts.target.length else None)
     return RoundStream(rounds, session, parts.policy)
+
+
+def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup, processors):
+    """(prompt ids, draft model, prompt lookup) for a call given input_embeddings, or ValueError."""
+    from mlx_lm.utils import does_model_support_input_embeddings
+
+    if not does_model_support_input_embeddings(model):
+        raise ValueError("This model does not take input_embeddings.")
+    if not isinstance(input_embeddings, mx.array) or input_embeddings.ndim != 2 or \
+            input_embeddings.shape[0] == 0:
+        raise ValueError("input_embeddings must be an mx.array of shape (prompt tokens, hidden "
+                         "size).")
+    ids = [] if prompt is None else list(prompt.tolist() if isinstance(prompt, mx.array) else prompt)
+    if ids and len(ids) != input_embeddings.shape[0]:
+        raise ValueError(f"input_embeddings hold {input_embeddings.shape[0]} positions and the "
+                         f"prompt {len(ids)} token ids; give as many ids, or none.")
+    if draft_model == "mtp" or is_dflash_model(draft_model) or \
+            isinstance(draft_model, (str, os.PathLike)) and dflash_directory(draft_model):
+        raise ValueError("input_embeddings work with a draft model or prompt lookup, not with "
+                         "an MTP head or a DFlash drafter (they read the target's own prompt "
+                         "pass).")
+    if ids:
+        return ids, draft_model, prompt_lookup
+    if processors:
+        raise ValueError("logits_processors need the prompt's token ids with input_embeddings.")
+    if draft_model is not None or prompt_lookup:
+        warnings.warn("input_embeddings without token ids: drafting is off (drafters read "
+                      "token ids); the target decodes alone.", stacklevel=3)
+    return [0] * input_embeddings.shape[0], None, False  # placeholder ids: nothing reads them
 
 
 class RoundStream:
@@ -188,6 +233,7 @@ def stream_generate(
     min_p: float = 0.0,
     seed: Optional[int] = None,
     prompt_cache_live: bool = True,
+    sampler=None,
     **kwargs,
 ) -> Iterator[GenerationResponse]:
     """Generate text from `model`, speculating with `draft_model` when given.
@@ -195,7 +241,14 @@ def stream_generate(
     Mirrors `mlx_lm.stream_generate`. `num_draft_tokens` pins k (None: the
     default policy). Extra keyword arguments go to `speculative_generate_step`
     (adaptive, auto_off, draft_confidence, prompt_lookup, prompt_cache,
-    prefill_step_size, ...).
+    prefill_step_size, logits_processors, ...).
+
+    Sampling: `temp`, `top_p`, `top_k`, `min_p`, or mlx-lm's `sampler=` in
+    their place. A sampler made by mlx-lm's `make_sampler` is read back into
+    those parameters (the residual acceptance rule); any other callable draws
+    every token itself and acceptance keeps a draft only while it equals the
+    sampler's draw at that position (exact for any sampler; `stats.rule` says
+    which rule ran).
 
     `prompt_cache_live` (with a reused `prompt_cache`): True, mlx-lm's
     contract, shows the caller's cache holding exactly the tokens handed out
@@ -214,15 +267,24 @@ def stream_generate(
     check_arguments(model=model, tokenizer=tokenizer, prompt=prompt, draft_model=draft_model,
                     max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temp=temp,
                     top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
-                    prompt_cache_live=prompt_cache_live, **kwargs)
+                    prompt_cache_live=prompt_cache_live, sampler=sampler, **kwargs)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    if sampler is not None:
+        if sampling != SamplingConfig():
+            raise ValueError("Pass either sampler or temp/top_p/top_k/min_p, not both.")
+        if not callable(sampler):
+            raise ValueError("sampler must be a callable, as mlx_lm.sample_utils.make_sampler "
+                             "returns.")
+        sampling = read_sampler(sampler)
     if isinstance(draft_model, os.PathLike):
         draft_model = str(draft_model)
     if _is_loaded_draft_model(draft_model):  # "mtp", a path, a DFlash drafter: checked later
         check_pair(model, draft_model, tokenizer)
-    tokens = _as_tokens(tokenizer, prompt)
+    embeddings = kwargs.get("input_embeddings")
+    tokens = [] if embeddings is not None and _is_empty(prompt) else _as_tokens(tokenizer, prompt)
+    max_tokens = NO_LIMIT if max_tokens == -1 else max_tokens
     if seed is not None:
         mx.random.seed(seed)
 
@@ -237,7 +299,8 @@ def stream_generate(
     )
     reused = kwargs.get("prompt_cache") is not None
     live = reused and prompt_cache_live  # held at every response, not only at the end
-    recorder = StatsRecorder(len(tokens), rounds.policy.describe().get("calibrated"))
+    recorder = StatsRecorder(len(tokens), rounds.policy.describe().get("calibrated"),
+                             rule_name(sampling))
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     session = rounds.session
@@ -257,11 +320,16 @@ def stream_generate(
                     detokenizer.finalize()
                 if live:  # what the caller has, should it stop here (the last token too)
                     session.hold(seen, upcoming)
+                recorder.handed()
                 yield _response(detokenizer.last_segment, token, round_, i, recorder, finish)
                 session.release()
         finally:
             if reused and started:  # for good once the stream stops, however it stops
                 session.settle(seen)
+
+
+def _is_empty(prompt) -> bool:
+    return prompt is None or (len(prompt) == 0 if not isinstance(prompt, mx.array) else prompt.size == 0)
 
 
 def _is_loaded_draft_model(draft_model) -> bool:
@@ -283,7 +351,7 @@ def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len
     for round_ in rounds:
         recorder.prompt_done()
         wanted, finish = _cut_round(round_.tokens, eos, max_tokens - emitted)
-        recorder.record(round_, len(wanted))
+        recorder.record(round_)
         emitted += len(wanted)
         items = deferred + [(t, round_, i, None) for i, t in enumerate(wanted)]
         if finish == "length":

@@ -46,6 +46,8 @@ class Decoder:
     accept: AcceptanceRule
     stop_tokens: Collection[int] = ()  # a round ends at the first accepted stop token
     followers: Sequence = ()  # drafters handed the target's hidden states (MTP): see _follow
+    # mlx-lm's logits processors: (tokens so far, logits (1, V)) -> logits, at every position
+    processors: Sequence = ()
     # A sharded target: rank 0's values of what the round syncs, for every rank
     # (mlx_spec.distributed.agreement); identity on one machine.
     agree: Callable[[mx.array], mx.array] = lambda x: x
@@ -68,6 +70,9 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
     decoder.target.anchor()
     with round_attention():
         target_logits = decoder.target.forward(verify_input)  # (k+1, V)
+    if decoder.processors:
+        target_logits = processed(decoder.processors, mx.array(decoder.history, mx.uint32),
+                                  proposal.tokens, target_logits)
     hidden = decoder.target.hidden  # (k+1, H) when an MTP drafts; before a rewind replaces it
     target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (k+1, V)
     n, token, drafted = _judge(decoder.accept, proposal, target_logits, target_logprobs,
@@ -81,6 +86,20 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
     decoder.history.extend(tokens)
     return Round(tokens, len(drafted), n, proposal.source,
                  _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling))
+
+
+def processed(processors, seen: mx.array, drafts: mx.array, logits: mx.array) -> mx.array:
+    """Each verified position's logits (k+1, V) through the caller's processors, each with
+    the tokens before it (`seen`, then the drafts before that position), as mlx-lm's
+    generate_step hands them over: the call's prompt and every token since."""
+    tokens = mx.concatenate([seen, drafts.astype(mx.uint32)])
+    rows = []
+    for i in range(logits.shape[0]):
+        row = logits[i:i + 1]
+        for processor in processors:
+            row = processor(tokens[:seen.shape[0] + i], row)
+        rows.append(row)
+    return mx.concatenate(rows)
 
 
 def _judge(accept, proposal, target_logits, target_logprobs, agree=lambda x: x):
@@ -130,25 +149,34 @@ def _reported(target_logits, target_logprobs, sampling: SamplingConfig) -> mx.ar
 
 
 def plain_rounds(decoder: Decoder, count: int,
-                 until: Optional[Callable[[List[int]], bool]] = None) -> Iterator[Round]:
+                 until: Optional[Callable[[List[int]], bool]] = None,
+                 embedding: Optional[mx.array] = None) -> Iterator[Round]:
     """Up to `count` ordinary decoding steps, the next one queued before yielding.
 
     `until(history)` true (say, prompt lookup found a match) stops queuing: the
     step already queued still completes, so the block ends one token later.
     """
 
-    def step(y):
-        target_logits = decoder.target.forward(y)[-1]
+    def step(y, seen, embedding=None):
+        """Queue the step after `y` (the last of `seen`, the tokens so far: lazy after the first;
+        `embedding`: fed in place of y's own)."""
+        target_logits = decoder.target.forward(y, embedding)[-1]
+        if decoder.processors:
+            target_logits = processed(decoder.processors, seen, y[:0], target_logits[None])[0]
         target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (V,)
         token = decoder.agree(sample(target_logits if decoder.sampling.greedy else target_logprobs,
                                      decoder.sampling))  # greedy: the argmax, as in _judge
         mx.async_eval(token)
         return token, _reported(target_logits, target_logprobs, decoder.sampling), \
-            decoder.target.hidden
+            decoder.target.hidden, seen
 
-    token, logprobs, hidden = step(mx.array(decoder.history[-1:], mx.uint32))
+    seen = mx.array(decoder.history, mx.uint32) if decoder.processors else None
+    token, logprobs, hidden, seen = step(mx.array(decoder.history[-1:], mx.uint32), seen, embedding)
     for i in range(count):
-        pending = step(token[None]) if i + 1 < count else None
+        pending = None
+        if i + 1 < count:
+            pending = step(token[None], None if seen is None else
+                           mx.concatenate([seen, token[None].astype(mx.uint32)]))
         value = token.item()  # the only sync of the step
         _follow(decoder, [value], hidden)
         decoder.history.append(value)
@@ -157,7 +185,7 @@ def plain_rounds(decoder: Decoder, count: int,
             return
         if until is not None and i + 2 < count and until(decoder.history):
             count = i + 2  # the queued step is the last
-        token, logprobs, hidden = pending
+        token, logprobs, hidden, seen = pending
 
 
 class RoundClock:
@@ -200,6 +228,8 @@ def generate_rounds(
     accept: Optional[AcceptanceRule] = None,
     stop_tokens: Collection[int] = (),
     agree: Optional[Callable[[mx.array], mx.array]] = None,
+    logits_processors: Sequence = (),
+    input_embeddings: Optional[mx.array] = None,
 ) -> Iterator[Round]:
     """Prefill, then yield rounds until `max_tokens` tokens or a stop token were emitted.
 
@@ -209,11 +239,16 @@ def generate_rounds(
     """
     followers = [d for d in drafters if getattr(d, "follows_target", False)]
     decoder = Decoder(target, drafters, sampling, list(prompt),
-                      accept or rule_for(sampling.greedy), frozenset(stop_tokens), followers)
+                      accept or rule_for(sampling), frozenset(stop_tokens), followers,
+                      processors=tuple(logits_processors or ()))
     if agree is not None:  # a sharded target (mlx_spec.distributed)
         decoder.agree = agree
-    prefill(target, prompt[:-1], prefill_step_size, prompt_progress_callback,
-            followers, prompt[-1])
+    # Progress as mlx-lm reports it: (0, N), after each chunk of the first N - 1, (N, N) with
+    # the first token.
+    progress = prompt_progress_callback or (lambda done, total: None)
+    progress(0, len(prompt))
+    prefill(target, prompt[:-1], prefill_step_size, lambda done, _: progress(done, len(prompt)),
+            followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1])
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             drafter.prefill(prompt, prefill_step_size)
@@ -221,21 +256,37 @@ def generate_rounds(
     clock = RoundClock()
     while emitted < max_tokens:
         clock.start()  # once: the first round is timed from when it is asked for
-        room = max_tokens - emitted - 1  # drafts beyond it are never wanted (the target adds one)
+        room = max_tokens - emitted  # drafts beyond it are never wanted
         lengths = {d.source: min(policy.proposal_length(d.source), room) for d in drafters}
-        proposal = _propose(decoder, lengths)
-        if proposal is not None:
-            rounds = iter([speculative_round(decoder, proposal)])
+        proposal = _propose(decoder, lengths) if input_embeddings is None or emitted else None
+        if proposal is None and input_embeddings is not None and not emitted:
+            # The first token comes from the prompt's last embedding: a plain step.
+            rounds = plain_rounds(decoder, 1, embedding=input_embeddings[-1:])
+        elif proposal is not None:
+            round_ = speculative_round(decoder, proposal)
+            if len(round_.tokens) > room:  # every draft kept and the room full: the target's
+                round_ = _without_own_token(decoder, round_)  # own token is not wanted (mlx-lm)
+            rounds = iter([round_])
         else:
             waiting = [d for d in drafters if lengths[d.source] > 0]  # asked, nothing to offer
             steps = min(policy.plain_steps() if drafters else max_tokens, max_tokens - emitted)
             rounds = plain_rounds(decoder, max(1, steps), _offers(waiting) if waiting else None)
         for round_ in rounds:
+            if emitted == 0:
+                progress(len(prompt), len(prompt))
             emitted += len(round_.tokens)
             policy.observe(round_, clock.lap())
             yield round_
             if round_.tokens[-1] in decoder.stop_tokens:
                 return
+
+
+def _without_own_token(decoder: Decoder, round_: Round) -> Round:
+    """The round without its last token, the target's own after every draft was kept: the
+    target cache then holds the whole history (the generation ends here)."""
+    decoder.history.pop()
+    return Round(round_.tokens[:-1], round_.num_drafted, round_.num_accepted, round_.source,
+                 round_.logprobs[:-1])
 
 
 def _offers(drafters) -> Callable[[List[int]], bool]:

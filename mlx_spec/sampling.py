@@ -2,14 +2,18 @@
 
 The acceptance rule is exact only if p (target) and q (draft) are the
 distributions the tokens are really drawn from, so both models' logits go
-through the *same* transform: temperature, then top-k, top-p and min-p
-filtering, then a normalised log-softmax. Everything here is lazy, pure and
+through the *same* transform, mlx-lm's: top-p, min-p and top-k filtering of
+the model's own log-probabilities, then the temperature, then a normalised
+log-softmax. Everything here is lazy, pure and
 works on any leading shape (..., V).
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import mlx.core as mx
 
@@ -29,13 +33,56 @@ class SamplingConfig:
     top_p: float = DEFAULT_TOP_P
     top_k: int = DEFAULT_TOP_K
     min_p: float = DEFAULT_MIN_P
+    min_tokens_to_keep: int = 1  # with min_p, as mlx-lm's make_sampler
+    # A sampler mlx-spec cannot read (mlx-lm's signature: log-probabilities (1, V) -> token
+    # (1,)): it draws every token, target's and drafts', from the model's own log-probabilities,
+    # and the acceptance rule becomes the one exact for any sampler (acceptance.sampler_match).
+    sampler: Optional[Callable[[mx.array], mx.array]] = None
 
     def __post_init__(self):
-        check_arguments(temp=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
+        check_arguments(temp=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                        min_tokens_to_keep=self.min_tokens_to_keep)
 
     @property
     def greedy(self) -> bool:
-        return self.temp == 0
+        return self.temp == 0 and self.sampler is None
+
+
+def read_sampler(sampler) -> SamplingConfig:
+    """The SamplingConfig of an mlx-lm sampler: read from what `make_sampler` built
+    (temperature, top-p, min-p, top-k), or, for any other callable (XTC, a
+    sampler of one's own), a config that hands every draw to it."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    if sampler is greedy_sampler:
+        return SamplingConfig()
+    fields = _made_by_make_sampler(sampler)
+    return SamplingConfig(**fields) if fields is not None else SamplingConfig(temp=1.0, sampler=sampler)
+
+
+def _made_by_make_sampler(sampler) -> Optional[dict]:
+    """make_sampler's closure: `temp` and one lambda per filter, each closing over its parameters."""
+    if getattr(sampler, "__module__", None) != "mlx_lm.sample_utils":
+        return None
+    try:
+        outer = inspect.getclosurevars(sampler).nonlocals
+        if set(outer) != {"sampling_methods", "temp"}:
+            return None
+        fields = {"temp": float(outer["temp"])}
+        for method in outer["sampling_methods"]:
+            names = inspect.getclosurevars(method).nonlocals
+            if set(names) == {"top_p"}:
+                fields["top_p"] = float(names["top_p"])
+            elif set(names) == {"min_p", "min_tokens_to_keep"}:
+                fields["min_p"] = float(names["min_p"])
+                fields["min_tokens_to_keep"] = names["min_tokens_to_keep"]
+            elif set(names) == {"top_k"}:
+                fields["top_k"] = names["top_k"]
+            else:  # XTC (random per draw) or a filter this version does not know
+                return None
+        return fields
+    except (TypeError, ValueError):
+        return None
 
 
 def check_sampling(sampling) -> None:
@@ -53,43 +100,56 @@ def model_logprobs(logits: mx.array) -> mx.array:
 def logprobs_from_logits(logits: mx.array, config: SamplingConfig) -> mx.array:
     """Normalised log-probabilities of the distribution sampled from.
 
-    Filtered-out tokens get -inf. With temp == 0 this is the plain
-    log-softmax (greedy decoding takes its argmax).
+    mlx-lm's order (`make_sampler`): top-p, then min-p, then top-k filter the
+    model's own (untempered) log-probabilities, and the temperature divides
+    what is left. Filtered-out tokens get -inf. With temp == 0 this is the
+    plain log-softmax (greedy decoding takes its argmax).
     """
-    if config.greedy:
+    if config.greedy or config.sampler is not None:  # (a sampler filters for itself)
         return model_logprobs(logits)
-    logits = logits.astype(mx.float32) / config.temp
-    vocab_size = logits.shape[-1]
-    if 0 < config.top_k < vocab_size:
+    if 0 < config.top_p < 1.0:  # the only filter that needs normalised probabilities
+        logits = _top_p(model_logprobs(logits), config.top_p)
+    else:
+        logits = logits.astype(mx.float32)
+    if config.min_p > 0.0:  # relative to the top token: no normalising needed
+        logits = _min_p(logits, config.min_p, config.min_tokens_to_keep)
+    if 0 < config.top_k < logits.shape[-1]:
         kth = mx.sort(logits, axis=-1)[..., -config.top_k][..., None]
         logits = mx.where(logits < kth, -mx.inf, logits)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    if config.top_p >= 1.0 and config.min_p <= 0.0:
-        # Normalised already: a second log-sum-exp is two more passes over V per row
-        # (plain decoding at T = 1 ran 1.02x faster without it, shipped-f32 + OpenBLAS).
-        return logprobs
-    if config.top_p < 1.0:
-        logprobs = _top_p(logprobs, config.top_p)
-    if config.min_p > 0.0:
-        top = mx.max(logprobs, axis=-1, keepdims=True)
-        logprobs = mx.where(logprobs < top + mx.log(config.min_p), -mx.inf, logprobs)
-    return logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    if config.temp != 1.0:
+        logits = logits * (1.0 / config.temp)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
 def _top_p(logprobs: mx.array, top_p: float) -> mx.array:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p."""
-    order = mx.argsort(-logprobs, axis=-1)  # (..., V) most likely first
-    sorted_probs = mx.exp(mx.take_along_axis(logprobs, order, axis=-1))
-    mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = mass_before < top_p  # the token that crosses top_p is kept
-    keep = mx.put_along_axis(
-        mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1
-    )
-    return mx.where(keep, logprobs, -mx.inf)
+    """Drop every token whose more likely tokens already hold top_p of the mass (a
+    token tied with the last one kept stays, as in mlx-lm)."""
+    ascending = mx.sort(logprobs, axis=-1)
+    probs = mx.exp(ascending)
+    mass_above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
+    total = mass_above[..., :1] + probs[..., :1]
+    dropped = (mass_above >= top_p * total).sum(axis=-1, keepdims=True)
+    threshold = mx.take_along_axis(ascending, dropped, axis=-1)
+    return mx.where(logprobs < threshold, -mx.inf, logprobs)
+
+
+def _min_p(logits: mx.array, min_p: float, min_tokens_to_keep: int) -> mx.array:
+    """Drop tokens less likely than min_p times the top token, keeping the
+    `min_tokens_to_keep` most likely whatever their probability."""
+    top = mx.max(logits, axis=-1, keepdims=True)
+    drop = logits < top + math.log(min_p)
+    if min_tokens_to_keep > 1:
+        kth = mx.sort(logits, axis=-1)[..., -min_tokens_to_keep][..., None]
+        drop = mx.logical_and(drop, logits < kth)
+    return mx.where(drop, -mx.inf, logits)
 
 
 def sample(logprobs: mx.array, config: SamplingConfig) -> mx.array:
     """Draw one token per row of (..., V) log-probabilities (lazy)."""
+    if config.sampler is not None:  # row by row, each (1, V) as mlx-lm calls it
+        rows = logprobs.reshape(-1, logprobs.shape[-1])
+        drawn = [config.sampler(rows[i:i + 1]).reshape(-1) for i in range(rows.shape[0])]
+        return mx.concatenate(drawn).reshape(logprobs.shape[:-1]).astype(mx.uint32)
     if config.greedy:
         return mx.argmax(logprobs, axis=-1).astype(mx.uint32)
     return mx.random.categorical(logprobs, axis=-1).astype(mx.uint32)

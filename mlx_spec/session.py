@@ -17,7 +17,10 @@ is handed out after the next round, whose verify pass feeds it.
 `settle(seen)` makes the caches hold exactly `seen` for good, once the stream
 stops (exhausted, closed, collected, an exception), lazily: what it feeds is
 computed by the cache's next use. It also records the tokens on the cache, so
-the next call's prompt lookup can search the earlier turns (`held_tokens`).
+the next call's prompt lookup can search the earlier turns (`held_tokens`), and
+puts mlx-lm's own classes back in the caller's list (the rewindable sliding
+windows a call runs on become RotatingKVCache again, lazily), so that mlx-lm's
+`save_prompt_cache` / `load_prompt_cache` and generation take it.
 
 Without holds (`stream_generate(..., prompt_cache_live=False)`) the caches
 show nothing while a response is out; they are settled when the generator
@@ -35,9 +38,10 @@ from typing import List, Optional
 import mlx.core as mx
 
 from .cache import ModelCache
+from .cache.rewind import MARK, make_plain
 
-OWNER = "_mlx_spec_owner"  # on the first layer of a reused prompt cache: its latest call's Session
-TOKENS = "_mlx_spec_tokens"  # on the same layer: the tokens the cache holds, when a call left it
+OWNER = MARK + "owner"  # on the first layer of a reused prompt cache: its latest call's Session
+TOKENS = MARK + "tokens"  # on the same layer: the tokens the cache holds, when a call left it
 
 
 @dataclass
@@ -114,6 +118,12 @@ class Session:
         if self.prompt_cache:  # for the next call's prompt lookup (a proposal source only)
             known = self.earlier is not None and len(self.earlier) == self.start
             setattr(self.prompt_cache[0], TOKENS, self.earlier + list(seen) if known else None)
+            # mlx-lm's own classes again (RotatingKVCache for the sliding windows), lazily, so
+            # that mlx-lm's save_prompt_cache / load_prompt_cache and generation take the list;
+            # the next call makes them rewindable again. This call's layers are then no longer
+            # the caller's: it gives the cache up (a generator resumed after this cannot go on).
+            if make_plain(self.prompt_cache):
+                setattr(self.prompt_cache[0], OWNER, None)
         self.seen = None  # settled: nothing for a later call to finish
 
 

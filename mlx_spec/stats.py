@@ -31,6 +31,7 @@ class GenerationStats:
     draft_lengths: Tuple[int, ...] = ()  # k of every speculative round, in order
     peak_memory_gb: float = 0.0
     calibrated: Optional[bool] = None  # adaptive policy started from a calibration (None: fixed k)
+    rule: str = "greedy"  # the acceptance rule: "greedy", "residual" or "sampler match"
 
     @property
     def acceptance_rate(self) -> float:
@@ -90,6 +91,9 @@ class GenerationStats:
                 lines.append(f"Accepted tokens by source: {src}")
         if self.plain_steps and (self.rounds or self.drafted):
             lines.append(f"Plain decoding steps (no draft): {self.plain_steps}")
+        if self.rule == "sampler match" and self.rounds:
+            lines.append("Acceptance: a draft is kept while it equals the sampler's own draw "
+                         "(a sampler mlx-spec cannot read)")
         if self.calibrated is not None and (self.rounds or self.calibrated):
             lines.append("Calibration: " + ("this machine's, from `mlx-spec tune`" if self.calibrated
                                             else "none (run `mlx-spec tune` to start warm)"))
@@ -100,9 +104,10 @@ class GenerationStats:
 class StatsRecorder:
     """Accumulates rounds; `snapshot()` returns the frozen stats so far."""
 
-    def __init__(self, prompt_tokens: int, calibrated: Optional[bool] = None):
+    def __init__(self, prompt_tokens: int, calibrated: Optional[bool] = None, rule: str = "greedy"):
         self.prompt_tokens = prompt_tokens
         self.calibrated = calibrated
+        self.rule = rule
         self.start = time.perf_counter()
         self.prompt_seconds = None
         self.generation_tokens = 0
@@ -118,9 +123,12 @@ class StatsRecorder:
             self.prompt_seconds = now - self.start
             self.start = now
 
-    def record(self, round_, emitted: int) -> None:
-        """Count a round of which `emitted` tokens were passed on to the user."""
-        self.generation_tokens += emitted
+    def handed(self) -> None:
+        """Count a token handed to the caller (an EOS too, as mlx-lm counts it)."""
+        self.generation_tokens += 1
+
+    def record(self, round_) -> None:
+        """Count a round (its tokens are counted as they are handed out)."""
         if round_.num_drafted == 0:
             self.plain_steps += 1
             return
@@ -152,4 +160,5 @@ class StatsRecorder:
             draft_lengths=tuple(self.draft_lengths),
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             calibrated=self.calibrated,
+            rule=self.rule,
         )

@@ -142,9 +142,14 @@ def test_token_ids_are_checked(pair):
 
 def test_mlx_lm_only_arguments_get_a_sentence(pair):
     target_model, draft_model, tokenizer = pair
-    with pytest.raises(ValueError, match="sampler"):
+    with pytest.raises(ValueError, match="kv_bits"):
+        list(stream_generate(target_model, tokenizer, "x = 1", draft_model=draft_model, kv_bits=4))
+    with pytest.raises(ValueError, match="either sampler or temp"):
         list(stream_generate(target_model, tokenizer, "x = 1", draft_model=draft_model,
-                             sampler=lambda x: x))
+                             sampler=lambda x: x, temp=0.5))
+    with pytest.raises(ValueError, match="logits_processors must be"):
+        list(stream_generate(target_model, tokenizer, "x = 1", draft_model=draft_model,
+                             logits_processors=[3]))
 
 
 def test_logprobs_are_the_models_own_as_in_mlx_lm(pair):
@@ -170,3 +175,28 @@ def test_package_names_stay_the_api_after_submodule_imports():
     assert mlx_spec.generate is module.generate
     assert set(mlx_spec.__all__) <= set(dir(mlx_spec))
     assert all(callable(getattr(mlx_spec, name)) for name in mlx_spec.__all__)
+
+
+def test_input_embeddings_without_ids_decode_the_target_alone(pair):
+    """No ids to draft from: one warning, drafting off, the target's tokens; wrong shapes and
+    an MTP head get one sentence."""
+    import mlx.core as mx
+    import mlx_lm
+
+    target_model, draft_model, tokenizer = pair
+    ids = tokenizer.encode("def f(x):\n    return")
+    embeddings = target_model.model.embed_tokens(mx.array(ids[::-1]))
+    want = [r.token for r in mlx_lm.stream_generate(target_model, tokenizer, ids[::-1], max_tokens=6)]
+    with pytest.warns(UserWarning, match="drafting is off"):
+        got = [r.token for r in stream_generate(target_model, tokenizer, [], draft_model=draft_model,
+                                                max_tokens=6, input_embeddings=embeddings)]
+    assert got == want
+    with pytest.raises(ValueError, match="as many ids"):
+        list(stream_generate(target_model, tokenizer, ids[:3], max_tokens=2,
+                             input_embeddings=embeddings))
+    with pytest.raises(ValueError, match="shape"):
+        list(stream_generate(target_model, tokenizer, ids, max_tokens=2,
+                             input_embeddings=embeddings[None]))
+    with pytest.raises(ValueError, match="MTP head"):
+        list(stream_generate(target_model, tokenizer, ids[::-1], draft_model="mtp", max_tokens=2,
+                             input_embeddings=embeddings))

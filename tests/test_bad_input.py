@@ -32,9 +32,9 @@ def pair(model_dirs):
 
 API_CASES = [
     # ints where ints are meant: not floats, not bools, not below the minimum
-    ({"max_tokens": 0}, "max_tokens must be an int >= 1, got 0."),
-    ({"max_tokens": 2.5}, "max_tokens must be an int >= 1, got 2.5."),
-    ({"max_tokens": True}, "max_tokens must be an int >= 1, got True."),
+    ({"max_tokens": 0}, "max_tokens must be an int >= 1, or -1 for no limit, got 0."),
+    ({"max_tokens": 2.5}, "max_tokens must be an int >= 1, or -1 for no limit, got 2.5."),
+    ({"max_tokens": True}, "max_tokens must be an int >= 1, or -1 for no limit, got True."),
     ({"num_draft_tokens": 0}, "num_draft_tokens must be None or an int >= 1, got 0."),
     ({"num_draft_tokens": 2.5}, "num_draft_tokens must be None or an int >= 1, got 2.5."),
     ({"top_k": 2.5}, "top_k must be an int >= 0 (0 disables top-k), got 2.5."),
@@ -112,7 +112,7 @@ STEP_CASES = [
     ({"prompt": mx.array([[1, 2]])}, "got an array of shape (1, 2)"),
     ({"prompt": "text"}, "speculative_generate_step takes token ids"),
     ({"sampling": "greedy"}, "sampling must be a SamplingConfig, got 'greedy'."),
-    ({"max_tokens": 3.0}, "max_tokens must be an int >= 1, got 3.0."),
+    ({"max_tokens": 3.0}, "max_tokens must be an int >= 1, or -1 for no limit, got 3.0."),
     ({"num_draft_tokens": True}, "num_draft_tokens must be None or an int >= 1, got True."),
     ({"prefill_step_size": -4}, "prefill_step_size must be an int >= 1, got -4."),
 ]

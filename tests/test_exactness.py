@@ -13,7 +13,7 @@ from scipy import stats
 
 from mlx_spec.acceptance import resample_from_target_accept, speculative_accept
 from mlx_spec.exactness import chi2_survival, check_exactness
-from mlx_spec.sampling import SamplingConfig, logprobs_from_logits
+from mlx_spec.sampling import SamplingConfig, logprobs_from_logits, read_sampler
 
 PROMPT = [3, 1, 4]
 SAMPLES = 3000
@@ -99,29 +99,118 @@ def test_a_pair_the_target_never_produces_fails_the_check():
     assert p_value == 0.0 and statistic == float("inf")
 
 
-@pytest.mark.parametrize("config", [
+FILTERED = [
     SamplingConfig(temp=0.7), SamplingConfig(temp=1.0, top_k=5), SamplingConfig(temp=1.3, top_p=0.8),
-    SamplingConfig(temp=1.0, min_p=0.05), SamplingConfig(temp=0.5, top_k=7, top_p=0.9)])
-def test_logprobs_are_the_normalised_filtered_distribution(config):
-    """Unfiltered rows skip the second normalisation: still log-probabilities summing to 1,
-    equal to a softmax over the tokens the filters keep, computed here with numpy."""
+    SamplingConfig(temp=1.0, min_p=0.05), SamplingConfig(temp=0.5, top_k=7, top_p=0.9),
+    SamplingConfig(temp=0.25, top_p=0.6), SamplingConfig(temp=2.0, min_p=0.2, min_tokens_to_keep=4),
+    SamplingConfig(temp=0.8, top_p=0.7, min_p=0.1, top_k=3)]
+
+
+def mlx_lm_distribution(logits, config):
+    """What mlx-lm's make_sampler samples from, built from its own filter functions."""
+    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if 0 < config.top_p < 1:
+        logprobs = apply_top_p(logprobs, config.top_p)
+    if config.min_p:
+        logprobs = apply_min_p(logprobs, config.min_p, config.min_tokens_to_keep)
+    if config.top_k:
+        logprobs = apply_top_k(logprobs, config.top_k)
+    return np.array(mx.softmax(logprobs / config.temp, axis=-1))
+
+
+@pytest.mark.parametrize("config", FILTERED)
+def test_the_sampled_distribution_is_mlx_lms(config):
+    """mlx-lm's order: filters on the untempered log-probabilities, then the temperature."""
     logits = mx.random.normal((3, 50), key=mx.random.key(1)) * 3
     got = np.exp(np.array(logprobs_from_logits(logits, config)))
-    x = np.array(logits, dtype=np.float64) / config.temp
-    def kept(p, keep):
-        q = np.where(keep, p, 0)
-        return q / q.sum()
+    np.testing.assert_allclose(got, mlx_lm_distribution(logits, config), atol=1e-5)
 
-    for row, want_row in zip(got, x):
-        p = kept(np.exp(want_row - want_row.max()), True)
-        keep = np.ones_like(p, dtype=bool)
-        order = np.argsort(-p)
-        if config.top_k:
-            keep[order[config.top_k:]] = False
-        if config.top_p < 1.0:
-            mass = np.cumsum(kept(p, keep)[order])
-            keep[order[np.searchsorted(mass, config.top_p) + 1:]] = False
-        if config.min_p > 0.0:
-            q = kept(p, keep)
-            keep &= q >= q.max() * config.min_p
-        np.testing.assert_allclose(row, kept(p, keep), atol=1e-5)
+
+def test_the_issue_example_samples_token_1_as_mlx_lm_does():
+    """p = [.5, .3, .2], T = 0.25, top_p = 0.6: mlx-lm keeps tokens 0 and 1, token 1 with
+    probability .3^4 / (.5^4 + .3^4) = 11.5%; filtering after the temperature kept token 0 only."""
+    config = SamplingConfig(temp=0.25, top_p=0.6)
+    got = np.exp(np.array(logprobs_from_logits(mx.log(mx.array([0.5, 0.3, 0.2])), config)))
+    np.testing.assert_allclose(got, [0.5 ** 4 / (0.5 ** 4 + 0.3 ** 4), 0.3 ** 4 / (0.5 ** 4 + 0.3 ** 4), 0],
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("config", FILTERED)
+def test_a_sampler_from_make_sampler_is_read_back(config):
+    from mlx_lm.sample_utils import make_sampler
+    made = make_sampler(temp=config.temp, top_p=config.top_p if config.top_p < 1 else 0.0,
+                        min_p=config.min_p, min_tokens_to_keep=config.min_tokens_to_keep,
+                        top_k=config.top_k)
+    assert read_sampler(made) == config
+
+
+def test_other_samplers_are_drawn_from_as_they_are():
+    from mlx_lm.sample_utils import make_sampler
+    assert read_sampler(make_sampler(0.0)).greedy
+    xtc = make_sampler(temp=1.0, xtc_probability=0.5, xtc_threshold=0.1)
+    for opaque in (xtc, lambda logprobs: mx.random.categorical(logprobs)):
+        config = read_sampler(opaque)
+        assert config.sampler is opaque and not config.greedy
+
+
+def no_repeat(tokens, logits):
+    """A logits processor that depends on the history: the last token may not come again."""
+    return mx.where(mx.arange(logits.shape[-1]) == tokens[-1], -mx.inf, logits)
+
+
+@pytest.mark.parametrize("name", ["no-repeat", "mlx-lm penalties"])
+def test_logits_processors_keep_speculation_exact(target_model, poor_draft, name):
+    """Every verified position gets the processors with the tokens before it, drafts included:
+    the output is the processed distribution's (t2 sees t1, drafted or not)."""
+    from mlx_lm.sample_utils import make_logits_processors
+    processors = [no_repeat] if name == "no-repeat" else make_logits_processors(
+        logit_bias={5: 2.0, 9: -1.0}, repetition_penalty=1.8, presence_penalty=0.5)
+    result = check_exactness(target_model, poor_draft, PROMPT, CONFIGS["temp=1"], samples=SAMPLES,
+                             num_draft_tokens=2, alpha=ALPHA, seed=7, logits_processors=processors)
+    assert 0 < result.acceptance_rate < 0.5
+    assert result.passed, result
+
+
+def test_negative_control_processors_blind_to_the_drafts_are_caught(target_model, poor_draft,
+                                                                     monkeypatch):
+    """Processors given the history without the drafts before each position (a plausible bug)
+    let t2 repeat an accepted t1: the same test must fail."""
+    import mlx_spec.loop as loop
+    real = loop.processed
+    monkeypatch.setattr(loop, "processed", lambda processors, seen, drafts, logits: real(
+        processors, seen, drafts[:0], logits[:1]) * mx.ones((logits.shape[0], 1)))
+    result = check_exactness(target_model, poor_draft, PROMPT, CONFIGS["temp=1"], samples=SAMPLES,
+                             num_draft_tokens=2, alpha=ALPHA, seed=7, logits_processors=[no_repeat])
+    assert not result.passed, result
+
+
+def _opaque_run(target_model, poor_draft, accept=None):
+    """A sampler mlx-spec cannot read, whose distribution the test knows (T = 0.8), with a
+    processor that makes each position depend on the one before."""
+    from mlx_spec.exactness import chi_square, exact_distribution, sample_first_two
+    opaque = SamplingConfig(temp=1.0, sampler=lambda logprobs: mx.random.categorical(logprobs / 0.8))
+    mx.random.seed(3)
+    counts, acceptance = sample_first_two(target_model, poor_draft, PROMPT, opaque, SAMPLES,
+                                          num_draft_tokens=2, accept=accept,
+                                          logits_processors=[no_repeat])
+    exact = exact_distribution(target_model, PROMPT, SamplingConfig(temp=0.8),
+                               logits_processors=[no_repeat])
+    return chi_square(counts, exact)[2], acceptance
+
+
+def test_an_opaque_sampler_is_exact_by_matching_its_draws(target_model, poor_draft):
+    p_value, acceptance = _opaque_run(target_model, poor_draft)
+    assert 0 < acceptance < 0.5
+    assert p_value > ALPHA
+
+
+def test_negative_control_matching_draws_from_the_wrong_position_is_caught(target_model, poor_draft):
+    """Every position drawn from the first position's log-probabilities (a plausible bug)."""
+    from mlx_spec.acceptance import sampler_match
+    sampler = lambda logprobs: mx.random.categorical(logprobs / 0.8)  # noqa: E731
+    rule = sampler_match(sampler)
+    broken = lambda tokens, probs, logprobs: rule(  # noqa: E731
+        tokens, probs, mx.broadcast_to(logprobs[:1], logprobs.shape))
+    p_value, _ = _opaque_run(target_model, poor_draft, accept=broken)
+    assert p_value < ALPHA

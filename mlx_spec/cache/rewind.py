@@ -50,15 +50,50 @@ def is_trimmable(layer) -> bool:
     return hasattr(layer, "trim") and layer.is_trimmable() and not is_recurrent(layer)
 
 
-def make_rewindable(layers: list, reserve: int = DEFAULT_RESERVE) -> None:
-    """Replace sliding-window layers by rewindable ones, in place (the list stays the caller's)."""
+# Attributes a call leaves on a caller's layer (session.py): they follow the layer when it is
+# replaced by its other kind.
+MARK = "_mlx_spec_"
+
+
+def _replace(layers: list, convert: Callable) -> int:
+    """In place, inside CacheList too: each leaf becomes `convert(leaf)` where that is not None.
+    Returns how many were replaced."""
+    replaced = 0
     for i, layer in enumerate(layers):
         if isinstance(layer, CacheList):
-            make_rewindable(layer.caches, reserve)
-        elif isinstance(layer, RotatingKVCache):
-            layers[i] = WindowKVCache.from_rotating(layer, reserve)
-        elif isinstance(layer, WindowKVCache) and layer.reserve < reserve:
+            caches = list(layer.caches)
+            n = _replace(caches, convert)
+            if n:
+                layer.caches = type(layer.caches)(caches)  # (a tuple, as mlx-lm builds it)
+            replaced += n
+            continue
+        new = convert(layer)
+        if new is not None:
+            for key, value in getattr(layer, "__dict__", {}).items():
+                if key.startswith(MARK):
+                    setattr(new, key, value)
+            layers[i] = new
+            replaced += 1
+    return replaced
+
+
+def make_rewindable(layers: list, reserve: int = DEFAULT_RESERVE) -> None:
+    """Replace sliding-window layers by rewindable ones, in place (the list stays the caller's)."""
+    def convert(layer):
+        if isinstance(layer, RotatingKVCache):
+            return WindowKVCache.from_rotating(layer, reserve)
+        if isinstance(layer, WindowKVCache) and layer.reserve < reserve:
             layer.reserve = reserve
+        return None
+    _replace(layers, convert)
+
+
+def make_plain(layers: list) -> int:
+    """The inverse of make_rewindable, in place: every WindowKVCache becomes mlx-lm's
+    RotatingKVCache holding the same tokens (lazily), so the list is mlx-lm's own again
+    (save_prompt_cache / load_prompt_cache, mlx-lm's generation). Returns how many."""
+    return _replace(layers, lambda layer: layer.to_rotating()
+                    if isinstance(layer, WindowKVCache) else None)
 
 
 def unsupported_kinds(layers: Sequence) -> List[str]:
@@ -117,8 +152,13 @@ class ModelCache:
     def has_recurrent(self) -> bool:
         return bool(self.recurrent)
 
-    def forward(self, tokens: mx.array) -> mx.array:
-        """Feed `tokens` (T,), lazily; returns the logits (T, V)."""
+    def forward(self, tokens: mx.array, embeddings: Optional[mx.array] = None) -> mx.array:
+        """Feed `tokens` (T,), lazily; returns the logits (T, V). `embeddings` (T, H): fed in
+        place of the tokens' own (mlx-lm's input_embeddings; plain models only)."""
+        if embeddings is not None:
+            logits = self.model(tokens[None], cache=self.layers, input_embeddings=embeddings[None])[0]
+            self.length += tokens.shape[0]
+            return logits
         if self.recurrent:
             self._recent.append(self.checkpoint())
         if self._record:  # the first forward after anchor(): note the recurrent mixers' inputs

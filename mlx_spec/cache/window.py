@@ -154,3 +154,45 @@ class WindowKVCache(_BaseCache):
             else rotating.keep
         cache.written = held
         return cache
+
+    def to_rotating(self) -> RotatingKVCache:
+        """The same window as mlx-lm's RotatingKVCache (the inverse of `from_rotating`).
+
+        The ring mlx-lm's own decoding leaves, in time order: the first `keep`
+        entries, then the last `max_size - keep` (every entry before it wraps),
+        with `_idx` at its end and the same `offset`, `keep` and `max_size`. So
+        mlx-lm goes on from it as from its own: a one-token step overwrites the
+        oldest entry after the kept ones, a multi-token pass keeps the last
+        `max_size - 1` (mlx-lm's `_temporal_order` returns the ring as is), a
+        trim before the wrap moves `offset` and `_idx` back together. The
+        entries are slices of this cache's buffer: lazy, no copy, no host sync.
+        """
+        rotating = RotatingKVCache(self.max_size, self.keep)
+        if self.keys is None or self.offset == 0:
+            return rotating
+        held = min(self.offset, self.max_size)
+        keys, values = self.keys, self.values
+        if self.offset <= self.keep:  # only the kept prefix so far
+            keys, values = keys[..., :held, :], values[..., :held, :]
+        else:
+            first = self.offset - (held - self.keep)  # the oldest position after the kept ones
+            used = self._used
+            skip = first - self.start  # entries older than the window in the buffer
+            parts_k = [keys[..., : self.keep, :]] if self.keep else []
+            parts_v = [values[..., : self.keep, :]] if self.keep else []
+            if skip < 0:
+                # Only after a rewind to the very edge of the reserve: the entry just out of
+                # the window is gone. mlx-lm overwrites (one token) or drops (several) that
+                # oldest slot before any query reads it, so zeros stand in for it.
+                parts_k.append(mx.zeros((*keys.shape[:2], -skip, keys.shape[3]), keys.dtype))
+                parts_v.append(mx.zeros((*values.shape[:2], -skip, values.shape[3]),
+                                        values.dtype))
+                skip = 0
+            parts_k.append(keys[..., self.keep + skip: used, :])
+            parts_v.append(values[..., self.keep + skip: used, :])
+            keys = parts_k[0] if len(parts_k) == 1 else mx.concatenate(parts_k, axis=2)
+            values = parts_v[0] if len(parts_v) == 1 else mx.concatenate(parts_v, axis=2)
+        rotating.keys, rotating.values = keys, values
+        rotating.offset = self.offset
+        rotating._idx = held
+        return rotating

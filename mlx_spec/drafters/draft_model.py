@@ -35,13 +35,16 @@ class DraftModelDrafter:
     source = "draft"
 
     def __init__(self, draft_model, sampling: SamplingConfig, target_vocab_size: int,
-                 cache=None, confidence: float = 0.0):
+                 cache=None, confidence: float = 0.0, processors=None):
         self.draft_model = draft_model
         self.draft_cache = cache if cache is not None else make_cache(draft_model)
         self.draft = ModelCache(draft_model, self.draft_cache)
         self.sampling = sampling
         self.target_vocab_size = target_vocab_size
         self.confidence = confidence
+        # The caller's logits processors, applied to the draft's logits as to the target's
+        # (not needed for exactness: for acceptance, when they move the distribution a lot).
+        self.processors = tuple(processors or ())
         self.cached = 0  # how many history tokens the draft cache holds
         self._proposed_at = 0
         self._start = None
@@ -67,9 +70,15 @@ class DraftModelDrafter:
             unseen = unseen[-1:]
         y = mx.array(unseen, mx.uint32)  # tokens the draft has not seen
         draft_tokens, draft_probs = [], []
+        seen = mx.array(history, mx.uint32) if self.processors else None
         with round_attention():  # once per proposal: the first pass catches up on 1..k+1 tokens
             for i in range(k):
                 draft_logits = self.draft.forward(y)[-1]  # (V_d,)
+                if seen is not None and draft_logits.shape[-1] == self.target_vocab_size:
+                    if i:
+                        seen = mx.concatenate([seen, y])
+                    for processor in self.processors:
+                        draft_logits = processor(seen, draft_logits[None])[0]
                 if self.draft.has_recurrent:
                     self._steps.append(self.draft.checkpoint())
                 # Greedy needs only the argmax, which the (monotone) log-softmax keeps.
