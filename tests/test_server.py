@@ -247,6 +247,20 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "x", "seed": -1}, 400, "seed", "invalid_value"),
     ("/v1/completions", {"prompt": "x", "num_draft_tokens": 0}, 400, "num_draft_tokens",
      "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, 400, "max_tokens", "invalid_value"),
+    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools",
+     "unsupported_parameter"),
+    ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
+     "response_format", "unsupported_parameter"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True}, 400, "logprobs",
+     "unsupported_parameter"),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty",
+     "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias",
+     "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"999999": 1}}, 400, "logit_bias",
+     "invalid_value"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", "invalid_value"),
     ("/v1/chat/completions", {"messages": [{"content": "no role"}]}, 400, "messages[0]",
      "invalid_value"),
@@ -372,3 +386,88 @@ def test_signal_shuts_the_server_down_cleanly(sig, status):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_oversized_bodies_get_413_before_they_are_read(served):
+    with served.http() as http:
+        big = b'{"prompt": "' + b"x" * (5 * 2**20) + b'"}'
+        response = http.post("/v1/completions", content=big,
+                             headers={"content-type": "application/json"})
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+
+        def chunks():  # no Content-Length: refused as the stream passes the limit
+            yield b'{"prompt": "'
+            for _ in range(80):
+                yield b"y" * 2**16
+            yield b'"}'
+        response = http.post("/v1/completions", content=chunks(),
+                             headers={"content-type": "application/json"})
+        assert response.status_code == 413
+        assert http.get("/health").json()["requests"]["admitted"] == 0
+
+
+def test_penalties_and_logit_bias_follow_mlx_lm(served):
+    """The same processors as mlx-lm's make_logits_processors, with speculation on: greedy
+    answers equal mlx_spec.generate with those processors; a huge k is clamped, not refused."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    ids = completion_ids(served, PROMPTS[0])
+    forced = served.tokenizer.encode(" x")[-1]
+    cases = [({"logit_bias": {str(forced): 100}}, dict(logit_bias={forced: 100.0})),
+             ({"presence_penalty": 1.5, "frequency_penalty": 0.5, "num_draft_tokens": 10**6},
+              dict(presence_penalty=1.5, frequency_penalty=0.5)),
+             ({"repetition_penalty": 1.3}, dict(repetition_penalty=1.3))]
+    want = [generate(served.target, served.tokenizer, ids, draft_model=served.draft,
+                     max_tokens=MAX_TOKENS, logits_processors=make_logits_processors(**kwargs))
+            for _, kwargs in cases]
+    assert want[0].split() == ["x"] * MAX_TOKENS  # the bias forces the token every time
+    plain = served.reference(ids)
+    assert plain not in want
+    with served.http() as http:
+        for (fields, _), text in zip(cases, want):
+            body = {"prompt": ids, "max_tokens": MAX_TOKENS, **fields}
+            response = http.post("/v1/completions", json=body)
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["text"] == text, fields
+
+
+def test_a_cancelled_queued_request_leaves_the_queue_at_once(pair):
+    """Submit-and-disconnect cannot pile up: the queue and the slots empty as clients leave."""
+    import asyncio as _asyncio
+
+    from mlx_spec.server.requests import GenerationRequest
+    from mlx_spec.server.worker import Job
+
+    target, draft, tokenizer = pair
+    worker = GenerationWorker(target, tokenizer, draft, max_concurrency=4)  # not started
+    events = []
+    jobs = [Job(GenerationRequest(chat=False, prompt="x"), [1, 2], 4, events.append)
+            for _ in range(4)]
+    for job in jobs:
+        worker.submit(job)
+    assert (worker.queued, worker.admitted) == (4, 4)
+    for job in jobs[:3]:
+        worker.cancel(job)
+    assert (worker.queued, worker.admitted) == (1, 1)
+    assert len(events) == 3 and all(e.status == 503 for e in events)
+    assert _asyncio  # (the worker needs no event loop for this)
+
+
+def test_a_server_error_does_not_echo_the_exception(pair, monkeypatch):
+    target, draft, tokenizer = pair
+    worker = GenerationWorker(target, tokenizer, draft)
+
+    def fail(job):
+        raise RuntimeError("/home/secret/path in the exception")
+    monkeypatch.setattr(worker, "_generate", fail)
+    with TestClient(create_app(worker, MODEL_ID)) as http:
+        response = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert response.status_code == 500
+    assert "secret" not in response.text and "RuntimeError" not in response.text
+
+
+def test_binding_beyond_loopback_is_recognised():
+    from mlx_spec.cli.serve import _loopback
+    assert _loopback("127.0.0.1") and _loopback("::1") and _loopback("localhost")
+    assert not _loopback("0.0.0.0") and not _loopback("192.168.1.5") and not _loopback("::")

@@ -39,11 +39,14 @@ class ByteSize(click.ParamType):
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Requests admitted at once (queued + generating); more get 429.")
 @click.option("--prompt-cache-bytes", type=ByteSize(), default="2GiB", show_default=True, help="Memory for prompt caches kept between requests (multi-turn reuse); 0 turns reuse off.")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=512, show_default=True, help="Token budget of a request that gives no max_tokens.")
+@click.option("--max-tokens-limit", type=click.IntRange(min=1), default=8192, show_default=True, help="The most max_tokens a request may ask for (400 beyond).")
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=32768, show_default=True, help="The longest prompt a request may send, in tokens (400 beyond).")
+@click.option("--max-body-bytes", type=ByteSize(), default="4MiB", show_default=True, help="The largest request body (413 beyond, before it is read).")
 @sampling_options
 @speculation_options
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
-          max_tokens, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
+          max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           verbose):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
@@ -54,7 +57,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
         raise click.ClickException("mlx-spec serve needs its HTTP libraries; install them with "
                                    "pip install 'mlx-spec[serve]'.")
-    from ..server.app import bind, create_app, make_server
+    from ..server.app import Limits, bind, create_app, make_server
     from ..server.cache_store import PromptCacheStore
     from ..server.requests import Settings
     from ..server.worker import GenerationWorker, SpeculationOptions
@@ -74,7 +77,15 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup)
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
     worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency)
-    app = create_app(worker, model_id, defaults, api_key)
+    if max_tokens > max_tokens_limit:
+        raise click.BadParameter(f"the default ({max_tokens}) is above --max-tokens-limit "
+                                 f"({max_tokens_limit}).", param_hint="--max-tokens")
+    limits = Limits(max_body_bytes=max_body_bytes, max_tokens=max_tokens_limit,
+                    max_prompt_tokens=max_prompt_tokens)
+    app = create_app(worker, model_id, defaults, api_key, limits)
+    if api_key is None and not _loopback(host):
+        click.echo(f"Warning: listening on {host} without --api-key: anyone who can reach this "
+                   "address can use the model.", err=True)
     server = make_server(app, "info" if verbose else "warning")
     address = f"[{host}]" if ":" in host else host
     drafting = "no draft" if draft is None else f"draft {draft_model or 'the shipped one'}"
@@ -82,6 +93,17 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                "Ctrl-C stops it.", err=True)
     signal.signal(signal.SIGTERM, _terminated)  # uvicorn shuts down, then raises it again
     server.run(sockets=[sock])
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _terminated(signum, frame):

@@ -22,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
+import logging
 import socket
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
@@ -39,6 +42,16 @@ from .requests import GenerationRequest, RequestError, Settings, parse_request
 from .responses import DONE, Answer, error_body, models_body, sse
 from .worker import Busy, Failed, Finished, GenerationWorker, Job, TextDelta
 
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; beyond it, a 4xx before any work (`serve` flags)."""
+
+    max_body_bytes: int = 4 * 2**20  # 413 before the body is read
+    max_tokens: int = 8192  # a request's max_tokens ceiling (--max-tokens is only the default)
+    max_prompt_tokens: int = 32768
+
+
+logger = logging.getLogger("mlx_spec.server")
 GRACEFUL_SHUTDOWN_S = 3  # then uvicorn cancels the requests still open (their jobs with them)
 WORKER_JOIN_S = 30
 CLIENT_GONE = 499  # nginx's "client closed request"; nobody reads it
@@ -69,8 +82,8 @@ class Endpoints:
     """The route handlers for one served model (its worker, id, defaults and API key)."""
 
     def __init__(self, worker: GenerationWorker, model_id: str, defaults: Settings,
-                 api_key: Optional[str]):
-        self.worker, self.model_id, self.defaults = worker, model_id, defaults
+                 api_key: Optional[str], limits: Limits = Limits()):
+        self.worker, self.model_id, self.defaults, self.limits = worker, model_id, defaults, limits
         self.vocab, self.context = vocab_size(worker.target_model), context_length(worker.target_model)
         self.created = int(time.time())
         self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
@@ -112,22 +125,39 @@ class Endpoints:
             "prompt_cache": None if store is None else
             {"entries": len(store), "bytes": store.nbytes, "max_bytes": store.max_bytes}})
 
-    def _job(self, req: GenerationRequest, events: asyncio.Queue) -> Job:
-        """The request's token ids and budget, with a sink that feeds `events` on this loop."""
+    def _prompt_ids(self, req: GenerationRequest):
+        """The request's token ids and budget (tokenizing and the chat template: off the loop)."""
         tokenizer = self.worker.tokenizer
         if req.chat:
             ids, param = chat_prompt_ids(tokenizer, req.messages), "messages"
         else:
             ids, param = completion_prompt_ids(tokenizer, req.prompt, self.vocab), "prompt"
-        max_tokens = check_context(ids, self.context, req.settings.max_tokens, param)
-        sink = partial(asyncio.get_running_loop().call_soon_threadsafe, events.put_nowait)
-        return Job(req, ids, max_tokens, sink)
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise RequestError(400, f"The prompt is {len(ids)} tokens; this server takes at "
+                                    f"most {self.limits.max_prompt_tokens} (--max-prompt-tokens).",
+                               param, "context_length_exceeded")
+        return ids, check_context(ids, self.context, req.settings.max_tokens, param)
+
+    def _check_limits(self, req: GenerationRequest) -> None:
+        if req.settings.max_tokens > self.limits.max_tokens:
+            raise RequestError(400, f"max_tokens must be at most {self.limits.max_tokens} on "
+                                    f"this server (--max-tokens-limit), got "
+                                    f"{req.settings.max_tokens}.", "max_tokens", "invalid_value")
+        bad = next((t for t, _ in req.settings.logit_bias if t >= self.vocab), None)
+        if bad is not None:
+            raise RequestError(400, f"logit_bias names token id {bad}, outside the model's "
+                                    f"vocabulary (0..{self.vocab - 1}).", "logit_bias",
+                               "invalid_value")
 
     async def _generation(self, request: Request, chat: bool) -> Response:
         self.authorize(request)
-        req = parse_request(await _json(request), chat, self.model_id, self.defaults)
+        req = parse_request(await _json(request, self.limits.max_body_bytes), chat,
+                            self.model_id, self.defaults)
+        self._check_limits(req)
+        ids, max_tokens = await asyncio.to_thread(self._prompt_ids, req)
         events: asyncio.Queue = asyncio.Queue()
-        job, worker = self._job(req, events), self.worker
+        sink = partial(asyncio.get_running_loop().call_soon_threadsafe, events.put_nowait)
+        job, worker = Job(req, ids, max_tokens, sink), self.worker
         try:
             worker.submit(job)
         except Busy as exc:
@@ -150,9 +180,9 @@ class Endpoints:
 
 
 def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Settings(),
-               api_key: Optional[str] = None) -> Starlette:
+               api_key: Optional[str] = None, limits: Limits = Limits()) -> Starlette:
     """The ASGI app serving `worker`'s models as `model_id`; it starts and stops the worker."""
-    endpoints = Endpoints(worker, model_id, defaults, api_key)
+    endpoints = Endpoints(worker, model_id, defaults, api_key, limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -171,9 +201,21 @@ def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Set
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 
-async def _json(request: Request):
+async def _json(request: Request, max_bytes: int):
+    """The body as JSON, read only up to `max_bytes` (413 beyond, by its Content-Length before
+    anything is read, or as soon as the stream passes it)."""
+    too_big = RequestError(413, f"The request body is larger than this server takes "
+                                f"({max_bytes} bytes, --max-body-bytes).", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise too_big
     try:
-        return await request.json()
+        return json.loads(bytes(body))
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
         raise RequestError(400, f"The request body is not valid JSON: {exc}.",
                            code="invalid_json") from None
@@ -245,7 +287,10 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    return error_response(RequestError(500, f"Internal error: {type(exc).__name__}: {exc}"))
+    """No exception text to the client (it may hold paths or prompt text): to the log."""
+    logger.error("internal error on %s", request.url.path, exc_info=exc)
+    return error_response(RequestError(500, "Internal server error; the server log has the "
+                                            "details."))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -3,9 +3,13 @@
 Pure: no MLX, no HTTP library. Ranges and types are the API's own
 (`mlx_spec.arguments.check_arguments`), reported under the request's field
 names (`temperature`, not `temp`). A field that is absent or null takes the
-server's default (`Settings`, from the `serve` command line). Fields
-OpenAI defines that change nothing here (`user`, `logprobs`, `tools`, ...)
-are ignored; `n` other than 1 is refused.
+server's default (`Settings`, from the `serve` command line). `logit_bias`,
+`presence_penalty`, `frequency_penalty` and `repetition_penalty` become logits
+processors (worker.py). Fields that would change the answer and are not
+supported (`tools`, `response_format` other than text, `logprobs`, `n` > 1,
+...) are refused with one sentence; fields that change nothing here (`user`,
+`metadata`, ...) are ignored. `num_draft_tokens` is clamped to the package's
+maximum (it sizes caches, so it must stay small).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ..arguments import check_arguments
 # status -> OpenAI's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                404: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error",
                429: "requests", 500: "server_error", 503: "server_error"}
 DEFAULT_MODEL_ALIAS = "default"
 
@@ -52,6 +57,10 @@ class Settings:
     seed: Optional[int] = None
     num_draft_tokens: Optional[int] = None
     prompt_lookup: Optional[bool] = None
+    logit_bias: Tuple[Tuple[int, float], ...] = ()  # (token id, bias) pairs
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -75,11 +84,15 @@ def parse_request(body: Any, chat: bool, model_id: str,
     _check_model(body.get("model"), model_id)
     if body.get("n") not in (None, 1):
         raise RequestError(400, "Only n = 1 is supported: one answer per request.", "n")
+    _refuse_unsupported(body)
     given: Dict[str, Any] = {"max_tokens": _max_tokens(body, defaults)}
     for field, argument in SAMPLING_FIELDS.items():
         if body.get(field) is not None:
             _check(argument, body[field], field)
             given[argument] = body[field]
+    if given.get("num_draft_tokens") is not None:
+        given["num_draft_tokens"] = min(given["num_draft_tokens"], MAX_NUM_DRAFT_TOKENS)
+    given.update(_penalties(body))
     fields: Dict[str, Any] = {"chat": chat, "settings": replace(defaults, **given)}
     if chat:
         fields["messages"] = _messages(body.get("messages"))
@@ -92,6 +105,71 @@ def parse_request(body: Any, chat: bool, model_id: str,
         raise RequestError(400, "stream_options must be an object.", "stream_options")
     fields["include_usage"] = _flag(options, "include_usage", "stream_options.include_usage")
     return GenerationRequest(**fields)
+
+
+# Fields that would change the answer, which this server does not implement: refused, not ignored.
+UNSUPPORTED = {
+    "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
+    "function_call": "function calling", "logprobs": "log-probabilities in the answer",
+    "top_logprobs": "log-probabilities in the answer", "best_of": "best_of",
+    "suffix": "suffix (insertion)", "echo": "echo", "audio": "audio output",
+    "modalities": "output modalities", "prediction": "predicted outputs",
+}
+MAX_NUM_DRAFT_TOKENS = 64  # a request's k: more would only inflate the caches' rewind reserve
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's, for presence_penalty and frequency_penalty
+BIAS_RANGE = (-100.0, 100.0)  # OpenAI's, per logit_bias entry
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for field, what in UNSUPPORTED.items():
+        value = body.get(field)
+        if value is None or value is False or value == [] or \
+                (field == "top_logprobs" and value == 0):
+            continue
+        raise RequestError(400, f"{field} is not supported by this server ({what}); leave it "
+                                "out.", field, "unsupported_parameter")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise RequestError(400, "response_format is not supported by this server beyond "
+                                "{\"type\": \"text\"} (no JSON mode or schemas); leave it out.",
+                           "response_format", "unsupported_parameter")
+
+
+def _penalties(body: dict) -> Dict[str, Any]:
+    """logit_bias and the penalties, checked: the worker makes mlx-lm's logits processors."""
+    out: Dict[str, Any] = {}
+    for field in ("presence_penalty", "frequency_penalty"):
+        value = body.get(field)
+        if value is not None:
+            if not _is_number(value) or not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
+                raise RequestError(400, f"{field} must be a number in [-2, 2], got {value!r}.",
+                                   field, "invalid_value")
+            out[field] = float(value)
+    value = body.get("repetition_penalty")
+    if value is not None:
+        if not _is_number(value) or value <= 0:
+            raise RequestError(400, f"repetition_penalty must be a number > 0, got {value!r}.",
+                               "repetition_penalty", "invalid_value")
+        out["repetition_penalty"] = float(value)
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise RequestError(400, "logit_bias must be an object mapping token ids to numbers "
+                                    "in [-100, 100].", "logit_bias", "invalid_value")
+        pairs = []
+        for key, number in bias.items():
+            if not str(key).isdigit() or not _is_number(number) or \
+                    not BIAS_RANGE[0] <= number <= BIAS_RANGE[1]:
+                raise RequestError(400, f"logit_bias must map token ids to numbers in "
+                                        f"[-100, 100]; {key!r}: {number!r} is not.",
+                                   "logit_bias", "invalid_value")
+            pairs.append((int(key), float(number)))
+        out["logit_bias"] = tuple(pairs)
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check(argument: str, value, field: str) -> None:
@@ -117,6 +195,9 @@ def _max_tokens(body: dict, defaults: Settings) -> int:
         value = body.get(field)
         if value is not None:
             _check("max_tokens", value, field)
+            if value < 1:  # the API's -1 (no limit) is not for a server
+                raise RequestError(400, f"{field} must be an int >= 1, got {value}.", field,
+                                   "invalid_value")
             return value
     return defaults.max_tokens
 

@@ -19,12 +19,13 @@ The thread calls `mx.clear_streams()` before it ends (docs/python-api.md, "Threa
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
-import queue
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Deque, List, Optional
 
 import mlx.core as mx
 
@@ -115,9 +116,10 @@ class GenerationWorker:
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.options, self.store, self.max_concurrency = options, store, max_concurrency
         self.calibration = _resolve_calibration(options.calibration, target_model)
-        self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self._pending: Deque[Optional[Job]] = collections.deque()  # None: the thread's end
         self._admitted: set = set()
         self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
         self._closing = False
         self.running: Optional[Job] = None
         self._thread = threading.Thread(target=self._loop, name="mlx-spec-generation", daemon=True)
@@ -134,7 +136,8 @@ class GenerationWorker:
                 raise Busy(f"The server is busy: {len(self._admitted)} requests are queued or "
                            f"running (--max-concurrency {self.max_concurrency}); retry shortly.")
             self._admitted.add(job)
-        self._queue.put(job)
+            self._pending.append(job)
+            self._ready.notify()
 
     @property
     def admitted(self) -> int:
@@ -148,29 +151,45 @@ class GenerationWorker:
         for job in jobs:
             self.cancel(job)
         if self._thread.is_alive():
-            self._queue.put(None)
+            with self._lock:
+                self._pending.append(None)
+                self._ready.notify()
             self._thread.join(timeout)
 
     def cancel(self, job: Job) -> None:
-        """Stop `job`: a queued one frees its slot now, a running one before its next token."""
+        """Stop `job`: a queued one leaves the queue and frees its slot now (nothing of it is
+        kept), a running one stops before its next token."""
         with self._lock:
             job.cancel()
+            queued = job is not self.running and job in self._admitted
             if job is not self.running:
                 self._admitted.discard(job)
+            if queued:
+                with contextlib.suppress(ValueError):
+                    self._pending.remove(job)
+        if queued:
+            job.emit(Failed(503, CANCELLED))
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    def _next(self) -> Optional[Job]:
+        with self._ready:
+            while not self._pending:
+                self._ready.wait()
+            job = self._pending.popleft()
+            self.running = job
+            return job
 
     def _loop(self) -> None:
         try:
-            while (job := self._queue.get()) is not None:
-                with self._lock:
-                    self.running = None if job.cancelled else job
-                if self.running is None:  # cancelled while queued: its slot is already free
-                    job.emit(Failed(503, CANCELLED))
-                    continue
+            while (job := self._next()) is not None:
                 try:
                     last = self._generate(job)
-                except Exception as exc:  # never let one request end the thread
+                except Exception:  # never let one request end the thread; the log has the why
                     logger.exception("generation failed")
-                    last = Failed(500, f"Generation failed: {type(exc).__name__}: {exc}")
+                    last = Failed(500, "Generation failed on the server; its log has the details.")
                 with self._lock:  # the slot is free before the client hears the end
                     self.running = None
                     self._admitted.discard(job)
@@ -230,11 +249,25 @@ class GenerationWorker:
     def _arguments(self, request: GenerationRequest) -> dict:
         o, s = self.options, request.settings
         return dict(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed,
+                    logits_processors=_processors(s),
                     num_draft_tokens=s.num_draft_tokens, prompt_lookup=s.prompt_lookup,
                     adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
                     draft_confidence=o.draft_confidence,
                     prompt_lookup_max_ngram=o.prompt_lookup_max_ngram,
                     calibration=self.calibration)
+
+
+def _processors(settings) -> Optional[list]:
+    """mlx-lm's logits processors for a request's logit_bias and penalties (None: none asked)."""
+    if not (settings.logit_bias or settings.presence_penalty or settings.frequency_penalty
+            or settings.repetition_penalty is not None):
+        return None
+    from mlx_lm.sample_utils import make_logits_processors
+
+    return make_logits_processors(logit_bias=dict(settings.logit_bias) or None,
+                                  repetition_penalty=settings.repetition_penalty,
+                                  presence_penalty=settings.presence_penalty or None,
+                                  frequency_penalty=settings.frequency_penalty or None)
 
 
 def _resolve_calibration(calibration, target_model):
