@@ -354,6 +354,33 @@ def test_cache_store_matches_exact_prefixes_and_evicts_least_recent():
     assert len(store) == 1 and store.nbytes == 100
 
 
+def test_cache_store_counts_real_bytes_and_refuses_what_cannot_say(pair):
+    """Real caches after a generation (the shipped pair, target + draft): the store counts the
+    bytes of every key and value array; a layer that cannot say its size is not kept."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_spec.server.cache_store import cache_nbytes
+
+    target, draft, tokenizer = pair
+    cache = make_prompt_cache(target) + make_prompt_cache(draft)
+    assert cache_nbytes(cache) == 0  # empty layers hold nothing
+    generate(target, tokenizer, "def f(x):", draft_model=draft, max_tokens=8, prompt_cache=cache)
+    mx.eval([c.state for c in cache])
+    want = sum(c.keys.nbytes + c.values.nbytes for c in cache)
+    assert want > 0 and cache_nbytes(cache) == want
+    store = PromptCacheStore(max_bytes=10 * want)
+    store.put([1, 2], cache)
+    assert store.nbytes == want
+
+    class Opaque:  # neither nbytes nor a readable state
+        @property
+        def state(self):
+            raise RuntimeError("no")
+    store.put([3, 4], cache + [Opaque()])
+    assert len(store) == 1 and store.nbytes == want
+
+
 def test_serve_cli_help_bad_flag_and_missing_extra(monkeypatch):
     runner = CliRunner()
     assert runner.invoke(main, ["serve", "--help"]).exit_code == 0

@@ -25,15 +25,37 @@ from typing import List, Optional, Sequence, Tuple
 from ..cache.rewind import leaves
 
 
-def cache_nbytes(cache) -> int:
-    """Bytes held by a cache list's arrays."""
+def cache_nbytes(cache) -> Optional[int]:
+    """Bytes held by a cache list's arrays; None when a layer cannot say (then it is not kept)."""
     total = 0
     for layer in leaves(cache):
         try:
             total += int(layer.nbytes)
-        except (AttributeError, NotImplementedError, TypeError):  # an empty or foreign layer
-            pass
+        except (AttributeError, NotImplementedError, TypeError):  # empty, or a kind without it
+            counted = _state_nbytes(layer)
+            if counted is None:
+                return None
+            total += counted
     return total
+
+
+def _state_nbytes(layer) -> Optional[int]:
+    """The bytes of the arrays in a layer's `state` (None: it has none that says)."""
+    try:
+        state = layer.state
+    except Exception:  # a foreign layer: fail closed
+        return None
+    return _arrays_nbytes(state)
+
+
+def _arrays_nbytes(value) -> Optional[int]:
+    if value is None:
+        return 0
+    if isinstance(value, (list, tuple)):
+        parts = [_arrays_nbytes(v) for v in value]
+        return None if None in parts else sum(parts)
+    nbytes = getattr(value, "nbytes", None)
+    return int(nbytes) if isinstance(nbytes, int) else None
 
 
 class PromptCacheStore:
@@ -66,7 +88,7 @@ class PromptCacheStore:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._nbytes -= old[1]
-            if nbytes > self.max_bytes:
+            if nbytes is None or nbytes > self.max_bytes:  # unknown size: fail closed
                 return
             self._entries[key] = (cache, nbytes)
             self._nbytes += nbytes
