@@ -253,8 +253,11 @@ BAD_REQUESTS = [
      "unsupported_parameter"),
     ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
      "response_format", "unsupported_parameter"),
-    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True}, 400, "logprobs",
-     "unsupported_parameter"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 50}, 400,
+     "top_logprobs", "invalid_value"),
+    ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs",
+     "invalid_value"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 9}, 400, "logprobs", "invalid_value"),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty",
      "invalid_value"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias",
@@ -498,3 +501,38 @@ def test_binding_beyond_loopback_is_recognised():
     from mlx_spec.cli.serve import _loopback
     assert _loopback("127.0.0.1") and _loopback("::1") and _loopback("localhost")
     assert not _loopback("0.0.0.0") and not _loopback("192.168.1.5") and not _loopback("::")
+
+
+def test_logprobs_are_the_targets_own_with_speculation_on(served):
+    """Chat (openai client) and a streamed completion: per token, the log-probability the
+    target gives it (what mlx_spec.stream_generate reports), and the top alternatives, sorted;
+    greedy, so the chosen token is the likeliest."""
+    from mlx_spec import stream_generate
+
+    ids = completion_ids(served, PROMPTS[1])
+    want = [(r.token, r.logprobs) for r in stream_generate(
+        served.target, served.tokenizer, ids, draft_model=served.draft, max_tokens=MAX_TOKENS)]
+    want = [(t, lp) for t, lp in want if t not in served.tokenizer.eos_token_ids]
+    with served.http() as http:
+        body = http.post("/v1/completions", json={"prompt": ids, "max_tokens": MAX_TOKENS,
+                                                  "logprobs": 3}).json()
+        got = body["choices"][0]["logprobs"]
+        assert "".join(got["tokens"]) == body["choices"][0]["text"]
+        assert got["text_offset"][0] == 0 and len(got["token_logprobs"]) == len(want)
+        for (token, logprobs), value, top in zip(want, got["token_logprobs"], got["top_logprobs"]):
+            assert value == pytest.approx(logprobs[token].item(), abs=1e-4)
+            assert len(top) == 3 and max(top.values()) == pytest.approx(value, abs=1e-4)
+        lines = [json.loads(line[6:]) for line in http.post(
+            "/v1/completions", json={"prompt": ids, "max_tokens": MAX_TOKENS, "logprobs": 0,
+                                     "stream": True}).text.splitlines()
+            if line.startswith("data: {")]
+        streamed = [v for c in lines if c["choices"] and c["choices"][0]["logprobs"]
+                    for v in c["choices"][0]["logprobs"]["token_logprobs"]]
+        assert streamed == pytest.approx(got["token_logprobs"], abs=1e-5)
+    chat = served.client().chat.completions.create(model=MODEL_ID, messages=CHAT,
+                                                   max_tokens=8, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert content and "".join(c.token for c in content) == chat.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-4)

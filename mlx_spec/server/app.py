@@ -172,11 +172,12 @@ class Endpoints:
                 if isinstance(first, Failed):
                     return error_response(RequestError(first.status, first.message))
                 if not req.stream:
-                    return await _collect(answer, first, events)
+                    return await _collect(answer, first, events, req.logprobs is not None)
         except BaseException:
             worker.cancel(job)
             raise
-        return EventStream(_stream(answer, first, events, req.include_usage), worker, job)
+        return EventStream(_stream(answer, first, events, req.include_usage,
+                                   req.logprobs is not None), worker, job)
 
 
 def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Settings(),
@@ -243,24 +244,29 @@ async def _watching(request: Request, worker: GenerationWorker, job: Job, events
             await task
 
 
-async def _collect(answer: Answer, event, events: asyncio.Queue) -> Response:
-    parts = []
+async def _collect(answer: Answer, event, events: asyncio.Queue, logprobs: bool) -> Response:
+    parts, entries = [], []
     while isinstance(event, TextDelta):
         parts.append(event.text)
+        entries += event.logprobs
         event = await events.get()
     if event is GONE:
         return Response(status_code=CLIENT_GONE)
     if isinstance(event, Failed):
         return error_response(RequestError(event.status, event.message))
-    return JSONResponse(answer.whole("".join(parts), event))
+    return JSONResponse(answer.whole("".join(parts), event, entries if logprobs else None))
 
 
-async def _stream(answer: Answer, event, events: asyncio.Queue, include_usage: bool):
+async def _stream(answer: Answer, event, events: asyncio.Queue, include_usage: bool,
+                  logprobs: bool):
     if answer.chat:
         yield sse(answer.chunk(first=True))
+    offset = 0  # where the next chunk's text starts (a completion's text_offset)
     while True:
         if isinstance(event, TextDelta):
-            yield sse(answer.chunk(event.text))
+            yield sse(answer.chunk(event.text, entries=event.logprobs if logprobs else None,
+                                   offset=offset))
+            offset += len(event.text)
         elif isinstance(event, Finished):
             yield sse(answer.last_chunk(event))
             if include_usage:

@@ -6,8 +6,8 @@ names (`temperature`, not `temp`). A field that is absent or null takes the
 server's default (`Settings`, from the `serve` command line). `logit_bias`,
 `presence_penalty`, `frequency_penalty` and `repetition_penalty` become logits
 processors (worker.py). Fields that would change the answer and are not
-supported (`tools`, `response_format` other than text, `logprobs`, `n` > 1,
-...) are refused with one sentence; fields that change nothing here (`user`,
+supported (`tools`, `response_format` other than text, `n` > 1, ...) are
+refused with one sentence; fields that change nothing here (`user`,
 `metadata`, ...) are ignored. `num_draft_tokens` is clamped to the package's
 maximum (it sizes caches, so it must stay small).
 """
@@ -74,6 +74,7 @@ class GenerationRequest:
     stop: Tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    logprobs: Optional[int] = None  # alternatives to report per token (None: no logprobs at all)
 
 
 def parse_request(body: Any, chat: bool, model_id: str,
@@ -104,14 +105,38 @@ def parse_request(body: Any, chat: bool, model_id: str,
     if not isinstance(options, dict):
         raise RequestError(400, "stream_options must be an object.", "stream_options")
     fields["include_usage"] = _flag(options, "include_usage", "stream_options.include_usage")
+    fields["logprobs"] = _logprobs(body, chat)
     return GenerationRequest(**fields)
+
+
+def _logprobs(body: dict, chat: bool) -> Optional[int]:
+    """Chat: `logprobs` true, `top_logprobs` 0-20; completions: `logprobs` 0-5 alternatives."""
+    if chat:
+        top = body.get("top_logprobs")
+        if not _flag(body, "logprobs"):
+            if top is not None:
+                raise RequestError(400, "top_logprobs needs logprobs: true.", "top_logprobs",
+                                   "invalid_value")
+            return None
+        if top is None:
+            return 0
+        if type(top) is not int or not 0 <= top <= 20:
+            raise RequestError(400, f"top_logprobs must be an int in [0, 20], got {top!r}.",
+                               "top_logprobs", "invalid_value")
+        return top
+    value = body.get("logprobs")
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= 5:
+        raise RequestError(400, f"logprobs must be an int in [0, 5], got {value!r}.", "logprobs",
+                           "invalid_value")
+    return value
 
 
 # Fields that would change the answer, which this server does not implement: refused, not ignored.
 UNSUPPORTED = {
     "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-    "function_call": "function calling", "logprobs": "log-probabilities in the answer",
-    "top_logprobs": "log-probabilities in the answer", "best_of": "best_of",
+    "function_call": "function calling", "best_of": "best_of",
     "suffix": "suffix (insertion)", "echo": "echo", "audio": "audio output",
     "modalities": "output modalities", "prediction": "predicted outputs",
 }
@@ -123,8 +148,7 @@ BIAS_RANGE = (-100.0, 100.0)  # OpenAI's, per logit_bias entry
 def _refuse_unsupported(body: dict) -> None:
     for field, what in UNSUPPORTED.items():
         value = body.get(field)
-        if value is None or value is False or value == [] or \
-                (field == "top_logprobs" and value == 0):
+        if value is None or value is False or value == []:
             continue
         raise RequestError(400, f"{field} is not supported by this server ({what}); leave it "
                                 "out.", field, "unsupported_parameter")

@@ -74,28 +74,52 @@ class Answer:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                 "system_fingerprint": None, "choices": choices}
 
-    def whole(self, text: str, done: "Finished") -> dict:
-        """The non-streaming answer."""
+    def logprobs(self, entries, offset: int = 0) -> Optional[dict]:
+        """OpenAI's logprobs object for `entries` ((token, logprob, alternatives) per token):
+        chat's `content` list, or a completion's parallel lists (`offset`: where the entries'
+        text starts in the answer). None when logprobs were not asked for."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [{"token": token, "logprob": logprob,
+                                 "bytes": list(token.encode()),
+                                 "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
+                                                  for t, v in alternatives]}
+                                for token, logprob, alternatives in entries]}
+        offsets = []
+        for token, _, _ in entries:
+            offsets.append(offset)
+            offset += len(token)
+        return {"tokens": [token for token, _, _ in entries],
+                "token_logprobs": [logprob for _, logprob, _ in entries],
+                "top_logprobs": [dict(alternatives) for _, _, alternatives in entries],
+                "text_offset": offsets}
+
+    def whole(self, text: str, done: "Finished", entries=None) -> dict:
+        """The non-streaming answer (`entries`: logprob entries, when asked for)."""
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": done.finish_reason}
+                      "logprobs": self.logprobs(entries), "finish_reason": done.finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None,
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(entries),
                       "finish_reason": done.finish_reason}
         body = self._object("chat.completion" if self.chat else "text_completion", [choice])
         body.update(usage=usage(done), speculation=speculation(done))
         return body
 
     def chunk(self, text: Optional[str] = None, finish_reason: Optional[str] = None,
-              first: bool = False) -> dict:
+              first: bool = False, entries=None, offset: int = 0) -> dict:
         """A stream chunk: a piece of text, or (with `finish_reason`) the end of the choice."""
+        logprobs = self.logprobs(entries, offset)
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
             return self._object("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs,
+                  "finish_reason": finish_reason}
         return self._object("text_completion", [choice])
 
     def last_chunk(self, done: "Finished") -> dict:

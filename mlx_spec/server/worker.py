@@ -46,6 +46,9 @@ logger = logging.getLogger("mlx_spec.server")
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # Per token whose text this delta releases, with logprobs asked for:
+    # (token text, its log-probability, ((alternative text, log-probability), ...)).
+    logprobs: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,8 @@ class GenerationWorker:
         stops = StopMatcher(job.request.stop)
         handed: List[int] = []  # every token the generator gave, the EOS included
         response, finish = None, None
+        top = job.request.logprobs
+        pending: list = []  # logprob entries of tokens whose text is not sent yet
         stream = stream_generate(
             self.target_model, self.tokenizer, job.prompt_ids[cached:], draft_model=self.draft_model,
             max_tokens=job.max_tokens, prompt_cache=cache,
@@ -214,9 +219,12 @@ class GenerationWorker:
                 handed.append(response.token)
                 if job.cancelled:
                     break
+                if top is not None and response.finish_reason != "stop":  # (the EOS: no text)
+                    pending.append(self._logprob_entry(response, top))
                 text, stopped = stops.feed(response.text)
                 if text:
-                    job.emit(TextDelta(text))
+                    job.emit(TextDelta(text, tuple(pending)))
+                    pending = []
                 if stopped:
                     finish = "stop"
                     break
@@ -231,9 +239,23 @@ class GenerationWorker:
             return Failed(503, CANCELLED)
         rest = stops.flush()
         if rest:
-            job.emit(TextDelta(rest))
+            job.emit(TextDelta(rest, tuple(pending)))
         eos = response.finish_reason == "stop"  # the last response carries the EOS token
         return Finished(finish, len(job.prompt_ids), cached, len(handed) - int(eos), response.stats)
+
+    def _logprob_entry(self, response, top: int) -> tuple:
+        """(token text, log-probability, top alternatives): the target's own distribution at
+        that position (after any logits processors), the one the token was drawn under."""
+        logprobs = response.logprobs  # (V,)
+        alternatives = ()
+        if top:
+            ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+            values = logprobs[ids]
+            order = mx.argsort(-values)
+            pairs = zip(ids[order].tolist(), values[order].tolist())
+            alternatives = tuple((self.tokenizer.decode([i]), v) for i, v in pairs)
+        return (self.tokenizer.decode([response.token]), logprobs[response.token].item(),
+                alternatives)
 
     def _cache_for(self, prompt_ids: List[int]):
         """(a cache to generate with, how many prompt tokens it already holds)."""
