@@ -43,6 +43,7 @@ class ExactnessResult:
     p_value: float
     acceptance_rate: float
     alpha: float
+    drafted: int = 0  # tokens the drafters proposed over all samples (0: nothing was speculated)
 
     @property
     def passed(self) -> bool:
@@ -80,6 +81,16 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
                      prompt_lookup: bool = False, mtp_weights=None,
                      logits_processors=None) -> Tuple[Dict[Tuple[int, int], int], float]:
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
+    counts, accepted, drafted = _sample_first_two(
+        target_model, draft_model, prompt, sampling, samples, num_draft_tokens, accept,
+        prompt_lookup, mtp_weights, logits_processors)
+    return counts, (accepted / drafted if drafted else 0.0)
+
+
+def _sample_first_two(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
+                      samples: int, num_draft_tokens: int, accept, prompt_lookup: bool,
+                      mtp_weights, logits_processors) -> Tuple[Dict[Tuple[int, int], int], int, int]:
+    """Counts of (t1, t2), and the tokens accepted and drafted over all samples."""
     # The whole prompt every sample: lookup and block drafters read it (an MTP layer or a
     # DFlash drafter learns it from the target's prefill), and logits processors see it.
     fresh = prompt_lookup or isinstance(draft_model, str) or is_dflash_model(draft_model) or \
@@ -113,7 +124,7 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
         counts[key] = counts.get(key, 0) + 1
         for cache, point in zip(caches, prefilled):
             cache.restore(point)  # whatever the call in between fed
-    return counts, (accepted / drafted if drafted else 0.0)
+    return counts, accepted, drafted
 
 
 def chi_square(counts: Dict[Tuple[int, int], int],
@@ -206,8 +217,9 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
     if seed is not None:
         mx.random.seed(seed)
     exact = exact_distribution(target_model, prompt, sampling, logits_processors=logits_processors)
-    counts, acceptance = sample_first_two(target_model, draft_model, prompt, sampling, samples,
-                                          num_draft_tokens, accept, prompt_lookup, mtp_weights,
-                                          logits_processors)
+    counts, accepted, drafted = _sample_first_two(
+        target_model, draft_model, prompt, sampling, samples, num_draft_tokens, accept,
+        prompt_lookup, mtp_weights, logits_processors)
     statistic, dof, p_value = chi_square(counts, exact)
-    return ExactnessResult(samples, statistic, dof, p_value, acceptance, alpha)
+    acceptance = accepted / drafted if drafted else 0.0
+    return ExactnessResult(samples, statistic, dof, p_value, acceptance, alpha, drafted)

@@ -19,12 +19,14 @@ def test_stream_generate_counts_and_flags(pair):
                                      draft_model=draft_model, max_tokens=23,
                                      num_draft_tokens=3))
     last = responses[-1]
-    assert last.finish_reason in ("length", "stop")
+    # Greedy, so deterministic: this target does not pick EOS within 23 tokens, the run ends
+    # on the length, and every count below is pinned (no case is let off).
+    assert last.finish_reason == "length"
     assert all(r.finish_reason is None for r in responses[:-1])
-    if last.finish_reason == "length":
-        assert len(responses) == 23 and last.generation_tokens == 23
+    assert len(responses) == 23 and last.generation_tokens == 23
     stats = last.stats
-    assert stats.accepted == sum(r.from_draft for r in responses) or last.finish_reason == "stop"
+    assert stats.accepted > 0  # the flags have something to count
+    assert stats.accepted == sum(r.from_draft for r in responses)
     assert sum(stats.accepted_histogram) == stats.rounds
     assert 0.0 <= stats.acceptance_rate <= 1.0
 

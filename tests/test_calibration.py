@@ -288,10 +288,17 @@ def test_tune_mtp_on_a_target_without_mtp_weights_is_one_sentence(model_dirs):
 
 
 @pytest.mark.parametrize("flag", ["--calibration", "--no-calibration"])
-def test_generate_takes_the_calibration_flag(model_dirs, flag):
-    result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
-                 str(model_dirs["draft"]), "-p", "def f(x):", "-n", "8", "-q", flag)
-    assert result.exit_code == 0, result.output
+def test_generate_takes_the_calibration_flag(model_dirs, measured, flag):
+    """With this machine's calibration stored, --calibration starts the policy from it (the
+    stats say so) and --no-calibration starts cold; the greedy text is the same either way."""
+    save_calibration(measured[0])
+    args = ["--model", str(model_dirs["target"]), "-p", "def f(x):", "-n", "8"]
+    result = run("generate", *args, "--draft-model", str(model_dirs["draft"]), flag)
+    plain = run("generate", *args, "--no-draft", "-q")
+    assert result.exit_code == 0 and plain.exit_code == 0, (result.output, plain.output)
+    assert result.stdout == plain.stdout
+    used = "Calibration: this machine's, from `mlx-spec tune`" in result.stderr
+    assert used == (flag == "--calibration"), result.stderr
 
 
 def test_bench_tune_stores_the_pair(model_dirs, pair, tmp_path):

@@ -42,9 +42,13 @@ def test_speculative_sampling_matches_target(target_model, poor_draft, name):
 
 def test_prompt_lookup_sampling_matches_target(target_model):
     """A deterministic (one-hot q) proposal keeps the output exact too."""
-    prompt = PROMPT + [9, 9, 3, 1, 4]  # the tail "3 1 4" recurs: lookup proposes "9 9 3"
+    # The tail "3 1 4" recurs: lookup proposes what followed it, "7 29 ...", and the target's
+    # p(7) there is 0.52, so about a quarter of the drafted tokens are accepted.
+    prompt = PROMPT + [7, 29, 3, 1, 4]
     result = check_exactness(target_model, None, prompt, CONFIGS["temp=1"], samples=SAMPLES,
                              num_draft_tokens=3, alpha=ALPHA, prompt_lookup=True, seed=5)
+    assert result.drafted >= SAMPLES, result  # lookup proposed in every sample's first round
+    assert 0.1 < result.acceptance_rate < 0.9, result  # its proposals are kept, not always
     assert result.passed, result
 
 
@@ -214,3 +218,93 @@ def test_negative_control_matching_draws_from_the_wrong_position_is_caught(targe
         tokens, probs, mx.broadcast_to(logprobs[:1], logprobs.shape))
     p_value, _ = _opaque_run(target_model, poor_draft, accept=broken)
     assert p_value < ALPHA
+
+
+# --- after a mid-generation rejection: tokens 3 and 4 at T = 1 ---
+#
+# The chi-square tests above look at the first two tokens, which the first round (from the
+# prefilled prompt) and at most one rewind produce. Here the caches are rewound after a
+# rejected draft *before* position 3 in most samples, and the verify pass that makes tokens
+# 3 and 4 reads the rewound cache. With 8 tokens the target's exact distribution of
+# (t3, t4) is a sum over all 8^2 prefixes (t1, t2): nothing is approximated.
+
+SMALL_VOCAB = 8
+MID_PROMPT = [3, 1, 4]
+MID_SAMPLES = 800  # seeds 0-2: the exact rule passes at p > 0.4, the control fails at p < 1e-8
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    """A target with an 8-token vocabulary, and an unrelated draft of the same vocabulary
+    made as conftest's `unrelated` draft is (seed 7, hidden 32, one layer)."""
+    from tiny import make_llama
+    return (make_llama(vocab_size=SMALL_VOCAB, seed=0),
+            make_llama(vocab_size=SMALL_VOCAB, seed=7, hidden=32, layers=1))
+
+
+def exact_third_and_fourth(target_model, prompt, sampling):
+    """{(t3, t4): probability} under the target alone, enumerating every t1 t2 t3."""
+    joint = {(): 1.0}
+    for _ in range(4):
+        prefixes = list(joint)
+        logits = target_model(mx.array([prompt + list(p) for p in prefixes]))[:, -1]
+        p = np.array(mx.exp(logprobs_from_logits(logits, sampling)), np.float64)
+        joint = {prefix + (t,): joint[prefix] * p[row, t]
+                 for row, prefix in enumerate(prefixes) for t in range(p.shape[1])}
+    exact = {}
+    for tokens, prob in joint.items():
+        exact[tokens[2:]] = exact.get(tokens[2:], 0.0) + prob
+    return exact
+
+
+def sample_third_and_fourth(target_model, draft_model, prompt, sampling, samples, k, accept=None):
+    """Counts of (t3, t4) over `samples` speculative generations of 4 tokens; how many of
+    them rejected a draft in a round that ended before position 3; drafted and accepted."""
+    from mlx_spec.cache import ModelCache, make_cache
+    from mlx_spec.cache.prefill import prefill
+    from mlx_spec.generate import speculative_generate_step
+
+    target_cache, draft_cache = make_cache(target_model), make_cache(draft_model)
+    caches = [ModelCache(target_model, target_cache), ModelCache(draft_model, draft_cache)]
+    for cache in caches:
+        prefill(cache, prompt[:-1], 512)
+    prefilled = [cache.checkpoint() for cache in caches]
+    counts, rewound, drafted, accepted = {}, 0, 0, 0
+    for _ in range(samples):
+        out, early_rejection = [], False
+        for round_ in speculative_generate_step(
+                prompt[-1:], target_model, draft_model, max_tokens=4, num_draft_tokens=k,
+                sampling=sampling, accept=accept, prompt_cache=target_cache + draft_cache,
+                calibration=None):
+            if round_.num_accepted < round_.num_drafted and len(out) + len(round_.tokens) < 3:
+                early_rejection = True  # tokens 3 and 4 come from a rewound cache
+            drafted += round_.num_drafted
+            accepted += round_.num_accepted
+            out += round_.tokens
+            if len(out) >= 4:
+                break
+        rewound += early_rejection
+        counts[(out[2], out[3])] = counts.get((out[2], out[3]), 0) + 1
+        for cache, point in zip(caches, prefilled):
+            cache.restore(point)
+    return counts, rewound, drafted, accepted
+
+
+@pytest.mark.parametrize("accept,exact", [(None, True), (resample_from_target_accept, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_tokens_after_a_mid_generation_rejection_match_target(small_pair, accept, exact):
+    """Chi-square of (t3, t4) at T = 1, k = 2, with a poor draft: most samples rejected a
+    draft and rewound before token 3. Resampling rejections from p (not p - q) must fail."""
+    from mlx_spec.exactness import chi_square
+
+    target_model, draft_model = small_pair
+    sampling = CONFIGS["temp=1"]
+    mx.random.seed(0)
+    counts, rewound, drafted, accepted = sample_third_and_fourth(
+        target_model, draft_model, MID_PROMPT, sampling, MID_SAMPLES, k=2, accept=accept)
+    assert sum(counts.values()) == MID_SAMPLES
+    assert rewound > MID_SAMPLES // 2, rewound  # the rewind really is mid-generation
+    assert 0 < accepted < drafted / 2, (accepted, drafted)  # the draft is poor, not useless
+    statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
+        target_model, MID_PROMPT, sampling))
+    assert (p_value > ALPHA) == exact, (statistic, dof, p_value)
