@@ -32,7 +32,7 @@ from typing import Optional
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -198,7 +198,8 @@ def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Set
               Route("/v1/models", endpoints.models, methods=["GET"]),
               Route("/v1/models/{name:path}", endpoints.model, methods=["GET"]),
               Route("/health", endpoints.health, methods=["GET"])]
-    handlers = {RequestError: _refused, HTTPException: _http_error, Exception: _server_error}
+    handlers = {RequestError: _refused, HTTPException: _http_error,
+                ClientDisconnect: _client_gone, Exception: _server_error}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 
@@ -290,6 +291,11 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
                     "/v1/completions, /v1/models and /health.",
                405: f"{request.method} is not allowed on {request.url.path}."}
     return error_response(RequestError(exc.status_code, message.get(exc.status_code, exc.detail)))
+
+
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """A client that left before its body was complete: no error, nobody reads the answer."""
+    return Response(status_code=CLIENT_GONE)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
