@@ -202,3 +202,28 @@ def test_input_embeddings_without_ids_decode_the_target_alone(pair):
     with pytest.raises(ValueError, match="MTP head"):
         list(stream_generate(target_model, tokenizer, ids[::-1], draft_model="mtp", max_tokens=2,
                              input_embeddings=embeddings))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3_text"])
+def test_processors_and_samplers_compose_with_lookup_on_hybrid_and_window_targets(pair, family):
+    """mlx-lm's penalties and its greedy sampler, with prompt lookup in front of a draft model,
+    on a hybrid (Gated DeltaNet) and a sliding-window target: mlx-lm's own tokens."""
+    import mlx_lm
+    from families import make_family
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    tokenizer = pair[2]
+    vocab = len(tokenizer.vocab)
+    target = make_family(family, seed=0, vocab_size=vocab)
+    draft = make_family(family, seed=0, vocab_size=vocab, quantize_bits=8)
+    ids = tokenizer.encode("def f(x):\n    return x\n\ndef f(x):\n")
+    processors = make_logits_processors(repetition_penalty=1.4, logit_bias={5: 1.0})
+    want = [r.token for r in mlx_lm.stream_generate(target, tokenizer, ids, max_tokens=24,
+                                                    logits_processors=processors)]
+    plain = [r.token for r in mlx_lm.stream_generate(target, tokenizer, ids, max_tokens=24)]
+    assert want != plain  # the processors change the text
+    got = [r.token for r in stream_generate(target, tokenizer, ids, draft_model=draft,
+                                            max_tokens=24, num_draft_tokens=3, prompt_lookup=True,
+                                            sampler=make_sampler(0.0),
+                                            logits_processors=processors)]
+    assert got == want
