@@ -168,8 +168,7 @@ def speculative_generate_step(
         prompt_progress_callback=prompt_progress_callback, accept=accept, agree=parts.agree,
         logits_processors=logits_processors, input_embeddings=input_embeddings,
     )
-    session = Session(parts.target, parts.draft, parts.target.length, prompt_cache,
-                      parts.earlier if len(parts.earlier) == parts.target.length else None)
+    session = Session(parts.target, parts.draft, parts.target.length, prompt_cache, parts.earlier)
     return RoundStream(rounds, session, parts.policy)
 
 

@@ -14,7 +14,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,7 +29,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from mlx_spec import generate, load_default_pair  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
-from mlx_spec.server.app import bind, create_app, make_server  # noqa: E402
+from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.prompts import chat_prompt_ids, completion_prompt_ids  # noqa: E402
 from mlx_spec.server.stop_strings import StopMatcher  # noqa: E402
@@ -71,15 +70,8 @@ def served(pair):
     target, draft, tokenizer = pair
     worker = GenerationWorker(target, tokenizer, draft, store=PromptCacheStore(2**30),
                               max_concurrency=8)
-    sock = bind("127.0.0.1", 0)
-    server = make_server(create_app(worker, MODEL_ID))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", worker, tokenizer, target, draft)
+    server, thread, url = serve_in_background(create_app(worker, MODEL_ID))
+    yield Served(url, worker, tokenizer, target, draft)
     server.should_exit = True
     thread.join(30)
     assert not thread.is_alive() and not worker._thread.is_alive()

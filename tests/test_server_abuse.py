@@ -14,8 +14,6 @@ refused in under 2 s.
 """
 
 import gc
-import threading
-import time
 
 import pytest
 
@@ -25,7 +23,7 @@ for _name in ("starlette", "uvicorn", "httpx"):
 
 from mlx_spec import load_default_pair  # noqa: E402
 from mlx_spec.bench.studies import serve_abuse  # noqa: E402
-from mlx_spec.server.app import Limits, bind, create_app, make_server  # noqa: E402
+from mlx_spec.server.app import Limits, create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
 
@@ -48,15 +46,9 @@ def served():
     target, draft, tokenizer = load_default_pair()
     worker = GenerationWorker(target, tokenizer, draft, store=PromptCacheStore(2**30),
                               max_concurrency=16)
-    sock = bind("127.0.0.1", 0)
-    server = make_server(create_app(worker, MODEL_ID, api_key=KEY, limits=Limits()))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", worker, tokenizer)
+    server, thread, url = serve_in_background(create_app(worker, MODEL_ID, api_key=KEY,
+                                                          limits=Limits()))
+    yield Served(url, worker, tokenizer)
     server.should_exit = True
     thread.join(30)
     assert not thread.is_alive() and not worker._thread.is_alive()

@@ -318,3 +318,21 @@ def make_server(app: Starlette, log_level: str = "warning"):
     config = uvicorn.Config(app, log_level=log_level, access_log=log_level in ("info", "debug"),
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     return uvicorn.Server(config)
+
+
+def serve_in_background(app: Starlette, timeout: float = 60.0):
+    """(server, thread, url): `app` served on a free loopback port from a daemon thread, for
+    tests and studies that talk to a server in their own process; RuntimeError if it does not
+    start within `timeout` seconds. `server.should_exit = True` then `thread.join()` stop it."""
+    import threading
+
+    sock = bind("127.0.0.1", 0)
+    server = make_server(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not server.started:
+        raise RuntimeError("the server did not start")
+    return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"

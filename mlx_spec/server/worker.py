@@ -247,15 +247,16 @@ class GenerationWorker:
         """(token text, log-probability, top alternatives): the target's own distribution at
         that position (after any logits processors), the one the token was drawn under."""
         logprobs = response.logprobs  # (V,)
-        alternatives = ()
-        if top:
-            ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
-            values = logprobs[ids]
-            order = mx.argsort(-values)
-            pairs = zip(ids[order].tolist(), values[order].tolist())
-            alternatives = tuple((self.tokenizer.decode([i]), v) for i, v in pairs)
-        return (self.tokenizer.decode([response.token]), logprobs[response.token].item(),
-                alternatives)
+        chosen = logprobs[response.token]
+        if not top:
+            return self.tokenizer.decode([response.token]), chosen.item(), ()
+        ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+        order = mx.argsort(-logprobs[ids])
+        ids, values = ids[order], logprobs[ids][order]
+        mx.eval(chosen, ids, values)  # one sync for the three
+        alternatives = tuple((self.tokenizer.decode([i]), v)
+                             for i, v in zip(ids.tolist(), values.tolist()))
+        return self.tokenizer.decode([response.token]), chosen.item(), alternatives
 
     def _cache_for(self, prompt_ids: List[int]):
         """(a cache to generate with, how many prompt tokens it already holds)."""

@@ -35,7 +35,6 @@ import random
 import socket
 import statistics
 import sys
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -350,23 +349,14 @@ class ErrorLog(logging.Handler):
 
 def start_server(pair, api_key: str = API_KEY, max_concurrency: int = 16):
     """(uvicorn server, its thread, base URL): `mlx-spec serve`'s defaults, in this process."""
-    from mlx_spec.server.app import Limits, bind, create_app, make_server
+    from mlx_spec.server.app import Limits, create_app, serve_in_background
     from mlx_spec.server.cache_store import PromptCacheStore
     from mlx_spec.server.worker import GenerationWorker
 
     target, draft, tokenizer = pair
     worker = GenerationWorker(target, tokenizer, draft, store=PromptCacheStore(2 * 2**30),
                               max_concurrency=max_concurrency)
-    sock = bind("127.0.0.1", 0)
-    server = make_server(create_app(worker, MODEL_ID, api_key=api_key, limits=Limits()))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if not server.started:
-        raise RuntimeError("the server did not start")
-    return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return serve_in_background(create_app(worker, MODEL_ID, api_key=api_key, limits=Limits()))
 
 
 def machine() -> dict:
