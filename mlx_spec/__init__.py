@@ -27,6 +27,8 @@ _HOMES = {  # public name -> the module that defines it
     "check_pair": ".loading",
     "SamplingConfig": ".sampling",
     "GenerationStats": ".stats",
+    "SuffixIndex": ".drafters.suffix_index",
+    "default_suffix_index": ".drafters.suffix",
 }
 
 
@@ -83,4 +85,6 @@ __all__ = [
     "GenerationResponse",
     "GenerationStats",
     "SamplingConfig",
+    "SuffixIndex",
+    "default_suffix_index",
 ]

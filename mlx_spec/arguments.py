@@ -86,6 +86,9 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "seed": _optional(_SEED),
     "adaptive": _OPTIONAL_FLAG,
     "prompt_lookup": _OPTIONAL_FLAG,
+    # the SuffixIndex type lives above this module: assemble checks the instance
+    "suffix": ("None, True, False or a SuffixIndex",
+               lambda v: v is None or isinstance(v, bool) or hasattr(v, "longest")),
     "auto_off": _FLAG,
     "prompt_cache_live": _FLAG,
     "verbose": _FLAG,

@@ -27,8 +27,10 @@ from .dflash import DFlashModel, check_fits, dflash_directory, is_dflash_model, 
 from .dflash.taps import tap_capture
 from .distributed.agreement import agree_across_ranks
 from .distributed.group import sharding_group
-from .drafters import DFlashDrafter, DraftModelDrafter, MTPDrafter, PromptLookupDrafter
+from .drafters import (DFlashDrafter, DraftModelDrafter, MTPDrafter, PromptLookupDrafter,
+                       SuffixDrafter, SuffixIndex, default_suffix_index)
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
+from .drafters.suffix import PAIRED_MIN_MATCH
 from .loading import check_pair, vocab_size
 from .loading import load as load_model
 from .mtp import load_mtp, split_target
@@ -52,7 +54,7 @@ class Assembly:
 def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_draft_tokens,
              adaptive, max_draft_tokens, auto_off, draft_confidence, prompt_lookup,
              prompt_lookup_max_ngram, max_kv_size, policy, calibration,
-             mtp_weights, logits_processors=None) -> Assembly:
+             mtp_weights, logits_processors=None, suffix=None) -> Assembly:
     """Caches, drafters, policy and agreement for one call (see speculative_generate_step)."""
     target_vocab = vocab_size(model)
     if isinstance(draft_model, os.PathLike):
@@ -68,18 +70,22 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     if draft_model is not None:
         check_pair(model, draft_model)
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
-    if prompt_lookup is None:
-        prompt_lookup = drafting and sampling.greedy
+    suffix_index = suffix_index_for(suffix)
+    if prompt_lookup is None:  # suffix drafting searches the request's own text as well
+        prompt_lookup = drafting and sampling.greedy and suffix_index is None
     block = block_drafter.dflash_config.block_size if block_drafter is not None else 0
     reserve = max(DEFAULT_RESERVE,
                   max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS,
                       block) + 2)
-    speculating = drafting or prompt_lookup
+    speculating = drafting or prompt_lookup or suffix_index is not None
     take_over(prompt_cache)  # an earlier call left open settles it first
     target_cache, draft_cache = _caches(prompt_cache, model, draft_model, max_kv_size,
                                         speculating, reserve)
     earlier = held_tokens(prompt_cache, cache_length(target_cache))
     drafters = []
+    if suffix_index is not None:  # in front: it knows the request's text and earlier ones'
+        drafters.append(SuffixDrafter(suffix_index, target_vocab, sampling.greedy,
+                                      min_match=PAIRED_MIN_MATCH if drafting else 1))
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
         # in code the last token has nearly always occurred before.
@@ -167,6 +173,17 @@ def check_calibration(calibration) -> None:
                    '"auto", None or a Calibration (mlx_spec.calibration)')
 
 
+def suffix_index_for(suffix) -> Optional[SuffixIndex]:
+    """The index `suffix` names: None/False none, True the process's shared one, or the
+    caller's own `SuffixIndex`."""
+    if suffix is None or suffix is False:
+        return None
+    if suffix is True:
+        return default_suffix_index()
+    check_instance("suffix", suffix, SuffixIndex, "None, True, False or a SuffixIndex")
+    return suffix
+
+
 def block_drafter_for(model, draft_model) -> Optional[DFlashModel]:
     """The DFlash drafter when draft_model is one (loaded, or the path of one), checked to fit
     the target; None for any other draft."""
@@ -206,7 +223,7 @@ def cost_prior(calibration, target_model, draft_model, sampling,
             return None
         if calibration is None:
             return None
-    steps, acceptance, extra = {"lookup": 0.0}, {}, {}
+    steps, acceptance, extra = {"lookup": 0.0, "suffix": 0.0}, {}, {}
     measured_mtp = mtp_head is not None and any(fp.startswith("mtp:") for fp in calibration.drafts)
     sources = {"draft": calibration.draft(draft_model) if draft_model is not None else None,
                # fingerprinting the layer reads its weights: only when a layer was measured

@@ -95,6 +95,7 @@ def speculative_generate_step(
     draft_confidence: float = 0.0,
     prompt_lookup: Optional[bool] = None,
     prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM,
+    suffix=None,
     prompt_cache=None,
     max_kv_size: Optional[int] = None,
     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
@@ -128,6 +129,13 @@ def speculative_generate_step(
     benchmark measured it fastest. Its proposals may run up to
     DEFAULT_MAX_LOOKUP_TOKENS under the adaptive policy (they cost no draft steps).
 
+    `suffix` drafts from everything seen before: True searches the process's
+    shared `SuffixIndex` (every earlier call's prompt and output, and this
+    one's), a `SuffixIndex` searches that one (an app keeps it across calls,
+    and may save it to a file); the call's own text joins the index. It goes
+    in front of the other drafters and, left to its default, prompt lookup is
+    then off (suffix drafting searches the request's text too).
+
     `calibration`: "auto" (the default) starts the adaptive policy from this
     machine's stored calibration (`mlx-spec tune`) when there is one for the
     target; None starts cold; a `Calibration` object is used as given.
@@ -152,8 +160,8 @@ def speculative_generate_step(
     max_tokens = NO_LIMIT if max_tokens == -1 else max_tokens
     check_calibration(calibration)
     if input_embeddings is not None:
-        prompt, draft_model, prompt_lookup = _with_embeddings(
-            model, prompt, input_embeddings, draft_model, prompt_lookup, logits_processors)
+        prompt, draft_model, prompt_lookup, suffix = _with_embeddings(
+            model, prompt, input_embeddings, draft_model, prompt_lookup, suffix, logits_processors)
     prompt = _as_tokens(None, prompt)
     _check_token_ids(prompt, vocab_size(model))
     parts = assemble(
@@ -161,7 +169,8 @@ def speculative_generate_step(
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,
         auto_off=auto_off, draft_confidence=draft_confidence, prompt_lookup=prompt_lookup,
         prompt_lookup_max_ngram=prompt_lookup_max_ngram, max_kv_size=max_kv_size, policy=policy,
-        calibration=calibration, mtp_weights=mtp_weights, logits_processors=logits_processors)
+        calibration=calibration, mtp_weights=mtp_weights, logits_processors=logits_processors,
+        suffix=suffix)
     rounds = generate_rounds(
         prompt, parts.target, parts.drafters, parts.policy, sampling=sampling,
         max_tokens=max_tokens, prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
@@ -172,8 +181,10 @@ def speculative_generate_step(
     return RoundStream(rounds, session, parts.policy)
 
 
-def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup, processors):
-    """(prompt ids, draft model, prompt lookup) for a call given input_embeddings, or ValueError."""
+def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup, suffix,
+                     processors):
+    """(prompt ids, draft model, prompt lookup, suffix) for a call given input_embeddings, or
+    ValueError."""
     from mlx_lm.utils import does_model_support_input_embeddings
 
     if not does_model_support_input_embeddings(model):
@@ -192,13 +203,13 @@ def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup
                          "an MTP head or a DFlash drafter (they read the target's own prompt "
                          "pass).")
     if ids:
-        return ids, draft_model, prompt_lookup
+        return ids, draft_model, prompt_lookup, suffix
     if processors:
         raise ValueError("logits_processors need the prompt's token ids with input_embeddings.")
-    if draft_model is not None or prompt_lookup:
+    if draft_model is not None or prompt_lookup or suffix:
         warnings.warn("input_embeddings without token ids: drafting is off (drafters read "
                       "token ids); the target decodes alone.", stacklevel=3)
-    return [0] * input_embeddings.shape[0], None, False  # placeholder ids: nothing reads them
+    return [0] * input_embeddings.shape[0], None, False, None  # placeholder ids: nothing reads them
 
 
 class RoundStream:

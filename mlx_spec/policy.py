@@ -1,7 +1,7 @@
 """How many tokens each drafting source proposes per round, and when not to speculate at all.
 
 A policy answers `proposal_length(source)` before each round (0 = do not ask
-that source; "draft" is the draft model, "lookup" prompt lookup), decodes
+that source; "draft" is the draft model, "lookup" prompt lookup, "suffix" suffix drafting), decodes
 plainly for `plain_steps()` steps when no source proposes, and is told every
 finished round via `observe(round, seconds)`: the seconds the round took, as
 the loop timed it (a policy keeps no clock, so a sharded target can hand every
@@ -40,6 +40,7 @@ EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost f
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
 DEFAULT_ACCEPTANCE_PRIOR = 0.75  # per-draft acceptance before any round (greedy)
+FREE_SOURCES = ("lookup", "suffix")  # host searches: their proposals cost no draft steps
 SAMPLING_ACCEPTANCE_PRIOR = 0.5  # at temperature > 0 drafts are accepted less often
 
 
@@ -238,7 +239,7 @@ class AdaptivePolicy:
 
     def source(self, name: str) -> SourceEstimate:
         if name not in self.sources:
-            lookup = name == "lookup"
+            lookup = name in FREE_SOURCES
             k_max = self.max_lookup_tokens if lookup else self.block_tokens.get(name, self.k_max)
             k0 = min(FIRST_LOOKUP_TOKENS, k_max) if lookup else \
                 self.block_tokens.get(name, self.k_initial)

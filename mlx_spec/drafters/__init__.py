@@ -1,5 +1,6 @@
-"""Where proposals come from: a draft model, n-gram lookup in the text so far, the target's MTP
-layer, a DFlash block drafter.
+"""Where proposals come from: a draft model, n-gram lookup in the text so far, suffix drafting
+from everything seen before (suffix_index.py holds it), the target's MTP layer, a DFlash block
+drafter.
 
 A drafter has these methods, called by the loop:
 
@@ -24,5 +25,8 @@ from .draft_model import DraftModelDrafter
 from .mtp import MTPDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .protocol import Proposal
+from .suffix import SuffixDrafter, default_suffix_index
+from .suffix_index import SuffixIndex
 
-__all__ = ["Proposal", "DFlashDrafter", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter"]
+__all__ = ["Proposal", "DFlashDrafter", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter",
+           "SuffixDrafter", "SuffixIndex", "default_suffix_index"]

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-import mlx.core as mx
-
 from ..defaults import DEFAULT_MAX_NGRAM  # one place for the CLI and the API
-from .protocol import Proposal
+from .protocol import Proposal, point_mass_proposal
 
 DEFAULT_MIN_NGRAM = 1
 PAIRED_MIN_NGRAM = 2  # when a draft model is asked next
@@ -83,11 +81,7 @@ class PromptLookupDrafter:
         found = self.lookup(history, k)
         if not found:
             return None
-        tokens = mx.array(found, mx.uint32)  # (k',)
-        probs = None
-        if not self.greedy:  # q is one-hot on the proposed token
-            probs = (mx.arange(self.target_vocab_size)[None] == tokens[:, None]).astype(mx.float32)
-        return Proposal(tokens, probs, self.source, self)
+        return point_mass_proposal(found, self.target_vocab_size, self.greedy, self.source, self)
 
     def commit(self, num_accepted: int) -> None:
         pass  # stateless beyond the shared history

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import mlx.core as mx
 
@@ -12,9 +12,20 @@ import mlx.core as mx
 class Proposal:
     tokens: mx.array  # (k,) uint32, lazy
     probs: Optional[mx.array]  # (k, V) q, probabilities; None when decoding greedily
-    source: str  # "draft", "lookup" or "mtp": where accepted tokens came from
+    source: str  # "draft", "lookup", "suffix", "mtp" or "dflash": where accepted tokens came from
     drafter: object  # the drafter to commit() after verification
 
     @property
     def num_tokens(self) -> int:
         return self.tokens.shape[0]
+
+
+def point_mass_proposal(found: List[int], vocab_size: int, greedy: bool, source: str,
+                        drafter) -> Proposal:
+    """A deterministic drafter's proposal (prompt lookup, suffix drafting): q is one-hot on
+    each proposed token, so the exact acceptance rule applies unchanged."""
+    tokens = mx.array(found, mx.uint32)  # (k,)
+    probs = None
+    if not greedy:
+        probs = (mx.arange(vocab_size)[None] == tokens[:, None]).astype(mx.float32)  # (k, V)
+    return Proposal(tokens, probs, source, drafter)
