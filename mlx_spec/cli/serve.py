@@ -13,6 +13,7 @@ from .models import load_pair
 from .options import model_options, sampling_options, speculation_options
 
 DEFAULT_MODEL_ID = "mlx-spec-default"  # what `serve` calls the shipped pair
+SUFFIX_SCOPES = ("request", "key", "all")  # mlx_spec.server.suffix_scope.SCOPES (kept MLX-free here)
 
 
 class ByteSize(click.ParamType):
@@ -44,26 +45,45 @@ class ByteSize(click.ParamType):
 @click.option("--max-body-bytes", type=ByteSize(), default="4MiB", show_default=True, help="The largest request body (413 beyond, before it is read).")
 @sampling_options
 @speculation_options
+@click.option("--suffix/--no-suffix", default=False, show_default=True, help="Suffix drafting for every request: draft from the text of earlier requests in the request's scope (a request's `suffix` field overrides).")
+@click.option("--suffix-scope", type=click.Choice(SUFFIX_SCOPES), default="key", show_default=True, help="Whose earlier text a request drafts from: its own only (request), its API key's (key; a request without a key: its own), or every request's (all: a single-user server).")
+@click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="Load the suffix indexes from this file at start (if it exists) and save them there at shutdown.")
+@click.option("--suffix-max-tokens", type=click.IntRange(min=1), default=None, help="Tokens the suffix indexes hold, all partitions together (default: the index's own budget, 1048576); least recently used first out.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
-          verbose):
+          suffix, suffix_scope, suffix_file, suffix_max_tokens, verbose):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
-    Options other than the model's are defaults: a request may set its own
-    sampling, max_tokens, num_draft_tokens and prompt_lookup.
+    Options other than the model's and the suffix index's are defaults: a
+    request may set its own sampling, max_tokens, num_draft_tokens,
+    prompt_lookup and suffix.
     """
     if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
         raise click.ClickException("mlx-spec serve needs its HTTP libraries; install them with "
                                    "pip install 'mlx-spec[serve]'.")
+    if suffix_file is not None and suffix_scope == "request":
+        raise click.UsageError("--suffix-file keeps shared suffix indexes, and --suffix-scope "
+                               "request shares nothing; use --suffix-scope key or all with it.")
+    from ..loading import vocab_size
     from ..server.app import Limits, bind, create_app, make_server
     from ..server.cache_store import PromptCacheStore
     from ..server.requests import Settings
+    from ..server.suffix_scope import SuffixScopes
     from ..server.worker import GenerationWorker, SpeculationOptions
 
     model_id = model or DEFAULT_MODEL_ID
+    budget = {} if suffix_max_tokens is None else {"max_tokens": suffix_max_tokens}
+    try:  # the file before the models: a corrupt one is one sentence, at once
+        scopes = SuffixScopes(suffix_scope, path=suffix_file, **budget)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft)
+    try:
+        scopes.check_vocabulary(vocab_size(target_model))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         sock = bind(host, port)
     except OSError as exc:
@@ -74,9 +94,11 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                                  prompt_lookup_max_ngram=prompt_lookup_max_ngram,
                                  calibration="auto" if calibration else None)
     defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
-                        num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup)
+                        num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
+                        suffix=suffix)
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
-    worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency)
+    worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency,
+                              scopes)
     if max_tokens > max_tokens_limit:
         raise click.BadParameter(f"the default ({max_tokens}) is above --max-tokens-limit "
                                  f"({max_tokens_limit}).", param_hint="--max-tokens")

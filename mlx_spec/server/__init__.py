@@ -7,6 +7,7 @@ The data flow of one request, one module per step:
     prompts.py      messages or prompt -> token ids (chat template or a plain fallback)
     worker.py       the one generation thread: FIFO queue, admission limit, cancel flags
     cache_store.py  prompt caches kept between requests, found by token prefix (LRU, bytes)
+    suffix_scope.py the suffix index a request drafts from: its own, its API key's, or all's
     stop_strings.py cuts the streamed text before a stop string
     responses.py    OpenAI's JSON and server-sent-event shapes, usage, `speculation`
 

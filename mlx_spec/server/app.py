@@ -3,7 +3,7 @@
     POST /v1/chat/completions   messages -> chat.completion (or chunks with "stream": true)
     POST /v1/completions        prompt -> text_completion (or chunks)
     GET  /v1/models             the one model served (also GET /v1/models/{id})
-    GET  /health                {"status": "ok", ...}: queue, slots, prompt cache store
+    GET  /health                {"status": "ok", ...}: queue, slots, prompt cache store, suffix
 
 A request is parsed and checked (requests.py), turned into token ids
 (prompts.py) and handed to the generation worker (worker.py) on the event
@@ -12,6 +12,9 @@ before the answer starts is a proper status code. Every refusal is a 4xx (or
 503) with OpenAI's body `{"error": {"message", "type", "param", "code"}}`.
 A client that leaves (while queued, while a JSON answer is being made, or
 mid-stream) cancels its job: the worker sees it before the next token.
+The request's API key reaches the worker only as its suffix partition (a
+digest, suffix_scope.py); at shutdown the suffix indexes are saved to their
+file, if the server has one.
 
 The HTTP stack is starlette (ASGI routes, `StreamingResponse` for SSE) on
 uvicorn (signals: graceful shutdown on Ctrl-C and SIGTERM).
@@ -123,7 +126,8 @@ class Endpoints:
             "requests": {"admitted": worker.admitted, "running": worker.running is not None,
                          "max_concurrency": worker.max_concurrency},
             "prompt_cache": None if store is None else
-            {"entries": len(store), "bytes": store.nbytes, "max_bytes": store.max_bytes}})
+            {"entries": len(store), "bytes": store.nbytes, "max_bytes": store.max_bytes},
+            "suffix": worker.suffix.summary()})
 
     def _prompt_ids(self, req: GenerationRequest):
         """The request's token ids and budget (tokenizing and the chat template: off the loop)."""
@@ -157,7 +161,9 @@ class Endpoints:
         ids, max_tokens = await asyncio.to_thread(self._prompt_ids, req)
         events: asyncio.Queue = asyncio.Queue()
         sink = partial(asyncio.get_running_loop().call_soon_threadsafe, events.put_nowait)
-        job, worker = Job(req, ids, max_tokens, sink), self.worker
+        worker = self.worker
+        job = Job(req, ids, max_tokens, sink,  # the key itself goes no further than this line
+                  worker.suffix.partition(request.headers.get("authorization")))
         try:
             worker.submit(job)
         except Busy as exc:
@@ -192,6 +198,7 @@ def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Set
             yield
         finally:
             await asyncio.to_thread(worker.close, WORKER_JOIN_S)
+            await asyncio.to_thread(_save_suffix, worker)
 
     routes = [Route("/v1/chat/completions", endpoints.chat_completions, methods=["POST"]),
               Route("/v1/completions", endpoints.completions, methods=["POST"]),
@@ -201,6 +208,15 @@ def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Set
     handlers = {RequestError: _refused, HTTPException: _http_error,
                 ClientDisconnect: _client_gone, Exception: _server_error}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+def _save_suffix(worker: GenerationWorker) -> None:
+    """At shutdown: the suffix indexes to their file (--suffix-file), if any."""
+    try:
+        worker.suffix.save()
+    except OSError as exc:
+        logger.error("Could not save the suffix index to %s: %s.", worker.suffix.path,
+                     exc.strerror or exc)
 
 
 async def _json(request: Request, max_bytes: int):

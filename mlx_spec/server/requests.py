@@ -3,7 +3,9 @@
 Pure: no MLX, no HTTP library. Ranges and types are the API's own
 (`mlx_spec.arguments.check_arguments`), reported under the request's field
 names (`temperature`, not `temp`). A field that is absent or null takes the
-server's default (`Settings`, from the `serve` command line). `logit_bias`,
+server's default (`Settings`, from the `serve` command line). `suffix` (true or
+false) turns suffix drafting on or off (a text suffix, OpenAI's insertion, is
+refused); whose text it drafts from is the server's choice. `logit_bias`,
 `presence_penalty`, `frequency_penalty` and `repetition_penalty` become logits
 processors (worker.py). Fields that would change the answer and are not
 supported (`tools`, `response_format` other than text, `n` > 1, ...) are
@@ -57,6 +59,7 @@ class Settings:
     seed: Optional[int] = None
     num_draft_tokens: Optional[int] = None
     prompt_lookup: Optional[bool] = None
+    suffix: bool = False  # suffix drafting from the scope's index (server/suffix_scope.py)
     logit_bias: Tuple[Tuple[int, float], ...] = ()  # (token id, bias) pairs
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -94,6 +97,8 @@ def parse_request(body: Any, chat: bool, model_id: str,
     if given.get("num_draft_tokens") is not None:
         given["num_draft_tokens"] = min(given["num_draft_tokens"], MAX_NUM_DRAFT_TOKENS)
     given.update(_penalties(body))
+    if body.get("suffix") is not None:
+        given["suffix"] = _suffix(body["suffix"])
     fields: Dict[str, Any] = {"chat": chat, "settings": replace(defaults, **given)}
     if chat:
         fields["messages"] = _messages(body.get("messages"))
@@ -137,7 +142,7 @@ def _logprobs(body: dict, chat: bool) -> Optional[int]:
 UNSUPPORTED = {
     "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
     "function_call": "function calling", "best_of": "best_of",
-    "suffix": "suffix (insertion)", "echo": "echo", "audio": "audio output",
+    "echo": "echo", "audio": "audio output",
     "modalities": "output modalities", "prediction": "predicted outputs",
 }
 MAX_NUM_DRAFT_TOKENS = 64  # a request's k: more would only inflate the caches' rewind reserve
@@ -157,6 +162,15 @@ def _refuse_unsupported(body: dict) -> None:
         raise RequestError(400, "response_format is not supported by this server beyond "
                                 "{\"type\": \"text\"} (no JSON mode or schemas); leave it out.",
                            "response_format", "unsupported_parameter")
+
+
+def _suffix(value) -> bool:
+    """`suffix` here is true or false (suffix drafting); OpenAI's text suffix is refused."""
+    if isinstance(value, bool):
+        return value
+    raise RequestError(400, "suffix is true or false on this server (suffix drafting); a text "
+                            "suffix (insertion) is not supported, leave it out.", "suffix",
+                       "unsupported_parameter")
 
 
 def _penalties(body: dict) -> Dict[str, Any]:

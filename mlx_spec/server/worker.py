@@ -14,6 +14,9 @@ the tokens handed out, so the cache goes back to the store, and frees the
 slot. A cancelled job still queued is skipped. A stop string is handled the same way: the text
 before it is sent, then the generator is closed.
 
+A job with suffix drafting on drafts from the index of its partition
+(suffix_scope.py), which its prompt and output then join.
+
 The thread calls `mx.clear_streams()` before it ends (docs/python-api.md, "Thread safety").
 """
 
@@ -37,6 +40,7 @@ from ..stats import GenerationStats
 from .cache_store import PromptCacheStore
 from .requests import GenerationRequest
 from .stop_strings import StopMatcher
+from .suffix_scope import SuffixScopes
 
 DEFAULT_MAX_CONCURRENCY = 16
 CANCELLED = "The request was cancelled: the client left or the server is shutting down."
@@ -87,11 +91,13 @@ class SpeculationOptions:
 
 
 class Job:
-    """One admitted request: its prompt ids, token budget, an event sink and a cancel flag."""
+    """One admitted request: its prompt ids, token budget, an event sink, a cancel flag and its
+    suffix partition (`SuffixScopes.partition`: a digest of its API key, never the key)."""
 
     def __init__(self, request: GenerationRequest, prompt_ids: List[int], max_tokens: int,
-                 sink: Callable[[object], None]):
+                 sink: Callable[[object], None], partition: Optional[str] = None):
         self.request, self.prompt_ids, self.max_tokens = request, list(prompt_ids), max_tokens
+        self.partition = partition
         self._sink = sink
         self._cancelled = threading.Event()
 
@@ -110,14 +116,17 @@ class Job:
 
 
 class GenerationWorker:
-    """Owns the models and the prompt cache store; runs the jobs on one thread."""
+    """Owns the models, the prompt cache store and the suffix indexes (by default in-memory,
+    one per API key); runs the jobs on one thread."""
 
     def __init__(self, target_model, tokenizer, draft_model=None,
                  options: SpeculationOptions = SpeculationOptions(),
                  store: Optional[PromptCacheStore] = None,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY):
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 suffix: Optional[SuffixScopes] = None):
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.options, self.store, self.max_concurrency = options, store, max_concurrency
+        self.suffix = suffix if suffix is not None else SuffixScopes()
         self.calibration = _resolve_calibration(options.calibration, target_model)
         self._pending: Deque[Optional[Job]] = collections.deque()  # None: the thread's end
         self._admitted: set = set()
@@ -213,7 +222,7 @@ class GenerationWorker:
             max_tokens=job.max_tokens, prompt_cache=cache,
             # Closed below whatever happens, so the cache need only be right then: no per-token
             # upkeep (a draft pass per plain-decoded token), no round-end token held back.
-            prompt_cache_live=False, **self._arguments(job.request))
+            prompt_cache_live=False, **self._arguments(job))
         try:
             for response in stream:
                 handed.append(response.token)
@@ -269,11 +278,12 @@ class GenerationWorker:
                 cache += make_cache(self.draft_model)  # a DFlash drafter keeps no cache here
         return cache, cached
 
-    def _arguments(self, request: GenerationRequest) -> dict:
-        o, s = self.options, request.settings
+    def _arguments(self, job: Job) -> dict:
+        o, s = self.options, job.request.settings
         return dict(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed,
                     logits_processors=_processors(s),
                     num_draft_tokens=s.num_draft_tokens, prompt_lookup=s.prompt_lookup,
+                    suffix=self.suffix.index_for(job.partition) if s.suffix else None,
                     adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
                     draft_confidence=o.draft_confidence,
                     prompt_lookup_max_ngram=o.prompt_lookup_max_ngram,
