@@ -86,7 +86,8 @@ class GenerationStats:
                 ks = self.draft_lengths
                 lines.append(f"Draft length k: mean {sum(ks) / len(ks):.1f}, range {min(ks)}-{max(ks)}, "
                              f"last {ks[-1]}")
-            if len(self.accepted_by_source) > 1 or "lookup" in self.accepted_by_source:
+            if len(self.accepted_by_source) > 1 or \
+                    {"lookup", "suffix"} & set(self.accepted_by_source):
                 src = ", ".join(f"{s} {n}" for s, n in sorted(self.accepted_by_source.items()))
                 lines.append(f"Accepted tokens by source: {src}")
         if self.plain_steps and (self.rounds or self.drafted):

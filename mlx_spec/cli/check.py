@@ -21,23 +21,26 @@ from .options import SEED, read_prompt
 @click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True)
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--prompt-lookup", is_flag=True, help="Check n-gram drafting instead of (or before) the draft model.")
+@click.option("--suffix", is_flag=True, help="Check suffix drafting (each sample drafts from the earlier samples' text) instead of (or before) the draft model.")
 @click.option("--negative-control", is_flag=True, help="Also run a deliberately broken rule, to show the check can fail.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_draft_tokens,
-          prompt_lookup, negative_control, seed):
+          prompt_lookup, suffix, negative_control, seed):
     """Statistically check that speculation leaves the output distribution unchanged.
 
     Samples the first two tokens SAMPLES times with speculation and compares them
     with the target's exact distribution (chi-square). Exits 1 if they differ.
     """
     from ..acceptance import resample_from_target_accept
+    from ..drafters.suffix_index import SuffixIndex
     from ..exactness import check_exactness
     from ..sampling import SamplingConfig
 
     prompt = read_prompt(prompt)
     target_model, tokenizer, draft = load_pair(model, draft_model, False)
-    if draft is None and not prompt_lookup:
-        raise click.UsageError("Give --draft-model or --prompt-lookup: there is nothing to check.")
+    if draft is None and not prompt_lookup and not suffix:
+        raise click.UsageError("Give --draft-model, --prompt-lookup or --suffix: there is nothing "
+                               "to check.")
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ids = tokenizer.encode(prompt)
     runs = [("speculative (exact rule)", None)]
@@ -49,7 +52,8 @@ def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_dr
         try:
             result = check_exactness(target_model, draft, ids, sampling, samples=samples,
                                      num_draft_tokens=num_draft_tokens, accept=accept,
-                                     prompt_lookup=prompt_lookup, seed=seed)
+                                     prompt_lookup=prompt_lookup, seed=seed,
+                                     suffix=SuffixIndex() if suffix else None)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         verdict = "indistinguishable from the target" if result.passed else "DIFFERS from the target"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..defaults import DEFAULT_MAX_TOKENS
@@ -9,7 +11,8 @@ from .models import launched_group, load_pair, load_sharded
 from .options import (SEED, apply_chat_template, model_options, read_prompt, sampling_options,
                       speculation_options)
 
-SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "mtp": "green", "dflash": "green"}
+SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "green",
+                 "dflash": "green"}
 
 
 @click.command()
@@ -20,14 +23,16 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "mtp": "green", "dflash": "
 @speculation_options
 @click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
-@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup.")
+@click.option("--suffix", is_flag=True, help="Draft from everything seen before: the prompt and output so far and, with --suffix-file, every earlier run's (suffix drafting; replaces prompt lookup unless --prompt-lookup is given).")
+@click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
+@click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup or suffix drafting.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
 @click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, or a head trained for the target, as the shipped default's) instead of a draft model.")
 @click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory).")
 @click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
-             seed, no_draft, prompt_lookup, prompt_lookup_max_ngram,
+             seed, no_draft, prompt_lookup, prompt_lookup_max_ngram, suffix, suffix_file,
              ignore_chat_template, color, calibration, quiet, mtp, mtp_weights, sharding):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from ..generate import stream_generate
@@ -48,6 +53,7 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     if not ignore_chat_template:
         prompt = apply_chat_template(tokenizer, prompt)
     shown = group is None or group.rank() == 0  # only rank 0 prints text and stats
+    index = suffix_index(suffix_file) if suffix or suffix_file else None
 
     response = None
     try:
@@ -60,6 +66,7 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
             min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
             calibration="auto" if calibration else None, mtp_weights=mtp_weights,
+            suffix=index,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
             text = click.style(response.text, fg=fg) if fg else response.text
@@ -67,9 +74,23 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
                 click.echo(text, nl=False, color=True if color else None)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if suffix_file is not None and shown:
+        index.save(suffix_file)
     if not shown:
         return
     click.echo()
     if response is not None and not quiet:
         click.echo("=" * 10, err=True)
         click.echo(response.stats.summary(), err=True)
+
+
+def suffix_index(path):
+    """The index to draft from: the file's when it exists, else a new one."""
+    from ..drafters.suffix_index import SuffixIndex
+
+    if path is None or not os.path.exists(path):
+        return SuffixIndex()
+    try:
+        return SuffixIndex.load(path)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None

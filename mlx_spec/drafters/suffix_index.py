@@ -116,6 +116,9 @@ class SuffixIndex:
             self._catch_up()
             return self._held
 
+    def __bool__(self) -> bool:
+        return True  # an empty index is still one to draft from: `suffix=index` is never "off"
+
     @property
     def num_sequences(self) -> int:
         return len(self._sequences)
@@ -326,6 +329,10 @@ def save_indexes(path, indexes: Mapping[str, SuffixIndex]) -> None:
     os.replace(tmp, path)
 
 
+class _Refused(Exception):
+    """Why a readable .npz file is not one to load."""
+
+
 def load_indexes(path) -> Dict[str, SuffixIndex]:
     """The named indexes in `path`, or ValueError (one sentence) when it is not such a file."""
     path = os.fspath(path)
@@ -333,20 +340,20 @@ def load_indexes(path) -> Dict[str, SuffixIndex]:
         raise ValueError(f"No suffix index file at {path}.")
     try:
         with np.load(path, allow_pickle=False) as data:
-            if str(data["format"]) != FORMAT:
-                raise ValueError("not a suffix index")
+            if "format" not in data.files or str(data["format"]) != FORMAT:
+                raise _Refused("not written by mlx-spec")
             version = int(data["version"])
             if version != FORMAT_VERSION:
-                raise ValueError(f"format version {version}, this mlx-spec reads {FORMAT_VERSION}")
+                raise _Refused(f"format version {version}; this mlx-spec reads {FORMAT_VERSION}")
             names = [str(n) for n in data["names"]]
             counts, budgets, vocabs = (data[k].tolist() for k in ("counts", "budgets", "vocabs"))
             lengths, tokens = data["lengths"].tolist(), data["tokens"]
-    except ValueError as exc:
+    except _Refused as exc:
         raise ValueError(f"{path} is not a suffix index this mlx-spec can read ({exc}); "
                          f"delete it or give another file.") from None
-    except Exception as exc:  # a truncated or foreign file: zip, key or dtype errors
-        raise ValueError(f"{path} is not a suffix index this mlx-spec can read "
-                         f"({type(exc).__name__}); delete it or give another file.") from None
+    except Exception:  # not a zip, truncated, pickled objects, missing keys, wrong dtypes
+        raise ValueError(f"{path} is not a suffix index this mlx-spec can read (not an .npz "
+                         f"file it wrote, or damaged); delete it or give another file.") from None
     if not (len(names) == len(counts) == len(budgets) == len(vocabs)) or \
             sum(counts) != len(lengths) or sum(lengths) != tokens.shape[0] or \
             (tokens.size and tokens.min() < 0) or any(b < 1 for b in budgets) or \
