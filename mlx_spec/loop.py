@@ -252,8 +252,8 @@ def generate_rounds(
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             drafter.prefill(prompt, prefill_step_size)
-        if hasattr(drafter, "start"):  # it reads the history as it grows (suffix drafting)
-            drafter.start(decoder.history)
+        if hasattr(drafter, "attach"):  # it reads the history as it grows (suffix drafting)
+            drafter.attach(decoder.history)
     emitted = 0
     clock = RoundClock()
     while emitted < max_tokens:

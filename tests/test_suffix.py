@@ -379,6 +379,30 @@ def test_suffix_lookup_and_a_draft_model_on_hybrid_and_sliding_window_targets(fa
         assert got == expected, (family, k)
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "llama"])
+def test_suffix_and_lookup_in_front_of_a_dflash_drafter_keep_parity(tmp_path, family):
+    """Suffix drafting, then prompt lookup, then a DFlash block drafter (on a hybrid target
+    too): mlx-lm's greedy tokens, and both the index and the block drafter propose."""
+    from dflash_tiny import make_dflash
+    from families import make_family, plain_greedy
+    from tiny import make_llama
+
+    if family == "llama":
+        target, hidden = make_llama(layers=4, seed=2), 48
+    else:
+        target, hidden = make_family(family, seed=2), 32
+    drafter = make_dflash(tmp_path / "d", hidden, [0, 2], block_size=6, seed=5)
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    expected = plain_greedy(target, prompt, 60)
+    index = SuffixIndex()
+    index.add(prompt + expected[:30])  # an earlier request that stopped halfway
+    rounds = list(speculative_generate_step(prompt, target, drafter, max_tokens=60,
+                                            suffix=index, prompt_lookup=True,
+                                            calibration=None))
+    assert [t for r in rounds for t in r.tokens][:60] == expected
+    assert {"suffix", "dflash"} <= {r.source for r in rounds}
+
+
 # --- exactness at T > 0 -----------------------------------------------------------------------
 
 SAMPLES = 2000

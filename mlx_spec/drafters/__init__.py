@@ -8,7 +8,7 @@ A drafter has these methods, called by the loop:
     commit(num_accepted)                     rewind its state after verification
     can_propose(history) -> bool             would it propose (cheap: decides when plain
                                              decoding stops to let it try)
-    start(history)                           optional: the call's history list, before the
+    attach(history)                          optional: the call's history list, before the
                                              first round (a drafter that reads it as it grows)
     follow(tokens, hidden)                   only with `follows_target = True` (MTP, DFlash): after
                                              every round and prefill chunk, the target's hidden

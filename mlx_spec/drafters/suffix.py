@@ -64,7 +64,7 @@ class SuffixDrafter:
         self._own: Optional[int] = None  # the history's id in the index, once joined
         self.last_match = 0  # the length of the last lookup's match (for reports and tests)
 
-    def start(self, history: List[int]) -> None:
+    def attach(self, history: List[int]) -> None:
         """The call's history (the loop's own list, which grows) joins the index before the
         first round, so the whole call's text is there even if it never drafts; it may be
         evicted again once this drafter is collected, at the end of the call."""
