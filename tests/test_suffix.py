@@ -194,6 +194,20 @@ def test_a_released_sequence_is_the_callers_list_no_more():
     assert index.sequences() == [[1, 2, 3, 1, 2]]
 
 
+def test_a_live_list_that_lost_its_last_token_leaves_nothing_behind_when_evicted():
+    """The loop drops the target's own token after a round filled by drafts: the index must
+    neither propose past the shorter list nor keep its filed position after eviction."""
+    history = [1, 2, 3, 4, 5, 6, 7, 8]
+    index = SuffixIndex(max_tokens=10)
+    own = index.add(history, live=True)
+    assert index.longest([6, 7]).length == 2  # files positions up to the last token
+    history.pop()
+    assert index.follow(index.longest([5, 6, 7]), [5, 6, 7], 4) == []  # 8 is gone
+    index.release(own)
+    index.add(list(range(20, 30)))  # over the budget: the released sequence goes
+    assert all(p >> 32 != own for p in held_positions(index))
+
+
 # --- files --------------------------------------------------------------------------------
 
 

@@ -283,8 +283,10 @@ class SuffixIndex:
         del self._sequences[seq_id]
         self._held -= sequence.filed
         tokens = sequence.tokens[:sequence.filed]
-        keys_short = set(tokens[:-1])
-        keys_long = {hash(tuple(tokens[e - ANCHOR:e])) for e in range(ANCHOR, len(tokens))}
+        # Every n-gram of the sequence, its last one included: a live list that lost its
+        # last token (a generation ending on a full round) filed one more position.
+        keys_short = set(tokens)
+        keys_long = {hash(tuple(tokens[e - ANCHOR:e])) for e in range(ANCHOR, len(tokens) + 1)}
         for table, keys in ((self._short, keys_short), (self._long, keys_long)):
             for key in keys:
                 positions = table.get(key)
