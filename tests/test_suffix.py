@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 
 from mlx_spec.acceptance import resample_from_target_accept
-from mlx_spec.drafters.suffix_index import (ANCHOR, MAX_MATCH, SuffixIndex, load_indexes,
-                                            save_indexes)
+from mlx_spec.drafters.suffix_index import (ANCHOR, MAX_MATCH, SHORT_OCCURRENCES, SuffixIndex,
+                                            load_indexes, save_indexes)
 from mlx_spec.exactness import check_exactness, chi_square
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.policy import AdaptivePolicy
@@ -20,15 +20,26 @@ from mlx_spec.sampling import SamplingConfig
 
 
 def brute_longest(sequences, context):
-    """(m, [(sequence number, index just past the occurrence)]) by scanning everything."""
-    for m in range(min(MAX_MATCH, len(context)), 0, -1):
+    """(m, [(sequence number, index just past the occurrence)]) by scanning everything: a
+    match of ANCHOR tokens or more among all occurrences; a shorter one among the latest
+    SHORT_OCCURRENCES occurrences of the last token (in the order they were filed)."""
+    for m in range(min(MAX_MATCH, len(context)), ANCHOR - 1, -1):
         found = [(i, e) for i, s in enumerate(sequences) for e in range(m, len(s))
                  if s[e - m:e] == context[-m:]]
-        if m == MAX_MATCH:  # a longer common suffix counts as MAX_MATCH: nothing to tell apart
-            pass
         if found:
             return m, found
-    return 0, []
+    latest = [(i, e) for i, s in enumerate(sequences) for e in range(1, len(s))
+              if s[e - 1] == context[-1]][-SHORT_OCCURRENCES:]
+    best, found = 0, []
+    for i, e in latest:
+        s, same = sequences[i], 0
+        while same < min(e, len(context), ANCHOR - 1) and s[e - 1 - same] == context[-1 - same]:
+            same += 1
+        if same > best:
+            best, found = same, [(i, e)]
+        elif same == best:
+            found.append((i, e))
+    return best, found
 
 
 def brute_follow(sequences, found, context, own, k, min_share):

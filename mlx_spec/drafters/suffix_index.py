@@ -19,8 +19,9 @@ How it is fast: every token is filed under the n-grams ending at it of two
 lengths, 1 and ANCHOR (4): a match of ANCHOR tokens or more is among the latest
 occurrences of the context's last 4 tokens, a shorter one among the latest of
 its last token; the exact length of each candidate is measured by comparing
-slices backwards. Only the latest MAX_OCCURRENCES occurrences of an n-gram are
-candidates (older ones drop out, as in zlib's hash chains). Lookups take tens
+slices backwards. Only the latest occurrences of an n-gram are candidates (64
+of a 4-gram, 16 of a single token; older ones drop out, as in zlib's hash
+chains). Lookups take tens
 of microseconds; filing costs two dictionary updates per token
 (tests/test_suffix.py checks all of it against a brute-force search).
 
@@ -46,7 +47,8 @@ import numpy as np
 
 ANCHOR = 4  # the long n-gram length: matches of at least this many tokens are found through it
 MAX_MATCH = 64  # a longer common suffix counts as this long
-MAX_OCCURRENCES = 64  # the latest occurrences of an n-gram that are candidates
+MAX_OCCURRENCES = 64  # the latest occurrences of an ANCHOR-gram that are candidates
+SHORT_OCCURRENCES = 16  # the latest occurrences of the last token that are (for shorter matches)
 DEFAULT_SUFFIX_TOKENS = 1 << 20  # the token budget of an index (about 1M tokens)
 DEFAULT_MIN_SHARE = 0.1  # a proposed token is one at least this share of the matches continue with
 FORMAT = "mlx-spec suffix index"
@@ -77,14 +79,14 @@ def _common_suffix(a: Sequence[int], end_a: int, b: Sequence[int], end_b: int, l
     in growing, then shrinking steps (each comparison runs in C)."""
     same, step = 0, 4
     while same < limit:
-        s = min(step, limit - same)
+        s = step if step < limit - same else limit - same
         if a[end_a - same - s:end_a - same] == b[end_b - same - s:end_b - same]:
             same += s
-            step *= 2
+            step += step
         elif s == 1:
             break
         else:
-            step = s // 2
+            step = s >> 1
     return same
 
 
@@ -174,10 +176,13 @@ class SuffixIndex:
             if not context:
                 return Match(0, [])
             if len(context) >= ANCHOR:
-                found = self._measure(self._long.get(hash(tuple(context[-ANCHOR:]))), context)
+                found = self._measure(self._long.get(hash(tuple(context[-ANCHOR:]))), context,
+                                      MAX_OCCURRENCES, MAX_MATCH)
                 if found.length >= ANCHOR:
                     return found
-            found = self._measure(self._short.get(context[-1]), context)
+            # Shorter than ANCHOR: the latest few occurrences of the last token are enough
+            found = self._measure(self._short.get(context[-1]), context, SHORT_OCCURRENCES,
+                                  ANCHOR - 1)
             return found if found.length else Match(0, [])
 
     def follow(self, match: Match, context: Sequence[int], k: int,
@@ -230,16 +235,19 @@ class SuffixIndex:
         sequence = self._sequences.get(position >> _SHIFT)
         return None if sequence is None else sequence.tokens
 
-    def _measure(self, positions: Optional[List[int]], context: Sequence[int]) -> Match:
-        """The candidates' longest common suffix with the context, and those that reach it."""
+    def _measure(self, positions: Optional[List[int]], context: Sequence[int], latest: int,
+                 longest: int) -> Match:
+        """The latest candidates' longest common suffix with the context (at most `longest`),
+        and those that reach it."""
         best, found = 0, []
-        for p in (positions or ())[-MAX_OCCURRENCES:]:
-            tokens = self._tokens_of(p)
+        n = len(context)
+        sequences = self._sequences
+        for p in (positions or ())[-latest:]:
+            sequence = sequences.get(p >> _SHIFT)
             end = p & _MASK
-            if tokens is None or end >= len(tokens):  # evicted, or a live list that shrank
-                continue
-            same = _common_suffix(tokens, end, context, len(context),
-                                  min(end, len(context), MAX_MATCH))
+            if sequence is None or end >= len(sequence.tokens):  # evicted, or a live list that
+                continue  # lost its last token
+            same = _common_suffix(sequence.tokens, end, context, n, min(end, n, longest))
             if same > best:
                 best, found = same, [p]
             elif same == best and same:
