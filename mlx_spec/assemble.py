@@ -30,7 +30,7 @@ from .distributed.group import sharding_group
 from .drafters import (DFlashDrafter, DraftModelDrafter, MTPDrafter, PromptLookupDrafter,
                        SuffixDrafter, SuffixIndex, default_suffix_index)
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
-from .drafters.suffix import PAIRED_MIN_MATCH
+from .drafters.suffix import suffix_min_match
 from .loading import check_pair, vocab_size
 from .loading import load as load_model
 from .mtp import load_mtp, split_target
@@ -71,8 +71,8 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         check_pair(model, draft_model)
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
     suffix_index = suffix_index_for(suffix)
-    if prompt_lookup is None:  # suffix drafting searches the request's own text as well
-        prompt_lookup = drafting and sampling.greedy and suffix_index is None
+    if prompt_lookup is None:
+        prompt_lookup = (drafting or suffix_index is not None) and sampling.greedy
     block = block_drafter.dflash_config.block_size if block_drafter is not None else 0
     reserve = max(DEFAULT_RESERVE,
                   max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS,
@@ -85,7 +85,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     drafters = []
     if suffix_index is not None:  # in front: it knows the request's text and earlier ones'
         drafters.append(SuffixDrafter(suffix_index, target_vocab, sampling.greedy,
-                                      min_match=PAIRED_MIN_MATCH if drafting else 1))
+                                      min_match=suffix_min_match(prompt_lookup, drafting)))
     if prompt_lookup:
         # In front of a draft model a single-token match is too weak a signal:
         # in code the last token has nearly always occurred before.

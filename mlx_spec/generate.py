@@ -133,8 +133,8 @@ def speculative_generate_step(
     shared `SuffixIndex` (every earlier call's prompt and output, and this
     one's), a `SuffixIndex` searches that one (an app keeps it across calls,
     and may save it to a file); the call's own text joins the index. It goes
-    in front of the other drafters and, left to its default, prompt lookup is
-    then off (suffix drafting searches the request's text too).
+    in front of the other drafters; left to its default, prompt lookup is then
+    on at temperature 0, behind it, for the matches shorter than 4 tokens.
 
     `calibration`: "auto" (the default) starts the adaptive policy from this
     machine's stored calibration (`mlx-spec tune`) when there is one for the

@@ -23,7 +23,7 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @speculation_options
 @click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
-@click.option("--suffix", is_flag=True, help="Draft from everything seen before: the prompt and output so far and, with --suffix-file, every earlier run's (suffix drafting; replaces prompt lookup unless --prompt-lookup is given).")
+@click.option("--suffix", is_flag=True, help="Draft from everything seen before: the prompt and output so far and, with --suffix-file, every earlier run's (suffix drafting, in front of prompt lookup at --temp 0 and the draft model).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup or suffix drafting.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")

@@ -23,10 +23,21 @@ import weakref
 from typing import List, Optional
 
 from .protocol import Proposal, point_mass_proposal
-from .suffix_index import DEFAULT_MIN_SHARE, SuffixIndex
+from .suffix_index import ANCHOR, DEFAULT_MIN_SHARE, SuffixIndex
 
 LENGTH_PER_MATCHED_TOKEN = 2  # a proposal runs at most this many tokens per matched token
 PAIRED_MIN_MATCH = 3  # the shortest match worth proposing in front of a model drafter
+# In front of prompt lookup a match must reach the index's long anchor: shorter matches are
+# lookup's (its most recent occurrence proposed up to the policy's k drafted more per pass on
+# text with nothing to reuse: bench/results/suffix-traces-*, trace "fresh").
+BEFORE_LOOKUP_MIN_MATCH = ANCHOR
+
+
+def suffix_min_match(lookup_behind: bool, model_behind: bool) -> int:
+    """The shortest match suffix drafting proposes from, given what is asked after it."""
+    if lookup_behind:
+        return BEFORE_LOOKUP_MIN_MATCH
+    return PAIRED_MIN_MATCH if model_behind else 1
 
 _default_index: Optional[SuffixIndex] = None
 _default_lock = threading.Lock()
