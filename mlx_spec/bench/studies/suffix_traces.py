@@ -1,7 +1,7 @@
 """Suffix drafting on multi-request traces made from the shipped target's own outputs.
 
     python -m mlx_spec.bench.studies.suffix_traces [--tokens 96] [--repeats 3] [--out NAME]
-        [--traces repeat,agent,edit,fresh] [--index-tokens 1000000]
+        [--cost-repeats 9] [--traces repeat,agent,edit,fresh] [--index-tokens 1000000]
 
 A trace is a list of requests (prompt strings) sent in order to one app. Four,
 on the shipped pair (greedy, float16):
@@ -16,26 +16,30 @@ on the shipped pair (greedy, float16):
   line changed and ask for it again. The re-emitting requests are measured.
 - fresh: distinct prompts, nothing to reuse across them (the cost check).
 
-Configurations: plain (the target alone), lookup (prompt lookup alone),
-suffix (a SuffixIndex alone), draft (the shipped draft model with the
-defaults: prompt lookup in front at temp 0) and suffix+draft (the index in
-front of the draft model). Each suffix configuration starts every trace on a
+Configurations, each with the API's defaults otherwise: plain (the target
+alone, prompt_lookup=False), lookup (prompt_lookup=True), suffix (suffix= an
+index), draft (draft_model= the shipped draft model) and suffix+draft (both).
+What the defaults put behind the index (prompt lookup at temp 0 since commit
+3f510f8, nothing before) is the package's choice, recorded by the commit in
+the results. Each suffix configuration starts every trace on a
 new, empty index and sends the trace's requests in order, so the first
 requests fill it. Requests are interleaved across configurations (the order
 reverses every other repeat) and every configuration's text must equal the
 others' (greedy speculation is exact; the study exits with an error if not).
 Decode speed of a trace = its measured requests' tokens over their decode
 seconds (each request's generation_tokens / generation_tps: prefill
-excluded); ratios are taken within a repeat, then the median over repeats.
-Tokens per pass = generated tokens / target passes (speculative rounds and
-plain steps; plain decoding is 1.0).
+excluded); ratios are taken within a repeat, then the median over repeats
+(the fresh trace runs --cost-repeats times: its bar is a 2% one). Tokens per
+pass = generated tokens / target passes (speculative rounds and plain steps;
+plain decoding is 1.0); drafted per round and the share accepted say how wide
+the verify passes were.
 
 The index's memory: tracemalloc while a SuffixIndex is filled with Python
 standard-library source tokenized by the shipped tokenizer (in 2,048-token
 requests), and with uniform random token ids (no repetition: the worst
 case); then microseconds per added token, per add once the budget is full
-(each add evicts), and per lookup (longest + follow, k as SuffixDrafter asks) at held-out
-contexts. Writes bench/results/<out>.json and .md with --out.
+(each add evicts), and per lookup (longest + follow, k as SuffixDrafter asks)
+at held-out contexts. Writes bench/results/<out>.json and .md with --out.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import os
 import platform
 import random
 import re
+import subprocess
 import sys
 import sysconfig
 import time
@@ -112,6 +117,9 @@ class Run:
     tokens: int
     seconds: float  # decode only
     passes: int  # target forwards after the prefill's: speculative rounds + plain steps
+    rounds: int  # of them, speculative rounds
+    drafted: int
+    accepted: int
     by_source: Dict[str, int]
 
 
@@ -122,7 +130,7 @@ def generate(target, tokenizer, prompt: str, tokens: int, kwargs) -> Run:
         text += last.text
     s = last.stats
     return Run(text, s.generation_tokens, s.generation_tokens / s.generation_tps,
-               s.rounds + s.plain_steps, dict(s.accepted_by_source))
+               s.rounds + s.plain_steps, s.rounds, s.drafted, s.accepted, dict(s.accepted_by_source))
 
 
 def configurations(draft) -> Dict[str, dict]:
@@ -205,12 +213,16 @@ def run_trace(target, draft, tokenizer, trace: Trace, tokens: int, reverse: bool
 def aggregate(runs: List[Run]) -> dict:
     tokens = sum(r.tokens for r in runs)
     seconds = sum(r.seconds for r in runs)
+    drafted, rounds = sum(r.drafted for r in runs), sum(r.rounds for r in runs)
     by_source: Dict[str, int] = {}
     for r in runs:
         for s, n in r.by_source.items():
             by_source[s] = by_source.get(s, 0) + n
     return {"tokens": tokens, "tokens_per_s": tokens / seconds,
-            "tokens_per_pass": tokens / sum(r.passes for r in runs), "accepted_by_source": by_source}
+            "tokens_per_pass": tokens / sum(r.passes for r in runs),
+            "drafted_per_round": drafted / rounds if rounds else 0.0,
+            "acceptance": sum(r.accepted for r in runs) / drafted if drafted else 0.0,
+            "accepted_by_source": by_source}
 
 
 # --- the index's memory and speed ---
@@ -295,6 +307,21 @@ def index_costs(tokenizer, total: int, vocab: int) -> dict:
             "uniform random ids": index_cost(uniform, held_out, 2000, 0)}
 
 
+def source_version() -> str:
+    """The commit the package was imported from, and the files of mlx_spec/ (this study
+    aside) that differ from it: the working tree is shared while other work goes on."""
+    root = Path(mlx_spec.__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                                capture_output=True, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--", str(root)], cwd=root,
+                                text=True, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    changed = [line[3:] for line in status.splitlines() if Path(__file__).name not in line]
+    return commit + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
+
+
 # --- the report ---
 
 def summarise(per_repeat, traces: List[Trace]) -> dict:
@@ -306,10 +333,13 @@ def summarise(per_repeat, traces: List[Trace]) -> dict:
                              ("filling", 0, trace.first_measured)):
             if hi == 0:
                 continue
-            aggs = {c: [aggregate(rep[trace.name][c][lo:hi]) for rep in per_repeat] for c in CONFIGS}
+            aggs = {c: [aggregate(rep[trace.name][c][lo:hi]) for rep in per_repeat
+                        if trace.name in rep] for c in CONFIGS}
             rows[part] = {c: {"tokens_per_s": round(median([a["tokens_per_s"] for a in aggs[c]]), 1),
                               "tokens_per_s_repeats": [round(a["tokens_per_s"], 1) for a in aggs[c]],
                               "tokens_per_pass": round(median([a["tokens_per_pass"] for a in aggs[c]]), 2),
+                              "drafted_per_round": round(median([a["drafted_per_round"] for a in aggs[c]]), 2),
+                              "acceptance": round(median([a["acceptance"] for a in aggs[c]]), 3),
                               "tokens": aggs[c][0]["tokens"],
                               "accepted_by_source": aggs[c][0]["accepted_by_source"]}
                           for c in CONFIGS}
@@ -326,6 +356,7 @@ def summarise(per_repeat, traces: List[Trace]) -> dict:
                              "tokens_per_pass": {c: round(first[c][i].tokens / first[c][i].passes, 2)
                                                  for c in CONFIGS}}
                             for i, p in enumerate(trace.prompts)]
+        rows["repeats"] = sum(1 for rep in per_repeat if trace.name in rep)
         out[trace.name] = rows
     return out
 
@@ -333,9 +364,10 @@ def summarise(per_repeat, traces: List[Trace]) -> dict:
 def render(result: dict, argv) -> str:
     blas = result["blas_label"]
     lines = [f"# Suffix drafting on multi-request traces ({blas})", "",
-             f"{result['machine']}, MLX {result['mlx']}, BLAS library loaded: {result['blas']}; shipped "
-             f"pair (float16), greedy, {result['tokens']} tokens per request, {result['repeats']} "
-             f"repeats; `python -m mlx_spec.bench.studies.suffix_traces {' '.join(argv)}`"
+             f"{result['machine']}, MLX {result['mlx']}, mlx-spec {result['source']}, BLAS library "
+             f"loaded: {result['blas']}; shipped "
+             f"pair (float16), greedy, {result['tokens']} tokens per request, repeats "
+             f"{', '.join(f'{t} {n}' for t, n in result['repeats'].items())}; `python -m mlx_spec.bench.studies.suffix_traces {' '.join(argv)}`"
              + (" with OpenBLAS preloaded" if "OpenBLAS" in blas else "") + ".", "",
              "Requests interleaved across configurations (order reversed every other repeat), "
              "every suffix configuration on a new index per trace; all five configurations gave "
@@ -364,6 +396,13 @@ def render(result: dict, argv) -> str:
         verdict = "-" if bar is None else f">= {bar}x: {'met' if r['median'] >= bar else 'NOT met'}"
         lines.append(f"| {name} | {num} / {den} | {r['median']:.2f}x | {r['range'][0]:.2f}-"
                      f"{r['range'][1]:.2f} | {verdict} |")
+    lines += ["", "Drafts of the measured requests: tokens drafted per speculative round / share "
+              "accepted (medians over repeats):", "",
+              "| trace | " + " | ".join(CONFIGS[1:]) + " |", "|---|---|---|---|---|"]
+    for name, rows in result["traces"].items():
+        m = rows["measured"]
+        lines.append(f"| {name} | " + " | ".join(
+            f"{m[c]['drafted_per_round']:.1f} / {m[c]['acceptance']:.2f}" for c in CONFIGS[1:]) + " |")
     lines += ["", "Accepted tokens by source (measured requests, first repeat):", ""]
     for name, rows in result["traces"].items():
         parts = [f"{c}: {rows['measured'][c]['accepted_by_source'] or '-'}" for c in CONFIGS[1:]]
@@ -400,6 +439,9 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=96, help="max_tokens per request")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cost-repeats", type=int, default=None,
+                    help="repeats of the fresh trace, whose bar (0.98x) is finer than the "
+                         "others' (default: 3 x --repeats)")
     ap.add_argument("--traces", default=",".join(TRACES), help="comma-separated: " + ", ".join(TRACES))
     ap.add_argument("--index-tokens", type=int, default=1_000_000,
                     help="tokens to fill the index with for the memory measure (0: skip it)")
@@ -411,6 +453,7 @@ def main(argv):
         ap.error(f"unknown trace(s) {sorted(unknown)}; choose from {', '.join(TRACES)}")
     blas = blas_library()
     blas_label = "OpenBLAS" if "openblas" in blas.lower() else "reference BLAS (netlib)"
+    source = source_version()  # before anything runs: what was imported
     target, draft, tokenizer = mlx_spec.load_default_pair()
     started = time.perf_counter()
     for kwargs in configurations(draft).values():  # warm up every path
@@ -418,10 +461,14 @@ def main(argv):
             kwargs["suffix"] = mlx_spec.SuffixIndex()
         generate(target, tokenizer, REPEAT_PROMPTS[0], 16, kwargs)
     traces = build_traces(target, tokenizer, args.tokens, names)
+    cost_repeats = 3 * args.repeats if args.cost_repeats is None else args.cost_repeats
+    repeats_of = {t.name: cost_repeats if t.name == "fresh" else args.repeats for t in traces}
     per_repeat = []
-    for rep in range(args.repeats):
+    for rep in range(max(repeats_of.values())):
         runs = {}
         for trace in traces:
+            if rep >= repeats_of[trace.name]:
+                continue
             runs[trace.name] = run_trace(target, draft, tokenizer, trace, args.tokens, reverse=rep % 2 == 1)
             m = {c: aggregate(runs[trace.name][c][trace.first_measured:]) for c in CONFIGS}
             print(f"repeat {rep + 1} {trace.name}: " + ", ".join(
@@ -430,9 +477,9 @@ def main(argv):
         per_repeat.append(runs)
     decode_minutes = (time.perf_counter() - started) / 60
     result = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "blas": blas,
-              "blas_label": blas_label, "mlx": mx.__version__, "python": platform.python_version(),
+              "blas_label": blas_label, "source": source, "mlx": mx.__version__, "python": platform.python_version(),
               "pair": "shipped (float16)", "greedy": True, "calibration": None,
-              "tokens": args.tokens, "repeats": args.repeats, "argv": argv,
+              "tokens": args.tokens, "repeats": repeats_of, "argv": argv,
               "minutes_decoding": round(decode_minutes, 1),
               "traces": summarise(per_repeat, traces), "index": None}
     if args.index_tokens:
