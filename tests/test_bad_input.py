@@ -183,7 +183,7 @@ CLI_CASES = [
     (["generate", "--draft-model", "{foreign}"], "mismatched vocabularies"),
     (["check", "--samples", "50"], "Invalid value for '--samples'"),
     (["check", "--temp", "0"], "Invalid value for '--temp'"),
-    (["check"], "Give --draft-model or --prompt-lookup: there is nothing to check."),
+    (["check"], "Give --draft-model, --prompt-lookup or --suffix: there is nothing to check."),
     (["bench", "--max-tokens", "1"], "Invalid value for '--max-tokens'"),
     (["bench", "--target-sizes", "0x1"], "--target-sizes wants HIDDENxLAYERS pairs"),
     (["bench", "--json", "/proc/no/such/dir/b.json"], "Cannot write /proc/no/such/dir/b.json"),
