@@ -10,10 +10,10 @@ so the exact acceptance rule applies unchanged.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ..defaults import DEFAULT_MAX_NGRAM  # one place for the CLI and the API
-from .protocol import Proposal, point_mass_proposal
+from .protocol import TextSearchDrafter
 
 DEFAULT_MIN_NGRAM = 1
 PAIRED_MIN_NGRAM = 2  # when a draft model is asked next
@@ -32,7 +32,7 @@ def _continue(found: List[int], k: int) -> List[int]:
     return found
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(TextSearchDrafter):
     source = "lookup"
 
     def __init__(self, target_vocab_size: int, greedy: bool,
@@ -76,12 +76,3 @@ class PromptLookupDrafter:
 
     def can_propose(self, history: List[int]) -> bool:
         return bool(self.lookup(history, 1))
-
-    def propose(self, history: List[int], k: int) -> Optional[Proposal]:
-        found = self.lookup(history, k)
-        if not found:
-            return None
-        return point_mass_proposal(found, self.target_vocab_size, self.greedy, self.source, self)
-
-    def commit(self, num_accepted: int) -> None:
-        pass  # stateless beyond the shared history

@@ -29,3 +29,24 @@ def point_mass_proposal(found: List[int], vocab_size: int, greedy: bool, source:
     if not greedy:
         probs = (mx.arange(vocab_size)[None] == tokens[:, None]).astype(mx.float32)  # (k, V)
     return Proposal(tokens, probs, source, drafter)
+
+
+class TextSearchDrafter:
+    """A drafter that searches token ids on the host (prompt lookup, suffix drafting): its
+    `lookup(history, k)` gives the tokens, proposed as a point mass; nothing to rewind."""
+
+    source: str
+    target_vocab_size: int
+    greedy: bool
+
+    def lookup(self, history: List[int], k: int) -> List[int]:
+        raise NotImplementedError
+
+    def propose(self, history: List[int], k: int) -> Optional[Proposal]:
+        found = self.lookup(history, k)
+        if not found:
+            return None
+        return point_mass_proposal(found, self.target_vocab_size, self.greedy, self.source, self)
+
+    def commit(self, num_accepted: int) -> None:
+        pass  # accepted tokens reach the search through the shared history

@@ -22,7 +22,7 @@ import threading
 import weakref
 from typing import List, Optional
 
-from .protocol import Proposal, point_mass_proposal
+from .protocol import TextSearchDrafter
 from .suffix_index import ANCHOR, DEFAULT_MIN_SHARE, SuffixIndex
 
 LENGTH_PER_MATCHED_TOKEN = 2  # a proposal runs at most this many tokens per matched token
@@ -61,7 +61,7 @@ def check_vocabulary(index: SuffixIndex, target_vocab_size: int) -> None:
                          f"the target's has {target_vocab_size}. Use one index per tokenizer.")
 
 
-class SuffixDrafter:
+class SuffixDrafter(TextSearchDrafter):
     source = "suffix"
 
     def __init__(self, index: SuffixIndex, target_vocab_size: int, greedy: bool,
@@ -98,12 +98,3 @@ class SuffixDrafter:
     def can_propose(self, history: List[int]) -> bool:
         self._join(history)
         return self.index.longest(history).length >= self.min_match
-
-    def propose(self, history: List[int], k: int) -> Optional[Proposal]:
-        found = self.lookup(history, k)
-        if not found:
-            return None
-        return point_mass_proposal(found, self.target_vocab_size, self.greedy, self.source, self)
-
-    def commit(self, num_accepted: int) -> None:
-        pass  # the accepted tokens reach the index through the history
