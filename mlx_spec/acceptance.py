@@ -36,14 +36,15 @@ def greedy_accept(draft_tokens, draft_probs, target_logprobs):
     return num_accepted, target_tokens[num_accepted]
 
 
-def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool):
+def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool, key=None):
     k = draft_tokens.shape[0]
+    u_key, token_key = mx.random.split(key) if key is not None else (None, None)
     p = mx.exp(target_logprobs)  # (k+1, V)
     rows = mx.arange(k)
     p_x = p[rows, draft_tokens]  # (k,)
     q_x = draft_probs[rows, draft_tokens]  # (k,)
     # Accept x_i with probability min(1, p(x_i) / q(x_i)).
-    u = mx.random.uniform(shape=(k,))
+    u = mx.random.uniform(shape=(k,), key=u_key)
     num_accepted = _accepted_prefix(u * q_x < p_x)
     # On rejection at n sample from normalise(max(0, p_n - q_n)); if all k
     # passed, q_k := 0 makes the same line draw the bonus token from p_k.
@@ -52,8 +53,17 @@ def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool
     leftover = mx.maximum(p_n - q_n, 0.0) if residual else p_n
     # p == q leaves no mass (and then rejection had probability 0): fall back to p.
     leftover = mx.where(leftover.sum() > 0, leftover, p_n)
-    next_token = mx.random.categorical(mx.log(leftover)).astype(mx.uint32)
+    next_token = mx.random.categorical(mx.log(leftover), key=token_key).astype(mx.uint32)
     return num_accepted, next_token
+
+
+def keyed_rule(residual: bool = True):
+    """The residual rule drawing from a random key of its own, passed as a fourth argument:
+    a batch row's draws then do not depend on the other rows. `residual=False` gives the
+    broken rule below (the statistical tests' negative control)."""
+    def rule(draft_tokens, draft_probs, target_logprobs, key):
+        return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual, key)
+    return rule
 
 
 @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)

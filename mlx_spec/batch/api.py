@@ -1,0 +1,112 @@
+"""`batch_generate`: many prompts at once, speculating, shaped like mlx-lm's batch_generate.
+
+    from mlx_spec import load_default_pair, batch_generate
+    target_model, draft_model, tokenizer = load_default_pair()
+    result = batch_generate(target_model, tokenizer, ["def add(", "class Stack:"],
+                            draft_model=draft_model, max_tokens=64)
+    result.texts   # one string per prompt, in order
+
+Every prompt is one row of a `BatchEngine`; all rows decode together and each
+row's text is the one it would get alone (greedy: token for token; sampled:
+from the same distribution, its own random stream). Rows beyond
+`max_batch_size` wait and join as others finish (continuous batching).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Union
+
+from ..arguments import check_arguments
+from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS
+from ..sampling import SamplingConfig
+from .engine import BatchEngine
+from .rows import RowRequest
+
+DEFAULT_MAX_BATCH_SIZE = 16
+
+
+@dataclass
+class BatchResponse:
+    texts: List[str]
+    token_ids: List[List[int]]
+    finish_reasons: List[str]
+    stats: dict = field(default_factory=dict)  # tokens, seconds, tokens_per_s, rounds by k, ...
+
+
+def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], draft_model=None,
+                   max_tokens: Union[int, Sequence[int]] = DEFAULT_MAX_TOKENS,
+                   num_draft_tokens: Optional[int] = None,
+                   max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+                   temp: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                   seed: Optional[int] = None, prompt_lookup: Optional[bool] = None,
+                   max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+                   prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                   verbose: bool = False) -> BatchResponse:
+    """Generate for every prompt (text or token ids), speculating with `draft_model` and/or
+    prompt lookup; `num_draft_tokens` pins k (0: plain batched decoding), None lets the
+    batch policy choose it. `seed` gives row i the seed `seed + i`."""
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt.")
+    budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(budgets) != len(prompts):
+        raise ValueError(f"max_tokens has {len(budgets)} entries for {len(prompts)} prompts.")
+    for budget in budgets:
+        check_arguments(max_tokens=budget)
+    check_arguments(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+    if num_draft_tokens is not None and (not isinstance(num_draft_tokens, int)
+                                         or num_draft_tokens < 0):
+        raise ValueError(f"num_draft_tokens must be an int >= 0 or None, got {num_draft_tokens!r}.")
+    if not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
+    if draft_model is not None:
+        from ..loading import check_pair
+
+        check_pair(model, draft_model, tokenizer)
+    sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    ids = [_token_ids(tokenizer, p, i) for i, p in enumerate(prompts)]
+    engine = BatchEngine(model, draft_model, num_draft_tokens=num_draft_tokens,
+                         max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,
+                         stop_tokens=tokenizer.eos_token_ids)
+    requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup)
+                for i, (p, b) in enumerate(zip(ids, budgets))]
+    start = time.perf_counter()
+    waiting, uids = list(reversed(range(len(requests)))), {}
+    tokens = [[] for _ in requests]
+    reasons = [""] * len(requests)
+    while waiting or engine.busy:
+        while waiting and len(engine.rows) + len(engine.joining) < max_batch_size:
+            i = waiting.pop()
+            uids[engine.insert(requests[i])] = i
+        for out in engine.step():
+            i = uids[out.uid]
+            tokens[i] += out.tokens
+            if out.finish_reason is not None:
+                reasons[i] = out.finish_reason
+                if verbose:
+                    print(f"[batch_generate] {sum(map(bool, reasons))}/{len(requests)} done",
+                          end="\r")
+    seconds = time.perf_counter() - start
+    eos = set(tokenizer.eos_token_ids)
+    texts = [tokenizer.decode([t for t in row if t not in eos]) for row in tokens]
+    total = sum(len(row) for row in tokens)
+    stats = {"tokens": total, "seconds": seconds, "tokens_per_s": total / seconds if seconds else 0.0,
+             "rounds_by_k": dict(sorted(engine.rounds.items())), "policy": engine.policy.describe()}
+    if verbose:
+        print(f"\n[batch_generate] {total} tokens in {seconds:.2f} s "
+              f"({stats['tokens_per_s']:.1f} tok/s); rounds by k: {stats['rounds_by_k']}")
+    return BatchResponse(texts, tokens, reasons, stats)
+
+
+def _token_ids(tokenizer, prompt, i: int) -> List[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError(f"Prompt {i} is empty: give at least one token.")
+        return list(tokenizer.encode(prompt))
+    if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
+        raise ValueError(f"Prompt {i} must be text or a list of int token ids.")
+    if not prompt:
+        raise ValueError(f"Prompt {i} is empty: give at least one token.")
+    return list(prompt)

@@ -1,0 +1,99 @@
+"""The draft model for a batch: every row drafts k tokens in the same k one-position passes.
+
+Each row's draft cache holds its history but for `Row.draft_pending`, the
+tokens it has not seen (the last emitted token; also the last draft when all
+were kept; everything a round emitted while another source proposed for the
+row). The first pass feeds every row its pending tokens, right-padded to the
+longest and rolled into place afterwards, and reads each row's logits at its
+own last pending token; the next k - 1 passes feed one draft each. Drafts are
+drawn with each row's own sampling transform and random key, so q is the
+distribution each row's tokens were really drawn from.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..attention import round_attention
+from ..sampling import logprobs_from_logits
+from .kv import BatchCache
+from .rows import Row
+
+
+class BatchDraft:
+    def __init__(self, draft_model, target_vocab_size: int):
+        self.cache = BatchCache(draft_model)
+        self.model = draft_model
+        self.target_vocab_size = target_vocab_size
+        self.fed = 0  # positions the last proposal fed after the pending ones (k - 1)
+
+    def new_row_cache(self) -> list:
+        return make_prompt_cache(self.model)
+
+    def propose(self, rows: Sequence[Row], k: int,
+                drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
+        """Drafts (B, k) and, per sampled row, q (drawn[i], V) (None for greedy rows); lazy.
+
+        Row i draws its first `drawn[i]` drafts with its own sampling and key (the drafts it
+        proposes) and takes the argmax for the rest (never proposed), so its random stream
+        does not depend on how many drafts the other rows want."""
+        pending = [row.draft_pending for row in rows]
+        width = max(len(p) for p in pending)
+        x = mx.array([p + [0] * (width - len(p)) for p in pending], mx.uint32)  # (B, P)
+        rest = [width - len(p) for p in pending]
+        layers = self.cache.layers
+        if any(rest):
+            for layer in layers:
+                layer.prepare(right_padding=rest)
+        with round_attention():
+            logits = self.model(x, cache=layers)  # (B, P, V_d)
+            if any(rest):
+                for layer in layers:
+                    layer.finalize()  # each row's pending now ends where the others' do
+            last = mx.array([len(p) - 1 for p in pending])
+            logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # (B, V_d)
+            self.cache.padding = [p + r for p, r in zip(self.cache.padding, rest)]
+            tokens, probs = [], [[] for _ in rows]
+            for i in range(k):
+                y = self._draw(rows, logits, probs, [i < n for n in drawn])  # (B,)
+                mx.async_eval(y)
+                tokens.append(y)
+                if i + 1 < k:
+                    logits = self.model(y[:, None], cache=layers)[:, -1]
+        self.fed = k - 1
+        q = [mx.stack(p) if p else None for p in probs]
+        pad = self.target_vocab_size - logits.shape[-1]
+        if pad > 0:  # a draft vocabulary padded shorter than the target's
+            q = [None if p is None else mx.pad(p, [(0, 0), (0, pad)]) for p in q]
+        return mx.stack(tokens, axis=1), q
+
+    @staticmethod
+    def _draw(rows: Sequence[Row], logits: mx.array, probs: list, sampled) -> mx.array:
+        greedy = mx.argmax(logits, axis=-1).astype(mx.uint32)  # (B,)
+        if all(row.greedy or not s for row, s in zip(rows, sampled)):
+            return greedy
+        drawn = []
+        for i, row in enumerate(rows):
+            if row.greedy or not sampled[i]:
+                drawn.append(greedy[i])
+                continue
+            logprobs = logprobs_from_logits(logits[i], row.request.sampling)  # (V_d,)
+            probs[i].append(mx.exp(logprobs))
+            drawn.append(mx.random.categorical(logprobs, key=row.next_key()).astype(mx.uint32))
+        return mx.stack(drawn)
+
+    def settle(self, rows: Sequence[Row], ran: bool, kept_drafts: Sequence[int],
+               emitted: Sequence[List[int]]) -> None:
+        """After verification: row i keeps `kept_drafts[i]` of the draft model's own drafts
+        (0 when another source proposed for it) and emitted `emitted[i]`."""
+        if not ran:
+            for row, tokens in zip(rows, emitted):
+                row.draft_pending = row.draft_pending + tokens
+            return
+        keep = [min(n, self.fed) for n in kept_drafts]
+        self.cache.keep(self.fed, keep)
+        for row, n, tokens in zip(rows, keep, emitted):
+            row.draft_pending = tokens[n:]

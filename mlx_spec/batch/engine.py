@@ -1,0 +1,224 @@
+"""Continuous batching with speculation: rows join and leave between rounds.
+
+    engine = BatchEngine(target_model, draft_model)
+    uid = engine.insert(RowRequest(prompt, max_tokens=64))
+    while engine.busy:
+        for out in engine.step():   # one prefill chunk, then one round for every row
+            ...                     # out.uid, out.tokens, out.finish_reason
+
+`step()` first prefills one chunk (`prefill_step_size` tokens) of the oldest
+waiting prompt on its own one-row cache, so a long prompt never stalls the
+rows already decoding for more than a chunk; a prompt fully prefilled joins
+the batch. Then one round for every row: proposals (prompt lookup per row,
+the draft model for all rows that have none, in one batched pass per draft
+position), the batched verify (verify.py), per-row acceptance and rewind
+(kv.py). A row that ends (a stop token, its budget, `cancel`) leaves the
+batch at once; with `keep_cache` its cache is handed back holding exactly its
+prompt and output, for the prompt-cache store.
+
+Not thread-safe: one thread calls insert, step and cancel (the server's
+generation thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from typing import Deque, Dict, List, Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
+from ..loading import vocab_size
+from .drafts import BatchDraft
+from .kv import BatchCache, batchable
+from .policy import BatchPolicy
+from .rows import Row, RowOutput, RowRequest, make_row
+from .verify import ACCEPT, RowProposal, emitted_tokens, reported_logprobs, verify
+
+
+class Joining:
+    """A row whose prompt is being prefilled on one-row caches of its own."""
+
+    def __init__(self, row: Row, target_layers: list, draft_layers: Optional[list], done: int):
+        self.row, self.target_layers, self.draft_layers = row, target_layers, draft_layers
+        self.done = done  # prompt tokens the caches hold
+
+
+class BatchEngine:
+    def __init__(self, target_model, draft_model=None, *, num_draft_tokens: Optional[int] = None,
+                 max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+                 prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
+                 accept=ACCEPT):
+        for role, model in (("target", target_model), ("draft", draft_model)):
+            if model is not None and not batchable(model):
+                raise ValueError(f"The {role} model's cache layers are not all plain KVCache, "
+                                 "which batched decoding needs; serve it one request at a time.")
+        if prefill_step_size < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
+        self.target_model, self.draft_model = target_model, draft_model
+        self.vocab_size = vocab_size(target_model)
+        self.target = BatchCache(target_model)
+        self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
+        self.policy = BatchPolicy(max_draft_tokens, drafting=True, fixed=num_draft_tokens)
+        self.prefill_step_size = prefill_step_size
+        self.stop_tokens = frozenset(stop_tokens)
+        self.accept = accept
+        self.rows: List[Row] = []
+        self.joining: Deque[Joining] = deque()
+        self._uids = itertools.count()
+        self.rounds: Dict[int, int] = {}  # k -> rounds run (for reports)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.joining)
+
+    def insert(self, request: RowRequest, cache: Optional[list] = None, cached: int = 0) -> int:
+        """Queue a row; `cache` (target layers, then the draft's) already holds `cached` of
+        its prompt tokens. Returns the row's uid."""
+        if not request.prompt:
+            raise ValueError("The prompt is empty: give at least one token.")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}.")
+        if request.sampling.sampler is not None:
+            raise ValueError("A custom sampler cannot be batched: pass temp/top_p/top_k/min_p.")
+        bad = next((t for t in request.prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"Prompt token id {bad} is outside the target's vocabulary "
+                             f"(0..{self.vocab_size - 1}).")
+        if not 0 <= cached < len(request.prompt):
+            raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
+        row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
+                       self.draft is not None)
+        n_target = len(self.target_model.layers)
+        if cache is None:
+            cache = make_prompt_cache(self.target_model) + (
+                self.draft.new_row_cache() if self.draft is not None else [])
+        draft_layers = cache[n_target:] if self.draft is not None else None
+        self.joining.append(Joining(row, cache[:n_target], draft_layers, cached))
+        return row.uid
+
+    def cancel(self, uid: int) -> Optional[RowOutput]:
+        """End a row now (the client left): its cache, with keep_cache, as its end."""
+        for j in list(self.joining):
+            if j.row.uid == uid:
+                self.joining.remove(j)
+                return RowOutput(uid, [], "cancelled", 0, 0, "target")
+        for i, row in enumerate(self.rows):
+            if row.uid == uid:
+                out = RowOutput(uid, [], "cancelled", 0, 0, "target",
+                                cache=self._row_cache(i) if row.request.keep_cache else None)
+                self._drop([i])
+                return out
+        return None
+
+    def step(self) -> List[RowOutput]:
+        self._prefill_chunk()
+        if not self.rows:
+            return []
+        start = time.perf_counter()
+        k = self.policy.choose(len(self.rows))
+        outputs = self._round(k)
+        emitted = sum(len(o.tokens) for o in outputs)
+        self.policy.observe(len(outputs), k, emitted, time.perf_counter() - start)
+        self.rounds[k] = self.rounds.get(k, 0) + 1
+        return outputs
+
+    def _prefill_chunk(self) -> None:
+        if not self.joining:
+            return
+        j = self.joining[0]
+        prompt = j.row.history
+        chunk = prompt[j.done:min(j.done + self.prefill_step_size, len(prompt) - 1)]
+        if chunk:
+            x = mx.array(chunk, mx.uint32)[None]
+            self.target_model(x, cache=j.target_layers)
+            states = [c.state for c in j.target_layers]
+            if self.draft is not None:
+                self.draft_model(x, cache=j.draft_layers)
+                states += [c.state for c in j.draft_layers]
+            mx.eval(states)
+            j.done += len(chunk)
+        if j.done < len(prompt) - 1:
+            return
+        self.joining.popleft()
+        self.target.join(j.target_layers)
+        if self.draft is not None:
+            self.draft.cache.join(j.draft_layers)
+            j.row.draft_pending = [prompt[-1]]
+        self.rows.append(j.row)
+
+    def _round(self, k: int) -> List[RowOutput]:
+        rows = self.rows
+        wants = [row.wants(k) for row in rows]
+        proposals: List[Optional[RowProposal]] = [None] * len(rows)
+        for i, (row, n) in enumerate(zip(rows, wants)):
+            if n and row.lookup is not None:
+                found = row.lookup.propose(row.history, n)
+                if found is not None:
+                    proposals[i] = RowProposal(found.tokens, found.probs, "lookup", row.lookup)
+        draft_k = max((n for n, p in zip(wants, proposals) if p is None), default=0)
+        ran = self.draft is not None and draft_k > 0
+        if ran:
+            drawn = [n if p is None else 0 for n, p in zip(wants, proposals)]
+            tokens, probs = self.draft.propose(rows, draft_k, drawn)  # (B, draft_k)
+            for i, n in enumerate(wants):
+                if proposals[i] is None and n:
+                    proposals[i] = RowProposal(tokens[i, :n], None if probs[i] is None
+                                               else probs[i][:n], "draft")
+        verdicts = verify(self.target, rows, proposals, self.accept)
+        width = max(len(v.drafted) for v in verdicts)
+        outputs, kept, kept_drafts, emitted, ended = [], [], [], [], []
+        for i, (row, proposal, verdict) in enumerate(zip(rows, proposals, verdicts)):
+            tokens, finish = emitted_tokens(row, verdict)
+            kept.append(len(tokens))
+            kept_drafts.append(len(tokens) - 1 if proposal is not None
+                               and proposal.source == "draft" else 0)
+            emitted.append(tokens)
+            if proposal is not None and proposal.drafter is not None:
+                proposal.drafter.commit(min(verdict.accepted, len(tokens)))
+            row.history.extend(tokens)
+            row.emitted += len(tokens)
+            logprobs = reported_logprobs(row, verdict, len(tokens)) if row.request.logprobs else None
+            outputs.append(RowOutput(row.uid, tokens, finish, len(verdict.drafted),
+                                     min(verdict.accepted, len(tokens)),
+                                     proposal.source if proposal is not None else "target",
+                                     logprobs))
+            if finish is not None:
+                ended.append(i)
+        self.target.keep(width + 1, kept)
+        if self.draft is not None:
+            self.draft.settle(rows, ran, kept_drafts, emitted)
+        if ended:
+            for i in ended:
+                if rows[i].request.keep_cache:
+                    o = outputs[i]
+                    outputs[i] = RowOutput(o.uid, o.tokens, o.finish_reason, o.num_drafted,
+                                           o.num_accepted, o.source, o.logprobs,
+                                           self._row_cache(i))
+            self._drop(ended)
+        return outputs
+
+    def _row_cache(self, i: int) -> list:
+        """Row i's caches as one-row lists holding exactly its history (target, then draft)."""
+        row = self.rows[i]
+        target = self.target.extract(i)
+        self.target_model(mx.array(row.history[-1:], mx.uint32)[None], cache=target)
+        layers = target
+        if self.draft is not None:
+            draft = self.draft.cache.extract(i)
+            if row.draft_pending:
+                self.draft_model(mx.array(row.draft_pending, mx.uint32)[None], cache=draft)
+            layers = target + draft
+        mx.eval([c.state for c in layers])
+        return layers
+
+    def _drop(self, ended: List[int]) -> None:
+        keep = [i for i in range(len(self.rows)) if i not in set(ended)]
+        self.rows = [self.rows[i] for i in keep]
+        self.target.drop(keep)
+        if self.draft is not None:
+            self.draft.cache.drop(keep)

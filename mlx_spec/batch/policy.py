@@ -1,0 +1,84 @@
+"""How many drafts a batch verifies per row: chosen by the batch's measured goodput.
+
+A verify pass over B rows of k + 1 tokens costs more as B x (k + 1) grows, and
+where it turns compute-bound (a CPU, a large batch) drafting stops paying for
+itself. So the batch's k is measured, not assumed: for each batch size the
+policy keeps a decayed rate (tokens emitted per second) for every k it has
+run, stays at the best, and every EXPLORE_EVERY rounds tries a neighbour
+(k - 1 and k + 1 in turn; k = 0 is plain batched decoding) for a few rounds,
+moving only when the neighbour is better by MARGIN. Exactness never depends
+on k.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+DECAY = 0.7  # weight of the past in each rate
+EXPLORE_EVERY = 8  # rounds at the chosen k between two trials of a neighbour
+TRIAL_ROUNDS = 2
+MARGIN = 0.03
+FIRST_K = 2
+
+
+class BatchPolicy:
+    def __init__(self, max_k: int, drafting: bool, fixed: Optional[int] = None):
+        if fixed is not None and fixed < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {fixed}.")
+        if max_k < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_k}.")
+        self.max_k, self.drafting, self.fixed = max_k, drafting, fixed
+        self._chosen: Dict[int, int] = {}  # batch size -> k
+        self._rates: Dict[int, Dict[int, float]] = {}  # batch size -> k -> tokens/s
+        self._since: Dict[int, int] = {}  # rounds at the chosen k since the last trial
+        self._trial: Dict[int, tuple] = {}  # batch size -> (k on trial, rounds left)
+        self._direction: Dict[int, int] = {}
+
+    def choose(self, batch: int) -> int:
+        if self.fixed is not None or not self.drafting:
+            return self.fixed if self.fixed is not None else 0
+        chosen = self._chosen.setdefault(batch, self._start(batch))
+        trial = self._trial.get(batch)
+        if trial is not None:
+            return trial[0]
+        if self._since.get(batch, 0) >= EXPLORE_EVERY:
+            direction = self._direction.get(batch, -1)
+            neighbour = chosen + direction
+            if not 0 <= neighbour <= self.max_k:
+                direction, neighbour = -direction, chosen - direction
+            self._direction[batch] = -direction
+            self._since[batch] = 0
+            self._trial[batch] = (neighbour, TRIAL_ROUNDS)
+            return neighbour
+        return chosen
+
+    def _start(self, batch: int) -> int:
+        """A new batch size starts where the nearest measured one is (else FIRST_K)."""
+        if not self._chosen:
+            return min(FIRST_K, self.max_k)
+        nearest = min(self._chosen, key=lambda b: abs(b - batch))
+        return self._chosen[nearest]
+
+    def observe(self, batch: int, k: int, tokens: int, seconds: float) -> None:
+        if self.fixed is not None or not self.drafting or seconds <= 0:
+            return
+        rates = self._rates.setdefault(batch, {})
+        rate = tokens / seconds
+        rates[k] = rate if k not in rates else DECAY * rates[k] + (1 - DECAY) * rate
+        trial = self._trial.get(batch)
+        if trial is not None and trial[0] == k:
+            left = trial[1] - 1
+            if left > 0:
+                self._trial[batch] = (k, left)
+                return
+            del self._trial[batch]
+            chosen = self._chosen[batch]
+            if rates[k] > rates.get(chosen, 0.0) * (1 + MARGIN):
+                self._chosen[batch] = k
+            return
+        self._since[batch] = self._since.get(batch, 0) + 1
+
+    def describe(self) -> dict:
+        return {"policy": "batch", "fixed": self.fixed, "chosen": dict(self._chosen),
+                "rates": {b: {k: round(r, 1) for k, r in rates.items()}
+                          for b, rates in self._rates.items()}}

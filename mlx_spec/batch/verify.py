@@ -1,0 +1,112 @@
+"""One batched round: the target verifies every row's drafts in one pass; each row is judged alone.
+
+The verify input is (B, width + 1): each row's last token, its drafts, and
+filler after a row's own drafts where another row drafted more (a row never
+accepts past its own drafts, so filler is never kept). Each row is then
+judged by its own rule on its own slice: greedy rows compare the target's
+argmax with their drafts on the host, sampled rows run the residual rule
+with their own random key. Everything the host needs from every row comes
+back in one transfer: the round's only sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import mlx.core as mx
+
+from ..acceptance import keyed_rule
+from ..attention import round_attention
+from ..loop import processed
+from ..sampling import logprobs_from_logits, model_logprobs
+from .kv import BatchCache
+from .rows import Row
+
+
+@dataclass
+class RowProposal:
+    tokens: mx.array  # (n,) uint32, lazy
+    probs: Optional[mx.array]  # (n, V) q for a sampled row, None for a greedy one
+    source: str  # "draft" or "lookup"
+    drafter: object = None  # prompt lookup, told how much was kept
+
+
+@dataclass
+class Verdict:
+    """One row's outcome: `accepted` drafts were kept, then the target's `token`."""
+
+    drafted: List[int]
+    accepted: int
+    token: int
+    logits: mx.array  # (n + 1, V) the target's, after the row's processors, lazy
+
+
+ACCEPT = keyed_rule(residual=True)
+
+
+def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional[RowProposal]],
+           accept=ACCEPT) -> List[Verdict]:
+    lengths = [0 if p is None else p.tokens.shape[0] for p in proposals]
+    width = max(lengths)
+    inputs = []
+    for row, proposal, n in zip(rows, proposals, lengths):
+        parts = [mx.array(row.history[-1:], mx.uint32)]
+        if n:
+            parts.append(proposal.tokens.astype(mx.uint32))
+        if width - n:
+            parts.append(mx.zeros((width - n,), mx.uint32))
+        inputs.append(mx.concatenate(parts))
+    with round_attention():
+        target_logits = target.model(mx.stack(inputs), cache=target.layers)  # (B, width + 1, V)
+    summaries, row_logits = [], []
+    for i, (row, proposal, n) in enumerate(zip(rows, proposals, lengths)):
+        logits = target_logits[i, :n + 1]  # (n + 1, V)
+        drafts = proposal.tokens.astype(mx.uint32) if n else mx.zeros((0,), mx.uint32)
+        if row.request.logits_processors:
+            logits = processed(row.request.logits_processors, mx.array(row.history, mx.uint32),
+                               drafts, logits)
+        row_logits.append(logits)
+        if row.greedy:
+            judged = mx.argmax(logits, axis=-1).astype(mx.uint32)  # (n + 1,) prefix on the host
+        else:
+            logprobs = logprobs_from_logits(logits, row.request.sampling)
+            if n:
+                accepted, token = accept(drafts, proposal.probs, logprobs, row.next_key())
+            else:
+                accepted = mx.array(0)
+                token = mx.random.categorical(logprobs[0], key=row.next_key())
+            judged = mx.stack([accepted.astype(mx.uint32), token.astype(mx.uint32)])
+        summaries += [judged, drafts]
+    values = mx.concatenate(summaries).tolist()  # the only sync of the round
+    verdicts, at = [], 0
+    for row, n, logits in zip(rows, lengths, row_logits):
+        judged_size = n + 1 if row.greedy else 2
+        judged, drafted = values[at:at + judged_size], values[at + judged_size:at + judged_size + n]
+        at += judged_size + n
+        if row.greedy:
+            accepted = 0
+            while accepted < n and drafted[accepted] == judged[accepted]:
+                accepted += 1
+            token = judged[accepted]
+        else:
+            accepted, token = judged
+        verdicts.append(Verdict(drafted, accepted, token, logits))
+    return verdicts
+
+
+def emitted_tokens(row: Row, verdict: Verdict):
+    """(tokens the row emits, finish reason or None): cut at an accepted stop token and at
+    the row's budget."""
+    tokens = verdict.drafted[:verdict.accepted] + [verdict.token]
+    for i, t in enumerate(tokens):
+        if t in row.stop_tokens:
+            return tokens[:i + 1], "stop"
+    if len(tokens) >= row.room:
+        return tokens[:row.room], "length"
+    return tokens, None
+
+
+def reported_logprobs(row: Row, verdict: Verdict, count: int) -> mx.array:
+    """The target's own log-probabilities of the row's first `count` positions (lazy)."""
+    return model_logprobs(verdict.logits[:count])

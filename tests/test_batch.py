@@ -1,0 +1,229 @@
+"""Batched speculative decoding (mlx_spec.batch): every row as if it were alone.
+
+- Greedy: ragged batches of 1, 2 and 5 rows, several k, draft model / prompt lookup /
+  none: every row equals mlx-lm's own greedy decoding of its prompt, token for token.
+- Rows joining mid-batch and rows cancelled mid-batch change nobody else's tokens; the
+  caches are empty again when the batch drains; a row's kept cache holds its text exactly.
+- T = 1: chi-square of tokens 3 and 4 of one prompt's rows in a batch that is refilled as
+  rows end (other prompts beside it), with a poor draft: most samples rewound a rejected
+  draft before token 3. The broken rule (resampling from p) must fail the same test.
+"""
+
+import random
+
+import mlx.core as mx
+import pytest
+
+from families import make_family, plain_greedy
+from tiny import make_llama, perturbed
+
+from mlx_spec.acceptance import keyed_rule
+from mlx_spec.batch import BatchEngine, RowRequest, batchable
+from mlx_spec.exactness import chi_square
+from mlx_spec.sampling import SamplingConfig
+
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_llama(seed=0)
+    return target, perturbed(target, 0.05, 1)
+
+
+def ragged_prompts(count, seed=0):
+    rng = random.Random(seed)
+    lengths = [5, 1, 17, 9, 3][:count]
+    return [[rng.randrange(64) for _ in range(n)] for n in lengths]
+
+
+def run(engine, requests, joins=(), cancels=()):
+    """Every row's tokens; `joins`: (step, request) inserted at that step; `cancels`: (step,
+    index of a request in `requests`)."""
+    uids = [engine.insert(r) for r in requests]
+    out = {u: [] for u in uids}
+    step = 0
+    joins, cancels = list(joins), list(cancels)
+    while engine.busy or joins:
+        for at, request in [j for j in joins if j[0] == step]:
+            uid = engine.insert(request)
+            uids.append(uid)
+            out[uid] = []
+            joins.remove((at, request))
+        for at, index in [c for c in cancels if c[0] == step]:
+            engine.cancel(uids[index])
+        for o in engine.step():
+            out[o.uid] += o.tokens
+        step += 1
+    return [out[u] for u in uids]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("k", [None, 1, 3])
+@pytest.mark.parametrize("source", ["draft", "lookup", "draft+lookup"])
+def test_every_row_equals_its_own_greedy_decoding(pair, rows, k, source):
+    target, draft = pair
+    prompts = ragged_prompts(rows)
+    if "lookup" in source:  # something to look up: the prompt repeats itself
+        prompts = [p + p + p for p in prompts]
+    engine = BatchEngine(target, draft if "draft" in source else None, num_draft_tokens=k)
+    got = run(engine, [RowRequest(p, MAX_TOKENS, prompt_lookup="lookup" in source)
+                       for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, MAX_TOKENS)
+    assert sum(n for kk, n in engine.rounds.items() if kk > 0) > 0  # it really speculated
+
+
+def test_drafts_were_accepted_in_batches(pair):
+    """The draft model's batched drafts are really the draft's: an identical draft is kept."""
+    target, _ = pair
+    engine = BatchEngine(target, target, num_draft_tokens=4)
+    uids = [engine.insert(RowRequest(p, MAX_TOKENS, prompt_lookup=False)) for p in ragged_prompts(5)]
+    drafted = accepted = 0
+    while engine.busy:
+        for o in engine.step():
+            drafted += o.num_drafted
+            accepted += o.num_accepted
+    assert len(uids) == 5 and drafted > 100 and accepted >= 0.95 * drafted, (accepted, drafted)
+
+
+def test_rows_joining_and_cancelled_mid_batch_change_nobody_else(pair):
+    target, draft = pair
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, draft, num_draft_tokens=3)
+    late = RowRequest([7, 7, 1, 2], MAX_TOKENS)
+    got = run(engine, [RowRequest(p, MAX_TOKENS) for p in prompts],
+              joins=[(4, late)], cancels=[(6, 1)])
+    for i, prompt in enumerate(prompts):
+        if i != 1:
+            assert got[i] == plain_greedy(target, prompt, MAX_TOKENS)
+    assert 0 < len(got[1]) < MAX_TOKENS  # cancelled mid-way
+    assert got[5] == plain_greedy(target, late.prompt, MAX_TOKENS)
+    assert engine.target.layers is None and engine.draft.cache.layers is None  # drained
+
+
+def test_a_kept_cache_holds_exactly_the_rows_text(pair):
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    engine = BatchEngine(target, draft, num_draft_tokens=2)
+    uids = [engine.insert(RowRequest(p, 12, keep_cache=True)) for p in prompts]
+    ends = {}
+    tokens = {u: [] for u in uids}
+    while engine.busy:
+        for o in engine.step():
+            tokens[o.uid] += o.tokens
+            if o.finish_reason:
+                ends[o.uid] = o.cache
+    for uid, prompt in zip(uids, prompts):
+        text = prompt + tokens[uid]
+        cache = ends[uid]
+        n_target = len(target.layers)
+        assert [c.offset for c in cache] == [len(text)] * len(cache)
+        # The next token from the kept cache is the one a fresh forward gives.
+        from_cache = target(mx.array([[3]]), cache=cache[:n_target])[0, -1]
+        fresh = target(mx.array([text + [3]]))[0, -1]
+        assert mx.allclose(from_cache, fresh, atol=1e-4).item()
+
+
+def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(pair):
+    target, draft = pair
+    sampling = SamplingConfig(temp=1.0)
+    prompt = [5, 9, 2]
+    alone = run(BatchEngine(target, draft, num_draft_tokens=3),
+                [RowRequest(prompt, 24, sampling, seed=11)])[0]
+    crowd = run(BatchEngine(target, draft, num_draft_tokens=3),
+                [RowRequest(p, 24, sampling, seed=i) for i, p in enumerate(ragged_prompts(4))]
+                + [RowRequest(prompt, 24, sampling, seed=11)])[-1]
+    assert alone == crowd
+
+
+def test_targets_it_cannot_batch_are_refused_in_one_sentence():
+    hybrid = make_family("qwen3_5")
+    assert not batchable(hybrid)
+    with pytest.raises(ValueError, match="one request at a time"):
+        BatchEngine(hybrid)
+
+
+def test_bad_rows_are_refused(pair):
+    target, _ = pair
+    engine = BatchEngine(target)
+    with pytest.raises(ValueError, match="empty"):
+        engine.insert(RowRequest([], 4))
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.insert(RowRequest([1, 999], 4))
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.insert(RowRequest([1], 0))
+
+
+# --- T = 1: tokens 3 and 4 of rows in a continuously refilled batch ---
+
+SMALL_VOCAB = 8
+PROMPT = [3, 1, 4]
+SAMPLES = 600
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    return (make_llama(vocab_size=SMALL_VOCAB, seed=0),
+            make_llama(vocab_size=SMALL_VOCAB, seed=7, hidden=32, layers=1))
+
+
+def sample_rows(target, draft, accept, samples, width=6):
+    """Counts of (t3, t4) of `samples` rows of PROMPT, generated 4 tokens each in a batch
+    kept `width` rows wide, half of them other prompts of other lengths."""
+    engine = BatchEngine(target, draft, num_draft_tokens=2, accept=accept)
+    sampling = SamplingConfig(temp=1.0)
+    rng = random.Random(0)
+    ours, counts, started, rewound = set(), {}, 0, 0
+    tokens, rejected_early = {}, set()
+    while started < samples or engine.busy:
+        while started < samples and len(engine.rows) + len(engine.joining) < width:
+            if rng.random() < 0.5:
+                uid = engine.insert(RowRequest(PROMPT, 4, sampling))
+                ours.add(uid)
+                started += 1
+            else:
+                other = [rng.randrange(SMALL_VOCAB) for _ in range(rng.randrange(1, 7))]
+                uid = engine.insert(RowRequest(other, rng.randrange(1, 6), sampling))
+            tokens[uid] = []
+        for o in engine.step():
+            before = len(tokens[o.uid])
+            tokens[o.uid] += o.tokens
+            if o.num_accepted < o.num_drafted and before + len(o.tokens) < 3:
+                rejected_early.add(o.uid)
+            if o.finish_reason and o.uid in ours:
+                t = tokens[o.uid]
+                counts[(t[2], t[3])] = counts.get((t[2], t[3]), 0) + 1
+                rewound += o.uid in rejected_early
+    return counts, rewound
+
+
+def exact_third_and_fourth(target_model, prompt, sampling):
+    import numpy as np
+    from mlx_spec.sampling import logprobs_from_logits
+
+    joint = {(): 1.0}
+    for _ in range(4):
+        prefixes = list(joint)
+        logits = target_model(mx.array([prompt + list(p) for p in prefixes]))[:, -1]
+        p = np.array(mx.exp(logprobs_from_logits(logits, sampling)), np.float64)
+        joint = {prefix + (t,): joint[prefix] * p[row, t]
+                 for row, prefix in enumerate(prefixes) for t in range(p.shape[1])}
+    exact = {}
+    for tokens, prob in joint.items():
+        exact[tokens[2:]] = exact.get(tokens[2:], 0.0) + prob
+    return exact
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_rows_after_a_rejection_are_distributed_as_the_target(small_pair, residual, exact):
+    target, draft = small_pair
+    mx.random.seed(0)
+    counts, rewound = sample_rows(target, draft, keyed_rule(residual), SAMPLES)
+    assert sum(counts.values()) == SAMPLES
+    assert rewound > SAMPLES // 2, rewound  # tokens 3 and 4 mostly came after a rewind
+    statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
+        target, PROMPT, SamplingConfig(temp=1.0)))
+    assert (p_value > ALPHA) == exact, (statistic, dof, p_value)
