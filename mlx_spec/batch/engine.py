@@ -6,10 +6,10 @@
         for out in engine.step():   # one prefill chunk, then one round for every row
             ...                     # out.uid, out.tokens, out.finish_reason
 
-`step()` first prefills one chunk (`prefill_step_size` tokens) of the oldest
-waiting prompt on its own one-row cache, so a long prompt never stalls the
-rows already decoding for more than a chunk; a prompt fully prefilled joins
-the batch. Then one round for every row: proposals (prompt lookup per row,
+`step()` first prefills up to `prefill_step_size` prompt tokens of the
+waiting rows, oldest first, each on its own one-row cache, so a long prompt
+never stalls the rows already decoding for more than a chunk; a prompt fully
+prefilled joins the batch (several short ones join in one step). Then one round for every row: proposals (prompt lookup per row,
 the draft model for all rows that have none, in one batched pass per draft
 position), the batched verify (verify.py), per-row acceptance and rewind
 (kv.py). A row that ends (a stop token, its budget, `cancel`) leaves the
@@ -128,11 +128,16 @@ class BatchEngine:
         return outputs
 
     def _prefill_chunk(self) -> None:
-        if not self.joining:
-            return
+        budget = self.prefill_step_size
+        while self.joining and budget > 0:
+            budget -= self._prefill_one(budget)
+
+    def _prefill_one(self, budget: int) -> int:
+        """Prefill up to `budget` tokens of the oldest waiting row; returns how many (at least
+        1, so a loop over rows always ends)."""
         j = self.joining[0]
         prompt = j.row.history
-        chunk = prompt[j.done:min(j.done + self.prefill_step_size, len(prompt) - 1)]
+        chunk = prompt[j.done:min(j.done + budget, len(prompt) - 1)]
         if chunk:
             x = mx.array(chunk, mx.uint32)[None]
             self.target_model(x, cache=j.target_layers)
@@ -143,13 +148,14 @@ class BatchEngine:
             mx.eval(states)
             j.done += len(chunk)
         if j.done < len(prompt) - 1:
-            return
+            return len(chunk)
         self.joining.popleft()
         self.target.join(j.target_layers)
         if self.draft is not None:
             self.draft.cache.join(j.draft_layers)
             j.row.draft_pending = [prompt[-1]]
         self.rows.append(j.row)
+        return max(1, len(chunk))
 
     def _round(self, k: int) -> List[RowOutput]:
         rows = self.rows

@@ -6,8 +6,13 @@ itself. So the batch's k is measured, not assumed: for each batch size the
 policy keeps a decayed rate (tokens emitted per second) for every k it has
 run, stays at the best, and every EXPLORE_EVERY rounds tries a neighbour
 (k - 1 and k + 1 in turn; k = 0 is plain batched decoding) for a few rounds,
-moving only when the neighbour is better by MARGIN. Exactness never depends
-on k.
+moving only when the neighbour is better by MARGIN; each losing trial doubles
+the wait before the next one (up to MAX_EXPLORE_EVERY), a winning one resets it. A batch size seen for the
+first time starts where the nearest one measured is (the very first at
+FIRST_K) and, if that drafts, tries plain decoding after FIRST_TRIAL_AFTER
+rounds: the two are usually far apart, stepping there one k at a time takes
+dozens of rounds, and a trial of plain rounds is cheap. Exactness never
+depends on k.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from typing import Dict, Optional
 
 DECAY = 0.7  # weight of the past in each rate
 EXPLORE_EVERY = 8  # rounds at the chosen k between two trials of a neighbour
+MAX_EXPLORE_EVERY = 128
 TRIAL_ROUNDS = 2
 MARGIN = 0.03
 FIRST_K = 2
+FIRST_TRIAL_AFTER = 2
 
 
 class BatchPolicy:
@@ -33,15 +40,25 @@ class BatchPolicy:
         self._since: Dict[int, int] = {}  # rounds at the chosen k since the last trial
         self._trial: Dict[int, tuple] = {}  # batch size -> (k on trial, rounds left)
         self._direction: Dict[int, int] = {}
+        self._first: Dict[int, int] = {}  # batch size -> the k its first trial runs
+        self._every: Dict[int, int] = {}  # batch size -> rounds between trials now
 
     def choose(self, batch: int) -> int:
         if self.fixed is not None or not self.drafting:
             return self.fixed if self.fixed is not None else 0
-        chosen = self._chosen.setdefault(batch, self._start(batch))
+        if batch not in self._chosen:
+            self._chosen[batch] = self._start(batch)
+            if self._chosen[batch]:  # drafting: try plain decoding soon
+                self._first[batch] = 0
+        chosen = self._chosen[batch]
         trial = self._trial.get(batch)
         if trial is not None:
             return trial[0]
-        if self._since.get(batch, 0) >= EXPLORE_EVERY:
+        if batch in self._first and self._since.get(batch, 0) >= FIRST_TRIAL_AFTER:
+            self._since[batch] = 0
+            self._trial[batch] = (self._first.pop(batch), TRIAL_ROUNDS)
+            return self._trial[batch][0]
+        if self._since.get(batch, 0) >= self._every.get(batch, EXPLORE_EVERY):
             direction = self._direction.get(batch, -1)
             neighbour = chosen + direction
             if not 0 <= neighbour <= self.max_k:
@@ -75,6 +92,10 @@ class BatchPolicy:
             chosen = self._chosen[batch]
             if rates[k] > rates.get(chosen, 0.0) * (1 + MARGIN):
                 self._chosen[batch] = k
+                self._every[batch] = EXPLORE_EVERY
+            else:
+                self._every[batch] = min(2 * self._every.get(batch, EXPLORE_EVERY),
+                                         MAX_EXPLORE_EVERY)
             return
         self._since[batch] = self._since.get(batch, 0) + 1
 
