@@ -33,6 +33,7 @@ from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.prompts import chat_prompt_ids, completion_prompt_ids  # noqa: E402
 from mlx_spec.server.stop_strings import StopMatcher  # noqa: E402
+from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
 
 MODEL_ID = "mlx-spec-default"
@@ -65,11 +66,12 @@ def pair():
     return load_default_pair()
 
 
-@pytest.fixture(scope="module")
-def served(pair):
+@pytest.fixture(scope="module", params=[GenerationWorker, BatchWorker], ids=["serial", "batched"])
+def served(pair, request):
+    """The server with each worker: one request at a time, and all of them in one batch."""
     target, draft, tokenizer = pair
-    worker = GenerationWorker(target, tokenizer, draft, store=PromptCacheStore(2**30),
-                              max_concurrency=8)
+    worker = request.param(target, tokenizer, draft, store=PromptCacheStore(2**30),
+                           max_concurrency=8)
     server, thread, url = serve_in_background(create_app(worker, MODEL_ID))
     yield Served(url, worker, tokenizer, target, draft)
     server.should_exit = True

@@ -35,6 +35,7 @@ from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.prompts import completion_prompt_ids  # noqa: E402
 from mlx_spec.server.requests import Settings  # noqa: E402
 from mlx_spec.server.suffix_scope import SCOPES, SuffixScopes, bearer_key  # noqa: E402
+from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
 
 MODEL_ID = "mlx-spec-default"
@@ -43,17 +44,18 @@ MAX_TOKENS = 40
 K = 8  # pinned: a fixed policy, so every count below repeats exactly
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return load_default_pair()
+@pytest.fixture(scope="module", params=[GenerationWorker, BatchWorker], ids=["serial", "batched"])
+def pair(request):
+    """The shipped pair and the worker to serve it with (one request at a time, or batched)."""
+    return (*load_default_pair(), request.param)
 
 
 class Server:
     """A server on a free port for one test; `stop()` shuts it down (saving any file)."""
 
     def __init__(self, pair, scopes, defaults=Settings(suffix=True)):
-        target, draft, tokenizer = pair
-        self.worker = GenerationWorker(target, tokenizer, draft, suffix=scopes)
+        target, draft, tokenizer, kind = pair
+        self.worker = kind(target, tokenizer, draft, suffix=scopes)
         self.scopes = scopes
         self.server, self.thread, self.url = serve_in_background(
             create_app(self.worker, MODEL_ID, defaults))
@@ -89,7 +91,7 @@ def test_a_key_drafts_from_its_own_earlier_requests_and_no_one_elses(pair):
         health = httpx.get(server.url + "/health", timeout=30).json()["suffix"]
     finally:
         server.stop()
-    target, draft, tokenizer = pair
+    target, draft, tokenizer, _ = pair
     ids = completion_prompt_ids(tokenizer, PROMPT, 4096)
     assert text == generate(target, tokenizer, ids, draft_model=draft, max_tokens=MAX_TOKENS)
     assert again == other == anonymous == text and n == n2 == MAX_TOKENS

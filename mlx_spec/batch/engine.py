@@ -162,10 +162,11 @@ class BatchEngine:
         wants = [row.wants(k) for row in rows]
         proposals: List[Optional[RowProposal]] = [None] * len(rows)
         for i, (row, n) in enumerate(zip(rows, wants)):
-            if n and row.lookup is not None:
-                found = row.lookup.propose(row.history, n)
+            for searcher in row.searchers if n else ():
+                found = searcher.propose(row.history, n)
                 if found is not None:
-                    proposals[i] = RowProposal(found.tokens, found.probs, "lookup", row.lookup)
+                    proposals[i] = RowProposal(found.tokens, found.probs, found.source, searcher)
+                    break
         draft_k = max((n for n, p in zip(wants, proposals) if p is None), default=0)
         ran = self.draft is not None and draft_k > 0
         if ran:

@@ -14,7 +14,9 @@ from typing import Collection, List, Optional, Sequence
 
 import mlx.core as mx
 
+from ..defaults import DEFAULT_NUM_DRAFT_TOKENS
 from ..drafters.prompt_lookup import PAIRED_MIN_NGRAM, PromptLookupDrafter
+from ..drafters.suffix import SuffixDrafter, suffix_min_match
 from ..sampling import SamplingConfig
 
 
@@ -30,6 +32,7 @@ class RowRequest:
     num_draft_tokens: Optional[int] = None  # pinned k for this row (0: never drafts)
     logits_processors: Sequence = ()
     logprobs: bool = False  # hand out the target's log-probabilities of each token
+    suffix: object = None  # a SuffixIndex to draft from (suffix drafting), in front of lookup
     stop_tokens: Collection[int] = ()
     keep_cache: bool = False  # hand the row's cache back when it ends (the prompt-cache store)
 
@@ -40,7 +43,7 @@ class Row:
     request: RowRequest
     history: List[int]  # prompt + emitted; the batch caches hold history[:-1]
     key: mx.array
-    lookup: Optional[PromptLookupDrafter]
+    searchers: List  # host searches asked in order before the draft model: suffix, lookup
     stop_tokens: frozenset
     emitted: int = 0
     draft_pending: List[int] = field(default_factory=list)  # tokens the draft cache has not seen
@@ -54,9 +57,13 @@ class Row:
         return self.request.sampling.greedy
 
     def wants(self, k: int) -> int:
-        """This row's share of a round of k drafts (its pinned k caps it)."""
+        """How many drafts this row verifies in a round of the batch's k: its own pinned k if
+        it has one (a seeded sampled row is pinned to the default k: its random stream, and
+        so its text, then never depends on the batch), else k; never past its budget."""
         pinned = self.request.num_draft_tokens
-        return min(k, self.room, k if pinned is None else pinned)
+        if pinned is None and self.request.seed is not None and not self.greedy:
+            pinned = DEFAULT_NUM_DRAFT_TOKENS
+        return min(self.room, k if pinned is None else pinned)
 
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)
@@ -67,16 +74,23 @@ def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collec
              has_draft_model: bool) -> Row:
     sampling = request.sampling
     use_lookup = request.prompt_lookup if request.prompt_lookup is not None else sampling.greedy
-    lookup = None
-    if use_lookup and request.num_draft_tokens != 0:
-        min_ngram = PAIRED_MIN_NGRAM if has_draft_model else 1
-        lookup = PromptLookupDrafter(vocab_size, sampling.greedy, min_ngram=min_ngram)
+    searchers = []
+    history = list(request.prompt)
+    if request.num_draft_tokens != 0:
+        if request.suffix is not None:
+            suffix = SuffixDrafter(request.suffix, vocab_size, sampling.greedy,
+                                   min_match=suffix_min_match(use_lookup, has_draft_model))
+            suffix.attach(history)  # the row's text joins the index as it grows
+            searchers.append(suffix)
+        if use_lookup:
+            min_ngram = PAIRED_MIN_NGRAM if has_draft_model else 1
+            searchers.append(PromptLookupDrafter(vocab_size, sampling.greedy, min_ngram=min_ngram))
     if request.seed is not None:
         key = mx.random.key(request.seed)
     else:
         key = mx.random.key(int(mx.random.randint(0, 2**31 - 1, ()).item()))
     stops = frozenset(stop_tokens) | frozenset(request.stop_tokens)
-    return Row(uid, request, list(request.prompt), key, lookup, stops)
+    return Row(uid, request, history, key, searchers, stops)
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,6 @@ class RowOutput:
     finish_reason: Optional[str]  # "stop", "length", or None while the row goes on
     num_drafted: int
     num_accepted: int
-    source: str  # "draft", "lookup" or "target" (no drafts this round)
+    source: str  # "draft", "lookup", "suffix" or "target" (no drafts this round)
     logprobs: Optional[mx.array] = None  # (len(tokens), V) the target's own, lazy; if asked
     cache: Optional[list] = None  # at the end, with keep_cache: target layers + draft layers

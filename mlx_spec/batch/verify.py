@@ -28,8 +28,8 @@ from .rows import Row
 class RowProposal:
     tokens: mx.array  # (n,) uint32, lazy
     probs: Optional[mx.array]  # (n, V) q for a sampled row, None for a greedy one
-    source: str  # "draft" or "lookup"
-    drafter: object = None  # prompt lookup, told how much was kept
+    source: str  # "draft", "lookup" or "suffix"
+    drafter: object = None  # a host search (lookup, suffix), told how much was kept
 
 
 @dataclass
@@ -98,13 +98,11 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
 def emitted_tokens(row: Row, verdict: Verdict):
     """(tokens the row emits, finish reason or None): cut at an accepted stop token and at
     the row's budget."""
-    tokens = verdict.drafted[:verdict.accepted] + [verdict.token]
+    tokens = (verdict.drafted[:verdict.accepted] + [verdict.token])[:row.room]
     for i, t in enumerate(tokens):
         if t in row.stop_tokens:
             return tokens[:i + 1], "stop"
-    if len(tokens) >= row.room:
-        return tokens[:row.room], "length"
-    return tokens, None
+    return tokens, ("length" if len(tokens) >= row.room else None)
 
 
 def reported_logprobs(row: Row, verdict: Verdict, count: int) -> mx.array:

@@ -49,11 +49,12 @@ class ByteSize(click.ParamType):
 @click.option("--suffix-scope", type=click.Choice(SUFFIX_SCOPES), default="key", show_default=True, help="Whose earlier text a request drafts from: its own only (request), its API key's (key; a request without a key: its own), or every request's (all: a single-user server).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="Load the suffix indexes from this file at start (if it exists) and save them there at shutdown.")
 @click.option("--suffix-max-tokens", type=click.IntRange(min=1), default=None, help="Tokens the suffix indexes hold, all partitions together (default: the index's own budget, 1048576); least recently used first out.")
+@click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (plain KV caches, no MTP/DFlash drafter); --no-batching serves one request at a time.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
-          suffix, suffix_scope, suffix_file, suffix_max_tokens, verbose):
+          suffix, suffix_scope, suffix_file, suffix_max_tokens, batching, verbose):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -71,6 +72,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     from ..server.cache_store import PromptCacheStore
     from ..server.requests import Settings
     from ..server.suffix_scope import SuffixScopes
+    from ..server.batch_worker import BatchWorker, can_batch
     from ..server.worker import GenerationWorker, SpeculationOptions
 
     model_id = model or DEFAULT_MODEL_ID
@@ -97,8 +99,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
                         suffix=suffix)
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
-    worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency,
-                              scopes)
+    kind = BatchWorker if batching and can_batch(target_model, draft) else GenerationWorker
+    worker = kind(target_model, tokenizer, draft, options, store, max_concurrency, scopes)
     if max_tokens > max_tokens_limit:
         raise click.BadParameter(f"the default ({max_tokens}) is above --max-tokens-limit "
                                  f"({max_tokens_limit}).", param_hint="--max-tokens")
@@ -111,6 +113,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     server = make_server(app, "info" if verbose else "warning")
     address = f"[{host}]" if ":" in host else host
     drafting = "no draft" if draft is None else f"draft {draft_model or 'the shipped one'}"
+    drafting += ", batched" if kind is BatchWorker else ", one request at a time"
     click.echo(f"Serving {model_id} ({drafting}) at http://{address}:{sock.getsockname()[1]}/v1; "
                "Ctrl-C stops it.", err=True)
     signal.signal(signal.SIGTERM, _terminated)  # uvicorn shuts down, then raises it again

@@ -229,7 +229,7 @@ class GenerationWorker:
                 if job.cancelled:
                     break
                 if top is not None and response.finish_reason != "stop":  # (the EOS: no text)
-                    pending.append(self._logprob_entry(response, top))
+                    pending.append(self._logprob_entry(response.token, response.logprobs, top))
                 text, stopped = stops.feed(response.text)
                 if text:
                     job.emit(TextDelta(text, tuple(pending)))
@@ -252,20 +252,20 @@ class GenerationWorker:
         eos = response.finish_reason == "stop"  # the last response carries the EOS token
         return Finished(finish, len(job.prompt_ids), cached, len(handed) - int(eos), response.stats)
 
-    def _logprob_entry(self, response, top: int) -> tuple:
+    def _logprob_entry(self, token: int, logprobs: mx.array, top: int) -> tuple:
         """(token text, log-probability, top alternatives): the target's own distribution at
-        that position (after any logits processors), the one the token was drawn under."""
-        logprobs = response.logprobs  # (V,)
-        chosen = logprobs[response.token]
+        that position (`logprobs` (V,), after any logits processors), the one the token was
+        drawn under."""
+        chosen = logprobs[token]
         if not top:
-            return self.tokenizer.decode([response.token]), chosen.item(), ()
+            return self.tokenizer.decode([token]), chosen.item(), ()
         ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
         order = mx.argsort(-logprobs[ids])
         ids, values = ids[order], logprobs[ids][order]
         mx.eval(chosen, ids, values)  # one sync for the three
         alternatives = tuple((self.tokenizer.decode([i]), v)
                              for i, v in zip(ids.tolist(), values.tolist()))
-        return self.tokenizer.decode([response.token]), chosen.item(), alternatives
+        return self.tokenizer.decode([token]), chosen.item(), alternatives
 
     def _cache_for(self, prompt_ids: List[int]):
         """(a cache to generate with, how many prompt tokens it already holds)."""
