@@ -227,3 +227,66 @@ def test_rows_after_a_rejection_are_distributed_as_the_target(small_pair, residu
     statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
         target, PROMPT, SamplingConfig(temp=1.0)))
     assert (p_value > ALPHA) == exact, (statistic, dof, p_value)
+
+
+# --- the batch policy on synthetic rounds: seconds from a cost model, tokens from acceptance ---
+
+def drive(policy, batch, seconds_of, tokens_of, rounds):
+    """Run `rounds` rounds of `batch` rows; returns the k of every round."""
+    ks = []
+    for _ in range(rounds):
+        k = policy.choose(batch)
+        policy.observe(batch, k, tokens_of(k), seconds_of(k))
+        ks.append(k)
+    return ks
+
+
+def test_a_compute_bound_batch_goes_plain_and_stays_there():
+    """Verify cost linear in B x (k + 1) (a CPU at B = 8) plus the draft's steps: drafting
+    can never pay; the policy must be at k = 0 within a few rounds and try drafting again at
+    most once."""
+    from mlx_spec.batch.policy import BatchPolicy
+
+    policy = BatchPolicy(max_k=8, drafting=True)
+    ks = drive(policy, 8, lambda k: 0.004 * 8 * (k + 1) + 0.002 * k, lambda k: 8 * (1 + 0.6 * k),
+               200)
+    assert all(k == 0 for k in ks[4:8]), ks[:10]
+    assert sum(k > 0 for k in ks[8:]) <= 2, ks
+
+
+def test_a_memory_bound_batch_keeps_drafting_deep():
+    """Verify cost flat in k (a GPU at small B) and drafts always kept: k climbs to the top."""
+    from mlx_spec.batch.policy import BatchPolicy
+
+    policy = BatchPolicy(max_k=6, drafting=True)
+    ks = drive(policy, 2, lambda k: 0.01 + 0.0005 * k, lambda k: 2 * (k + 1), 400)
+    assert ks[-1] == 6 and sum(k == 6 for k in ks[-50:]) >= 40, ks[-50:]
+
+
+def test_a_pinned_k_is_never_changed():
+    from mlx_spec.batch.policy import BatchPolicy
+
+    policy = BatchPolicy(max_k=8, drafting=True, fixed=3)
+    assert set(drive(policy, 4, lambda k: 1.0, lambda k: 4, 50)) == {3}
+
+
+def test_suffix_rows_draft_from_the_rows_before_them(pair):
+    """Rows with suffix drafting: a second batch of the same prompts drafts the first batch's
+    answers from the shared index (most tokens accepted from "suffix"), every row still
+    equal to its own greedy decoding."""
+    from mlx_spec import SuffixIndex
+
+    target, draft = pair
+    index = SuffixIndex()
+    prompts = ragged_prompts(3)
+    for batch in range(2):
+        engine = BatchEngine(target, draft, num_draft_tokens=4)
+        uids = [engine.insert(RowRequest(p, MAX_TOKENS, suffix=index)) for p in prompts]
+        tokens, by_suffix = {u: [] for u in uids}, 0
+        while engine.busy:
+            for o in engine.step():
+                tokens[o.uid] += o.tokens
+                by_suffix += o.num_accepted if o.source == "suffix" else 0
+        for uid, prompt in zip(uids, prompts):
+            assert tokens[uid] == plain_greedy(target, prompt, MAX_TOKENS)
+    assert by_suffix >= 0.75 * len(prompts) * MAX_TOKENS, by_suffix

@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..attention import round_attention
+from ..mtp.heads import split_target
 from ..sampling import logprobs_from_logits
 from .kv import BatchCache
 from .rows import Row
@@ -29,6 +30,7 @@ class BatchDraft:
         self.model = draft_model
         self.target_vocab_size = target_vocab_size
         self.fed = 0  # positions the last proposal fed after the pending ones (k - 1)
+        self.trunk, self.head = split_target(draft_model)  # head(trunk(x)) == draft_model(x)
 
     def new_row_cache(self) -> list:
         return make_prompt_cache(self.model)
@@ -48,13 +50,16 @@ class BatchDraft:
         if any(rest):
             for layer in layers:
                 layer.prepare(right_padding=rest)
+        last = mx.array([len(p) - 1 for p in pending])[:, None, None]
         with round_attention():
-            logits = self.model(x, cache=layers)  # (B, P, V_d)
+            if width == 1:
+                logits = self.model(x, cache=layers)[:, -1]  # (B, V_d)
+            else:  # the output layer only at each row's last pending token (a catch-up is long)
+                hidden = self.trunk(x, cache=layers)  # (B, P, H)
+                logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
             if any(rest):
                 for layer in layers:
                     layer.finalize()  # each row's pending now ends where the others' do
-            last = mx.array([len(p) - 1 for p in pending])
-            logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # (B, V_d)
             self.cache.padding = [p + r for p, r in zip(self.cache.padding, rest)]
             tokens, probs = [], [[] for _ in rows]
             for i in range(k):

@@ -7,7 +7,10 @@ policy keeps a decayed rate (tokens emitted per second) for every k it has
 run, stays at the best, and every EXPLORE_EVERY rounds tries a neighbour
 (k - 1 and k + 1 in turn; k = 0 is plain batched decoding) for a few rounds,
 moving only when the neighbour is better by MARGIN; each losing trial doubles
-the wait before the next one (up to MAX_EXPLORE_EVERY), a winning one resets it. A batch size seen for the
+the wait before the next one (up to MAX_EXPLORE_EVERY), a winning one resets it.
+A neighbour is not tried again when even every draft accepted could not beat
+the chosen k: B x (k + 1) tokens in the seconds its rounds took (where the
+verify pass is compute-bound, as on a CPU at B = 8, one trial settles it). A batch size seen for the
 first time starts where the nearest one measured is (the very first at
 FIRST_K) and, if that drafts, tries plain decoding after FIRST_TRIAL_AFTER
 rounds: the two are usually far apart, stepping there one k at a time takes
@@ -42,6 +45,7 @@ class BatchPolicy:
         self._direction: Dict[int, int] = {}
         self._first: Dict[int, int] = {}  # batch size -> the k its first trial runs
         self._every: Dict[int, int] = {}  # batch size -> rounds between trials now
+        self._seconds: Dict[int, Dict[int, float]] = {}  # batch size -> k -> seconds per round
 
     def choose(self, batch: int) -> int:
         if self.fixed is not None or not self.drafting:
@@ -65,9 +69,18 @@ class BatchPolicy:
                 direction, neighbour = -direction, chosen - direction
             self._direction[batch] = -direction
             self._since[batch] = 0
+            if self._hopeless(batch, neighbour):
+                return chosen
             self._trial[batch] = (neighbour, TRIAL_ROUNDS)
             return neighbour
         return chosen
+
+    def _hopeless(self, batch: int, k: int) -> bool:
+        """Even with every draft kept, k's rounds (as timed) would emit fewer tokens per second
+        than the chosen k does."""
+        seconds = self._seconds.get(batch, {}).get(k)
+        best = self._rates.get(batch, {}).get(self._chosen[batch])
+        return seconds is not None and best is not None and batch * (k + 1) / seconds < best
 
     def _start(self, batch: int) -> int:
         """A new batch size starts where the nearest measured one is (else FIRST_K)."""
@@ -82,6 +95,8 @@ class BatchPolicy:
         rates = self._rates.setdefault(batch, {})
         rate = tokens / seconds
         rates[k] = rate if k not in rates else DECAY * rates[k] + (1 - DECAY) * rate
+        times = self._seconds.setdefault(batch, {})
+        times[k] = seconds if k not in times else DECAY * times[k] + (1 - DECAY) * seconds
         trial = self._trial.get(batch)
         if trial is not None and trial[0] == k:
             left = trial[1] - 1

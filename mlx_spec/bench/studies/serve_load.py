@@ -1,27 +1,33 @@
-"""Throughput and latency of `mlx-spec serve` under 1, 2, 4 and 8 concurrent clients.
+"""Throughput and latency of `mlx-spec serve` and of mlx-lm's server under concurrent clients.
 
-    python -m mlx_spec.bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8] [--json out.json]
+    python -m mlx_spec.bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8,16]
+        [--repeats 2] [--json out.json]
 
-Starts `mlx-spec serve` (the shipped pair) as a child process on a free local
-port, once with speculation (the defaults: adaptive k, prompt lookup in front
-of the draft at temperature 0), once with `--no-draft` (the target alone) and
-once with speculation but no prompt cache store (`--prompt-cache-bytes 0`:
-no cache is passed to the API, so the reuse contract costs nothing).
-Each client streams greedy /v1/completions requests for code prompts one
-after another; at each level the clients send max(MIN_REQUESTS, 2 x clients)
-requests in all. Per request: time to the first text chunk (TTFT), time to
-the end, completion tokens (from `usage`). Per level: requests/s and tokens/s
-over the level's wall-clock time, and the medians of TTFT and latency. One
-warm-up request per server is left out. Only 127.0.0.1 is contacted. Prints a
-Markdown table; writes a file only with --json (bench/results/ holds one).
+Starts every server at once, each a child process on a free local port with
+the shipped pair's target: `mlx-spec serve` batched and speculating (the
+defaults), batched with `--no-draft`, one request at a time (`--no-batching`,
+speculating: what it was before batching), and mlx-lm's own server
+(`python -m mlx_lm server`: batched, no draft) and the same with the draft
+(mlx-lm then serves one request at a time). Then, for each repeat and each
+client count, every server in turn (interleaved, so drift on a shared machine
+hits all alike): the clients stream greedy /v1/completions requests for code
+prompts one after another, max(MIN_REQUESTS, 2 x clients) requests in all.
+Per request: time to the first text chunk (TTFT), time to the end,
+completion tokens (from `usage`). Per level: tokens/s over the level's
+wall-clock time and the medians of TTFT and latency; the table gives the
+median over repeats. One warm-up request per server is left out. Only
+127.0.0.1 is contacted. Prints a Markdown table; writes a file only with
+--json (bench/results/ holds them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -36,33 +42,45 @@ PROMPTS = ["def fibonacci(n):", "def quicksort(xs):", "class Stack:\n    def __i
            "def binary_search(xs, target):", "class Node:\n    def __init__(self, value):",
            "def merge(a, b):"]
 MIN_REQUESTS = 8
-MODES = {  # name -> `mlx-spec serve` flags
-    "speculative": [],
-    "target alone": ["--no-draft"],
-    "speculative, no reuse": ["--prompt-cache-bytes", "0"],  # no prompt cache passed at all
+MLX_SPEC = [sys.executable, "-m", "mlx_spec", "serve", "--port", "{port}", "--max-concurrency", "32"]
+MLX_LM = [sys.executable, "-m", "mlx_lm", "server", "--model", "{target}", "--port", "{port}"]
+MODES = {  # name -> command line
+    "mlx-spec batched, speculative": MLX_SPEC,
+    "mlx-spec batched, no draft": MLX_SPEC + ["--no-draft"],
+    "mlx-spec one at a time, speculative": MLX_SPEC + ["--no-batching"],
+    "mlx-lm batched, no draft": MLX_LM,
+    "mlx-lm with draft (unbatched)": MLX_LM + ["--draft-model", "{draft}"],
 }
-START_TIMEOUT_S = 120
+START_TIMEOUT_S = 180
 
 
-def start_server(extra_args):
-    """(process, base URL) of `mlx-spec serve` on a free port, once /health answers."""
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec", "serve", "--port", "0", *extra_args],
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    if not line.startswith("Serving "):
-        proc.kill()
-        raise SystemExit(f"mlx-spec serve did not start: {line}{proc.stderr.read()}")
-    url = line.split(" at ")[1].split(";")[0].removesuffix("/v1")
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(command):
+    """(process, base URL) of a server started from `command`, once /health answers."""
+    from mlx_spec.loading import default_draft_path, default_target_path
+
+    port = free_port()
+    command = [c.format(port=port, target=default_target_path(), draft=default_draft_path())
+               for c in command]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # never let its pipe fill
+    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{' '.join(command)} exited with {proc.returncode}.")
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
-            time.sleep(0.1)
+            time.sleep(0.2)
     proc.kill()
-    raise SystemExit("mlx-spec serve did not answer /health in time.")
+    raise SystemExit(f"{' '.join(command)} did not answer /health in time.")
 
 
 def stop_server(proc) -> None:
@@ -113,32 +131,60 @@ def run_level(url: str, clients: int, max_tokens: int) -> dict:
             "records": records}
 
 
-def measure(mode: str, extra_args, levels, max_tokens: int) -> list:
-    proc, url = start_server(extra_args)
+def measure(levels, max_tokens: int, repeats: int) -> list:
+    servers = {}
     try:
-        with httpx.Client(base_url=url, timeout=600) as client:
-            one_request(client, PROMPTS[0], max_tokens)  # warm-up, left out
-        results = []
-        for clients in levels:
-            level = run_level(url, clients, max_tokens)
-            level["mode"] = mode
-            results.append(level)
-            print(f"{mode:>21} {clients} clients: {level['requests_per_s']:.2f} req/s, "
-                  f"{level['tokens_per_s']:.1f} tok/s, TTFT {level['ttft_median_s'] * 1e3:.0f} ms, "
-                  f"latency {level['latency_median_s']:.2f} s", file=sys.stderr)
-        return results
+        for mode, command in MODES.items():
+            servers[mode] = start_server(command)
+            with httpx.Client(base_url=servers[mode][1], timeout=600) as client:
+                one_request(client, PROMPTS[0], max_tokens)  # warm-up, left out
+        runs = []
+        for repeat in range(repeats):
+            for clients in levels:
+                for mode, (_, url) in servers.items():
+                    level = run_level(url, clients, max_tokens)
+                    level.update(mode=mode, repeat=repeat)
+                    runs.append(level)
+                    print(f"{mode:>36} {clients:2d} clients: {level['tokens_per_s']:6.1f} tok/s, "
+                          f"TTFT {level['ttft_median_s'] * 1e3:5.0f} ms, "
+                          f"latency {level['latency_median_s']:.2f} s", file=sys.stderr)
+        return runs
     finally:
-        stop_server(proc)
+        for proc, _ in servers.values():
+            stop_server(proc)
 
 
-def markdown(results: list, max_tokens: int) -> str:
-    lines = [f"max_tokens {max_tokens}, greedy, streamed /v1/completions; medians of each level's "
-             "requests", "",
-             "| mode | clients | requests | requests/s | tokens/s | TTFT median (ms) | latency median (s) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
-        lines.append(f"| {r['mode']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.2f} | "
-                     f"{r['tokens_per_s']:.1f} | {r['ttft_median_s'] * 1e3:.0f} | "
+def summary(runs: list) -> list:
+    """One row per (mode, clients): medians over repeats, and the ratio to mlx-lm batched."""
+    rows = {}
+    for r in runs:
+        rows.setdefault((r["mode"], r["clients"]), []).append(r)
+    out = []
+    for (mode, clients), rs in rows.items():
+        out.append({"mode": mode, "clients": clients, "repeats": len(rs),
+                    "requests": rs[0]["requests"],
+                    "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                    "tokens_per_s_range": [min(r["tokens_per_s"] for r in rs),
+                                           max(r["tokens_per_s"] for r in rs)],
+                    "ttft_median_s": statistics.median(r["ttft_median_s"] for r in rs),
+                    "latency_median_s": statistics.median(r["latency_median_s"] for r in rs)})
+    base = {r["clients"]: r["tokens_per_s"] for r in out if r["mode"] == "mlx-lm batched, no draft"}
+    for r in out:
+        r["vs_mlx_lm_batched"] = r["tokens_per_s"] / base[r["clients"]] if r["clients"] in base else None
+    return sorted(out, key=lambda r: (list(MODES).index(r["mode"]), r["clients"]))
+
+
+def markdown(rows: list, max_tokens: int) -> str:
+    lines = [f"max_tokens {max_tokens}, greedy, streamed /v1/completions; per level the median "
+             "over repeats of tokens/s (range) and of each level's median TTFT and latency", "",
+             "| server | clients | requests | tokens/s | range | vs mlx-lm batched | "
+             "TTFT median (ms) | latency median (s) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        low, high = r["tokens_per_s_range"]
+        ratio = "" if r["vs_mlx_lm_batched"] is None else f"{r['vs_mlx_lm_batched']:.2f}x"
+        lines.append(f"| {r['mode']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']:.1f} | "
+                     f"{low:.1f}-{high:.1f} | {ratio} | {r['ttft_median_s'] * 1e3:.0f} | "
                      f"{r['latency_median_s']:.2f} |")
     return "\n".join(lines)
 
@@ -146,22 +192,23 @@ def markdown(results: list, max_tokens: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--clients", default="1,2,4,8", help="comma-separated client counts")
+    parser.add_argument("--clients", default="1,2,4,8,16", help="comma-separated client counts")
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write every request's figures here")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
-    results = []
-    for mode, extra_args in MODES.items():
-        results += measure(mode, extra_args, levels, args.max_tokens)
-    print(markdown(results, args.max_tokens))
+    runs = measure(levels, args.max_tokens, args.repeats)
+    rows = summary(runs)
+    print(markdown(rows, args.max_tokens))
     if args.json:
         import mlx.core as mx
 
         machine = {"platform": platform.platform(), "processor": platform.processor(),
-                   "mlx": mx.__version__, "device": str(mx.default_device())}
+                   "mlx": mx.__version__, "device": str(mx.default_device()),
+                   "ld_preload": os.environ.get("LD_PRELOAD", "")}
         with open(args.json, "w") as f:
-            json.dump({"machine": machine, "max_tokens": args.max_tokens, "results": results}, f,
-                      indent=1)
+            json.dump({"machine": machine, "max_tokens": args.max_tokens, "summary": rows,
+                       "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":
