@@ -290,3 +290,29 @@ def test_suffix_rows_draft_from_the_rows_before_them(pair):
         for uid, prompt in zip(uids, prompts):
             assert tokens[uid] == plain_greedy(target, prompt, MAX_TOKENS)
     assert by_suffix >= 0.75 * len(prompts) * MAX_TOKENS, by_suffix
+
+
+def test_drafters_it_cannot_batch_are_refused_in_one_sentence(pair):
+    from mlx_spec.batch.api import batch_generate
+
+    target, _ = pair
+    with pytest.raises(ValueError, match="MTP heads and DFlash drafters"):
+        BatchEngine(target, "mtp")
+    with pytest.raises(ValueError, match="prompts is empty"):
+        batch_generate(target, None, [])
+
+
+def test_batch_generate_gives_each_prompt_its_own_text(model_dirs):
+    """The API on loaded models (text prompts, a tokenizer, EOS): each text equals
+    mlx_spec.generate's for that prompt alone; more prompts than max_batch_size wait."""
+    from mlx_spec import batch_generate, generate, load
+
+    target, tokenizer = load(str(model_dirs["target"]))
+    draft, _ = load(str(model_dirs["draft"]))
+    prompts = ["def fibonacci(n):", "    return", "if n < 2:", "def f"]
+    result = batch_generate(target, tokenizer, prompts, draft_model=draft, max_tokens=24,
+                            max_batch_size=3)
+    assert result.texts == [generate(target, tokenizer, p, draft_model=draft, max_tokens=24)
+                            for p in prompts]
+    assert all(r in ("stop", "length") for r in result.finish_reasons)
+    assert result.stats["tokens"] == sum(map(len, result.token_ids))

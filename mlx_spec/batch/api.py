@@ -22,7 +22,7 @@ from ..arguments import check_arguments
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS
 from ..sampling import SamplingConfig
-from .engine import BatchEngine
+from .engine import BatchEngine, check_batchable
 from .rows import RowRequest
 
 DEFAULT_MAX_BATCH_SIZE = 16
@@ -61,6 +61,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         raise ValueError(f"num_draft_tokens must be an int >= 0 or None, got {num_draft_tokens!r}.")
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
+    check_batchable(model, draft_model)
     if draft_model is not None:
         from ..loading import check_pair
 

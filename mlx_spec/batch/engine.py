@@ -32,6 +32,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
+from ..dflash import is_dflash_model
 from ..loading import vocab_size
 from .drafts import BatchDraft
 from .kv import BatchCache, batchable
@@ -48,15 +49,23 @@ class Joining:
         self.done = done  # prompt tokens the caches hold
 
 
+def check_batchable(target_model, draft_model=None) -> None:
+    """ValueError, in one sentence, unless these models can decode in a batch."""
+    if draft_model is not None and (isinstance(draft_model, str) or is_dflash_model(draft_model)):
+        raise ValueError("Batched decoding drafts with a draft model, prompt lookup or suffix "
+                         "drafting; MTP heads and DFlash drafters decode one request at a time.")
+    for role, model in (("target", target_model), ("draft", draft_model)):
+        if model is not None and not batchable(model):
+            raise ValueError(f"The {role} model's cache layers are not all plain KVCache, "
+                             "which batched decoding needs; decode it one request at a time.")
+
+
 class BatchEngine:
     def __init__(self, target_model, draft_model=None, *, num_draft_tokens: Optional[int] = None,
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT):
-        for role, model in (("target", target_model), ("draft", draft_model)):
-            if model is not None and not batchable(model):
-                raise ValueError(f"The {role} model's cache layers are not all plain KVCache, "
-                                 "which batched decoding needs; serve it one request at a time.")
+        check_batchable(target_model, draft_model)
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.target_model, self.draft_model = target_model, draft_model

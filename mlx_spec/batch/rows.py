@@ -14,7 +14,7 @@ from typing import Collection, List, Optional, Sequence
 
 import mlx.core as mx
 
-from ..defaults import DEFAULT_NUM_DRAFT_TOKENS
+from ..defaults import DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
 from ..drafters.prompt_lookup import PAIRED_MIN_NGRAM, PromptLookupDrafter
 from ..drafters.suffix import SuffixDrafter, suffix_min_match
 from ..sampling import SamplingConfig
@@ -33,6 +33,7 @@ class RowRequest:
     logits_processors: Sequence = ()
     logprobs: bool = False  # hand out the target's log-probabilities of each token
     suffix: object = None  # a SuffixIndex to draft from (suffix drafting), in front of lookup
+    prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM
     stop_tokens: Collection[int] = ()
     keep_cache: bool = False  # hand the row's cache back when it ends (the prompt-cache store)
 
@@ -84,7 +85,10 @@ def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collec
             searchers.append(suffix)
         if use_lookup:
             min_ngram = PAIRED_MIN_NGRAM if has_draft_model else 1
-            searchers.append(PromptLookupDrafter(vocab_size, sampling.greedy, min_ngram=min_ngram))
+            searchers.append(PromptLookupDrafter(vocab_size, sampling.greedy,
+                                                 max_ngram=request.prompt_lookup_max_ngram,
+                                                 min_ngram=min(min_ngram,
+                                                               request.prompt_lookup_max_ngram)))
     if request.seed is not None:
         key = mx.random.key(request.seed)
     else:

@@ -21,8 +21,10 @@ from typing import Dict, List, Optional
 
 import mlx.core as mx
 
-from ..batch import BatchEngine, RowRequest, batchable
+from ..batch import BatchEngine, RowRequest
+from ..batch.engine import check_batchable
 from ..acceptance import rule_name
+from ..defaults import DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
 from ..stats import StatsRecorder
 from .stop_strings import StopMatcher
@@ -47,14 +49,11 @@ class Running:
 
 def can_batch(target_model, draft_model) -> bool:
     """Whether these models are served batched (else one request at a time)."""
-    from ..dflash import is_dflash_model
-
-    if not batchable(target_model):
+    try:
+        check_batchable(target_model, draft_model)
+    except ValueError:
         return False
-    if draft_model is None:
-        return True
-    return (not isinstance(draft_model, str) and not is_dflash_model(draft_model)
-            and batchable(draft_model))
+    return True
 
 
 class BatchWorker(GenerationWorker):
@@ -116,15 +115,18 @@ class BatchWorker(GenerationWorker):
         if job.cancelled:
             self._end(job, Failed(503, CANCELLED))
             return
-        s = job.request.settings
+        s, o = job.request.settings, self.options
+        k = s.num_draft_tokens
+        if k is None and o.adaptive is False:  # --fixed: the default k, as one at a time
+            k = DEFAULT_NUM_DRAFT_TOKENS
         cache, cached = self._cache_for(job.prompt_ids)
         request = RowRequest(
             job.prompt_ids, job.max_tokens,
             SamplingConfig(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p),
-            seed=s.seed, prompt_lookup=s.prompt_lookup, num_draft_tokens=s.num_draft_tokens,
+            seed=s.seed, prompt_lookup=s.prompt_lookup, num_draft_tokens=k,
             logits_processors=tuple(_processors(s) or ()), logprobs=job.request.logprobs is not None,
             suffix=self.suffix.index_for(job.partition) if s.suffix else None,
-            keep_cache=self.store is not None)
+            keep_cache=self.store is not None, prompt_lookup_max_ngram=o.prompt_lookup_max_ngram)
         try:
             uid = self.engine.insert(request, cache, cached)
         except ValueError as exc:

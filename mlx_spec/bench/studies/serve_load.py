@@ -15,8 +15,15 @@ prompts one after another, max(MIN_REQUESTS, 2 x clients) requests in all.
 Per request: time to the first text chunk (TTFT), time to the end,
 completion tokens (from `usage`). Per level: tokens/s over the level's
 wall-clock time and the medians of TTFT and latency; the table gives the
-median over repeats. One warm-up request per server is left out. Only
-127.0.0.1 is contacted. Prints a Markdown table; writes a file only with
+median over repeats. One warm-up request per server is left out.
+
+Reuse (the prompt-cache store): one client sends a turn 1, then a turn 2 that
+repeats turn 1's prompt and answer and adds a follow-up, to the batched
+speculative server (turn 2 reuses turn 1's cache) and to the same server
+with `--prompt-cache-bytes 0` (turn 2 prefilled fresh), alternating; the
+ratio of turn 2's decode speed (tokens after the first over the time after
+the first text) reused / fresh, per prompt and repeat. Only 127.0.0.1 is
+contacted. Prints a Markdown table; writes a file only with
 --json (bench/results/ holds them).
 """
 
@@ -51,6 +58,8 @@ MODES = {  # name -> command line
     "mlx-lm batched, no draft": MLX_LM,
     "mlx-lm with draft (unbatched)": MLX_LM + ["--draft-model", "{draft}"],
 }
+REUSE_FRESH = MLX_SPEC + ["--prompt-cache-bytes", "0"]
+FOLLOW_UP = "\n\ndef test():\n"
 START_TIMEOUT_S = 180
 
 
@@ -91,23 +100,46 @@ def stop_server(proc) -> None:
         proc.kill()
 
 
-def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> dict:
+def one_request(client: httpx.Client, prompt: str, max_tokens: int, text: bool = False) -> dict:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    first, usage = None, None
+    first, usage, pieces = None, None, []
     with client.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
-                first = time.perf_counter()
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                first = first or time.perf_counter()
+                pieces.append(chunk["choices"][0]["text"])
             usage = chunk.get("usage") or usage
     end = time.perf_counter()
-    return {"ttft_s": (first or end) - start, "latency_s": end - start,
-            "completion_tokens": usage["completion_tokens"]}
+    record = {"ttft_s": (first or end) - start, "latency_s": end - start,
+              "completion_tokens": usage["completion_tokens"]}
+    if text:
+        record["text"] = "".join(pieces)
+    return record
+
+
+def reuse_ratios(reused_url: str, fresh_url: str, max_tokens: int, repeats: int) -> list:
+    """Turn 2's decode speed on a reused cache over the same turn prefilled fresh."""
+    out = []
+    with httpx.Client(base_url=reused_url, timeout=600) as reused, \
+            httpx.Client(base_url=fresh_url, timeout=600) as fresh:
+        for repeat in range(repeats):
+            for i, prompt in enumerate(PROMPTS[:4]):
+                first = one_request(reused, prompt, max_tokens, text=True)
+                turn2 = prompt + first["text"] + FOLLOW_UP
+                pair = {}
+                for name in (("reused", "fresh") if (i + repeat) % 2 == 0 else ("fresh", "reused")):
+                    r = one_request(reused if name == "reused" else fresh, turn2, max_tokens)
+                    pair[name] = (r["completion_tokens"] - 1) / max(r["latency_s"] - r["ttft_s"], 1e-9)
+                out.append({"prompt": i, "repeat": repeat, "reused_tps": pair["reused"],
+                            "fresh_tps": pair["fresh"], "ratio": pair["reused"] / pair["fresh"]})
+                print(f"reuse: prompt {i} repeat {repeat}: {out[-1]['ratio']:.2f}x", file=sys.stderr)
+    return out
 
 
 def run_level(url: str, clients: int, max_tokens: int) -> dict:
@@ -131,24 +163,28 @@ def run_level(url: str, clients: int, max_tokens: int) -> dict:
             "records": records}
 
 
-def measure(levels, max_tokens: int, repeats: int) -> list:
+def measure(levels, max_tokens: int, repeats: int, reuse: bool):
     servers = {}
     try:
-        for mode, command in MODES.items():
+        for mode, command in list(MODES.items()) + ([("fresh", REUSE_FRESH)] if reuse else []):
             servers[mode] = start_server(command)
             with httpx.Client(base_url=servers[mode][1], timeout=600) as client:
                 one_request(client, PROMPTS[0], max_tokens)  # warm-up, left out
         runs = []
+        reuse_runs = reuse_ratios(servers[list(MODES)[0]][1], servers["fresh"][1], max_tokens,
+                                  repeats) if reuse else []
         for repeat in range(repeats):
             for clients in levels:
                 for mode, (_, url) in servers.items():
+                    if mode not in MODES:
+                        continue
                     level = run_level(url, clients, max_tokens)
                     level.update(mode=mode, repeat=repeat)
                     runs.append(level)
                     print(f"{mode:>36} {clients:2d} clients: {level['tokens_per_s']:6.1f} tok/s, "
                           f"TTFT {level['ttft_median_s'] * 1e3:5.0f} ms, "
                           f"latency {level['latency_median_s']:.2f} s", file=sys.stderr)
-        return runs
+        return runs, reuse_runs
     finally:
         for proc, _ in servers.values():
             stop_server(proc)
@@ -194,12 +230,19 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--clients", default="1,2,4,8,16", help="comma-separated client counts")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure turn 2 on a reused prompt cache against fresh")
     parser.add_argument("--json", default=None, help="also write every request's figures here")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
-    runs = measure(levels, args.max_tokens, args.repeats)
+    runs, reuse_runs = measure(levels, args.max_tokens, args.repeats, args.reuse)
     rows = summary(runs)
     print(markdown(rows, args.max_tokens))
+    if reuse_runs:
+        ratios = sorted(r["ratio"] for r in reuse_runs)
+        print(f"\nTurn 2 decode speed, reused / fresh prompt cache (batched speculative server, "
+              f"{len(ratios)} pairs): median {statistics.median(ratios):.2f}x, "
+              f"range {ratios[0]:.2f}-{ratios[-1]:.2f}")
     if args.json:
         import mlx.core as mx
 
@@ -208,7 +251,7 @@ def main() -> None:
                    "ld_preload": os.environ.get("LD_PRELOAD", "")}
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "max_tokens": args.max_tokens, "summary": rows,
-                       "runs": runs}, f, indent=1)
+                       "runs": runs, "reuse": reuse_runs}, f, indent=1)
 
 
 if __name__ == "__main__":
