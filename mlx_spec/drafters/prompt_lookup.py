@@ -6,17 +6,29 @@ most recent earlier occurrence of its last n tokens, longest n first, and the
 tokens that followed it are proposed (repeating with the match's period when
 they run into the end of the text). A deterministic proposal is a one-hot q,
 so the exact acceptance rule applies unchanged.
+
+How many of those tokens is the match's track record: a 32-token guess after a
+one-token match is a lottery ticket. An alignment (how far back its source
+lies) proposes at most LENGTH_PER_MATCHED_TOKEN tokens per token it matches
+backwards, plus every token accepted along it before (a copy that resumes
+after a one-token edit keeps its credit); once two of its proposals in a row
+were cut short, at most SHORT_LOOKUP_TOKENS, doubling with each proposal
+accepted in full. The policy's k is the ceiling. Lengths never change the output.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 from ..defaults import DEFAULT_MAX_NGRAM  # one place for the CLI and the API
 from .protocol import TextSearchDrafter
 
 DEFAULT_MIN_NGRAM = 1
 PAIRED_MIN_NGRAM = 2  # when a draft model is asked next
+LENGTH_PER_MATCHED_TOKEN = 2  # a fresh alignment proposes this many tokens per matched token
+SHORT_LOOKUP_TOKENS = 2  # an alignment cut short twice in a row proposes this many, doubling
+FAILURES_BEFORE_SHORT = 2  # proposals in a row cut short that make an alignment short
 
 
 def _continue(found: List[int], k: int) -> List[int]:
@@ -32,8 +44,43 @@ def _continue(found: List[int], k: int) -> List[int]:
     return found
 
 
+def _matched(text: List[int], end: int, limit: int) -> int:
+    """How many tokens before `end` equal the text's last ones (up to `limit`)."""
+    n = 0
+    while n < limit and n < end and text[end - 1 - n] == text[-1 - n]:
+        n += 1
+    return n
+
+
+@dataclass
+class Alignment:
+    """The record of the proposals copied from one distance back."""
+
+    accepted: int = 0  # tokens accepted along it, in all
+    failures: int = 0  # proposals in a row not accepted in full
+    limit: Optional[int] = None  # its longest proposal while on probation (None: none)
+
+    def length(self, matched: int, k: int) -> int:
+        earned = LENGTH_PER_MATCHED_TOKEN * matched + self.accepted
+        if self.limit is not None:
+            earned = min(earned, self.limit)
+        return max(1, min(k, earned))
+
+    def commit(self, proposed: int, num_accepted: int) -> None:
+        self.accepted += num_accepted
+        if num_accepted >= proposed:
+            self.failures = 0
+            if self.limit is not None:
+                self.limit *= 2  # long again after a few full acceptances in a row
+        else:
+            self.failures += 1
+            if self.failures >= FAILURES_BEFORE_SHORT:
+                self.limit = max(SHORT_LOOKUP_TOKENS, num_accepted + 1)
+
+
 class PromptLookupDrafter(TextSearchDrafter):
     source = "lookup"
+    track_record = True  # False: every proposal as long as k allows (for comparisons)
 
     def __init__(self, target_vocab_size: int, greedy: bool,
                  max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM,
@@ -52,6 +99,8 @@ class PromptLookupDrafter(TextSearchDrafter):
         # What is searched: `context` (earlier turns a reused prompt cache holds) + the history.
         self._context = len(context)
         self._text: List[int] = list(context)
+        self._alignments: Dict[int, Alignment] = {}  # distance back to the source -> record
+        self._last: Optional[Tuple[Alignment, int]] = None  # the latest lookup's, and its length
 
     def _update_index(self, history: List[int]) -> List[int]:
         text = self._text  # the history only grows within a call
@@ -71,8 +120,21 @@ class PromptLookupDrafter(TextSearchDrafter):
                 continue
             end = self._index[n].get(tuple(text[-n:]))
             if end is not None:
+                if self.track_record:
+                    alignment = self._alignments.setdefault(len(text) - end, Alignment())
+                    limit = -(-k // LENGTH_PER_MATCHED_TOKEN)  # enough to allow k
+                    k = alignment.length(_matched(text, end, limit), k)
+                    self._last = (alignment, k)
                 return _continue(text[end:end + k], k)
+        self._last = None
         return []
+
+    def commit(self, num_accepted: int) -> None:
+        """Credit the alignment the round's proposal came from (its lookup was the latest)."""
+        if self._last is not None:
+            alignment, proposed = self._last
+            alignment.commit(proposed, num_accepted)
+            self._last = None
 
     def can_propose(self, history: List[int]) -> bool:
         return bool(self.lookup(history, 1))

@@ -1,0 +1,133 @@
+"""The policy's and prompt lookup's decisions on synthetic round streams (issue 29).
+
+Each test drives the object the loop drives, as the loop drives it (policy:
+proposal_length, plain_steps, observe with the round's seconds; lookup:
+lookup, then commit with the accepted count), with scripted outcomes, and
+checks one decision: a source that always fails is switched off, a perfect one
+is driven to its largest k, a lookup alignment that failed twice proposes short
+and earns its length back.
+"""
+
+import pytest
+
+from mlx_spec.drafters import PromptLookupDrafter
+from mlx_spec.drafters.prompt_lookup import SHORT_LOOKUP_TOKENS
+from mlx_spec.loop import Round
+from mlx_spec.policy import PLAIN_TRIAL_STEPS, AdaptivePolicy
+
+PLAIN_STEP = 1.0  # seconds
+
+
+def cpu_round(k):
+    """OpenBLAS-like: verifying k + 1 tokens costs a step plus a tenth of one per draft."""
+    return PLAIN_STEP + 0.1 * k
+
+
+def run_stream(policy, source, accepted_of, rounds, round_seconds=cpu_round):
+    """Feed `rounds` rounds (plain steps when the policy proposes nothing); each round of k
+    drafts accepts accepted_of(k). Returns the k asked for at each round (0: a plain step)."""
+    asked = []
+    for _ in range(rounds):
+        k = policy.proposal_length(source)
+        asked.append(k)
+        if k == 0:
+            for _ in range(policy.plain_steps()):
+                policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
+            continue
+        n = accepted_of(k)
+        policy.observe(Round([0] * (n + 1), k, n, source, None), round_seconds(k))
+    return asked
+
+
+def speculative_rounds_before_off(asked):
+    """How many rounds drafted before the first plain step after the cold start's trial."""
+    drafted = [k for k in asked if k > 0]
+    first = next(i for i, k in enumerate(asked) if k > 0)
+    return next((i - first for i in range(first, len(asked)) if asked[i] == 0), len(drafted))
+
+
+@pytest.mark.parametrize("source", ["draft", "lookup"])
+@pytest.mark.parametrize("slope,within", [(0.1, 20), (0.5, 3), (1.0, 2)])
+def test_a_source_that_always_fails_is_switched_off_within_n_rounds(source, slope, within):
+    """N shrinks as each failed round costs more: a round of k drafts costs 1 + slope * k plain
+    steps, and every draft is rejected. At slope 0.1 (a failed k = 1 round loses 9%) the
+    prior acceptance (0.75, decaying 0.9 per round) takes 18 rounds to fall far enough;
+    at 0.5, 3 rounds (the first two, at half and a quarter of the initial k, are the
+    cold start's)."""
+    policy = AdaptivePolicy()
+    asked = run_stream(policy, source, lambda k: 0, rounds=within + 8,
+                       round_seconds=lambda k: PLAIN_STEP + slope * k)
+    assert asked[0] == 0 and policy.plain_trial == 0  # the cold start's timed plain steps
+    rounds = speculative_rounds_before_off(asked)
+    assert rounds <= within, asked
+    assert policy.switched_off >= 1
+
+
+@pytest.mark.parametrize("source,largest", [("draft", 8), ("lookup", 32)])
+def test_a_perfect_source_is_driven_to_its_largest_k(source, largest):
+    policy = AdaptivePolicy()
+    asked = run_stream(policy, source, lambda k: k, rounds=40)
+    assert policy.switched_off == 0
+    assert policy.source(source).best_k() == largest
+    assert largest in asked[-6:], asked  # explore rounds aside, it drafts the largest k
+
+
+def test_the_cold_start_times_plain_steps_first():
+    policy = AdaptivePolicy()
+    assert policy.proposal_length("lookup") == 0
+    assert policy.plain_steps() == PLAIN_TRIAL_STEPS
+
+
+# --- prompt lookup: the match's track record sizes its proposal ---
+
+SOURCE = list(range(100, 160))  # a prompt of 60 distinct tokens
+# The answer copies the prompt with two substitutions in a row (900, 901), then exactly.
+PROMPT = SOURCE + SOURCE[:4]
+TRUTH = SOURCE[4:10] + [900] + SOURCE[11:12] + [901] + SOURCE[13:]
+
+
+def copy_rounds(drafter, k=16):
+    """Rounds of a scripted target that emits TRUTH: (proposed, accepted) per lookup round;
+    a step with no proposal is a plain step, as in the loop."""
+    history, rounds = list(PROMPT), []
+    while len(history) - len(PROMPT) < len(TRUTH) - 1:
+        truth = TRUTH[len(history) - len(PROMPT):]
+        found = drafter.lookup(history, min(k, len(truth) - 1))
+        if not found:
+            history.append(truth[0])
+            continue
+        n = 0
+        while n < len(found) and found[n] == truth[n]:
+            n += 1
+        drafter.commit(n)
+        rounds.append((len(found), n))
+        history += truth[:n + 1]
+    return rounds
+
+
+def test_a_lookup_alignment_that_failed_twice_proposes_short_then_grows_back():
+    rounds = copy_rounds(PromptLookupDrafter(1000, greedy=True))
+    # two proposals along the same alignment cut short by the edits (900, then 901)
+    assert [n < proposed for proposed, n in rounds[:2]] == [True, True]
+    assert rounds[2] == (SHORT_LOOKUP_TOKENS, SHORT_LOOKUP_TOKENS)  # short, and accepted
+    lengths = [proposed for proposed, _ in rounds[2:]]
+    assert lengths[:4] == [2, 4, 8, 16]  # doubling with each full acceptance, up to k
+    assert all(n == proposed for proposed, n in rounds[2:])
+
+
+def test_without_the_track_record_the_same_stream_keeps_proposing_k():
+    """The negative control: the old drafter's third proposal is as long as k."""
+    PromptLookupDrafter.track_record = False
+    try:
+        rounds = copy_rounds(PromptLookupDrafter(1000, greedy=True))
+    finally:
+        PromptLookupDrafter.track_record = True
+    assert rounds[2][0] == 16
+
+
+def test_a_fresh_one_token_match_is_not_a_lottery_ticket():
+    """A one-token match proposes 2 tokens, not k; a long backward match earns k."""
+    drafter = PromptLookupDrafter(1000, greedy=True)
+    assert len(drafter.lookup([5, 1, 2, 3, 4, 9, 8, 7, 6, 5], 16)) == 2
+    long_match = PromptLookupDrafter(1000, greedy=True)
+    assert len(long_match.lookup(SOURCE + SOURCE[:10], 16)) == 16
