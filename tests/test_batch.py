@@ -138,10 +138,30 @@ def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(pair):
 
 
 def test_targets_it_cannot_batch_are_refused_in_one_sentence():
-    hybrid = make_family("qwen3_5")
-    assert not batchable(hybrid)
-    with pytest.raises(ValueError, match="one request at a time"):
-        BatchEngine(hybrid)
+    for name in ("gemma3_text", "lfm2"):  # a sliding window; short convolutions
+        model = make_family(name)
+        assert not batchable(model)
+        with pytest.raises(ValueError, match="one request at a time"):
+            BatchEngine(model)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5-4bit"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_gated_deltanet_hybrid_rows_equal_their_own_greedy_decoding(family, k):
+    """Recurrent state per row: restored and re-run over each row's own kept prefix after a
+    partial accept. An unrelated draft rejects often, so most rounds rewind some rows. The
+    4-bit target has quantized weights (its KV cache stays a plain KVCache)."""
+    from tiny import make_llama
+
+    name, _, bits = family.partition("-")
+    target = make_family(name, quantize_bits=int(bits[:-3]) if bits else None)
+    assert batchable(target)
+    draft = make_llama(vocab_size=64, seed=5, hidden=32, layers=1)
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, draft, num_draft_tokens=k)
+    got = run(engine, [RowRequest(p, 24, prompt_lookup=False) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, 24)
 
 
 def test_bad_rows_are_refused(pair):

@@ -35,7 +35,7 @@ from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import is_dflash_model
 from ..loading import vocab_size
 from .drafts import BatchDraft
-from .kv import BatchCache, batchable
+from .kv import BatchCache, arrays, batchable
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .verify import ACCEPT, RowProposal, emitted_tokens, reported_logprobs, verify
@@ -150,10 +150,10 @@ class BatchEngine:
         if chunk:
             x = mx.array(chunk, mx.uint32)[None]
             self.target_model(x, cache=j.target_layers)
-            states = [c.state for c in j.target_layers]
+            states = arrays(j.target_layers)
             if self.draft is not None:
                 self.draft_model(x, cache=j.draft_layers)
-                states += [c.state for c in j.draft_layers]
+                states += arrays(j.draft_layers)
             mx.eval(states)
             j.done += len(chunk)
         if j.done < len(prompt) - 1:
@@ -229,7 +229,7 @@ class BatchEngine:
             if row.draft_pending:
                 self.draft_model(mx.array(row.draft_pending, mx.uint32)[None], cache=draft)
             layers = target + draft
-        mx.eval([c.state for c in layers])
+        mx.eval(arrays(layers))
         return layers
 
     def _drop(self, ended: List[int]) -> None:

@@ -10,9 +10,17 @@ which moves its rejected entries out past the end and grows its left padding
 (mlx-lm's `finalize` for right-padded prompts does the same roll). Rows join
 (`join`: a one-row cache prefilled alone) and leave (`drop`) between rounds.
 
-Batched here: attention layers of the plain `KVCache` kind (dense, MoE and
-most mlx-lm families). Quantized, sliding-window and recurrent layers are
-served one request at a time by the ordinary loop (`batchable`).
+Recurrent layers (`ArraysCache`) of Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next)
+batch too: their state is per row, not per position, so a forward that may be
+undone first keeps the states it starts from (references: free) and records
+each mixer's inputs (cache/replay.py); going back restores them and re-runs
+the recurrence alone over each row's kept prefix, masked past its own end
+(`MixerReplay.replay_rows`), lazily, evaluated with the next round.
+
+Batched here: plain `KVCache` attention layers (dense, MoE and most mlx-lm
+families) and Gated DeltaNet layers. Quantized and sliding-window caches and
+other recurrent mixers (Mamba, short convolutions) are served one request at
+a time by the ordinary loop (`batchable`).
 """
 
 from __future__ import annotations
@@ -20,15 +28,30 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache, make_prompt_cache
+
+from ..cache.replay import MixerReplay
+from ..mtp.heads import model_type
 
 # Left padding every row has: sliced off when it reaches this many positions.
 COMPACT_AT = 64
 
 
+# Families whose recurrent layers are all Gated DeltaNets (MixerReplay.replay_rows).
+GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
 def batchable(model) -> bool:
-    """Whether every layer mlx-lm makes for `model` is a plain KVCache (then it batches here)."""
-    return all(type(layer) is KVCache for layer in make_prompt_cache(model))
+    """Whether every layer mlx-lm makes for `model` batches here: a plain KVCache, or the
+    state of a Gated DeltaNet."""
+    layers = make_prompt_cache(model)
+    recurrent_ok = model_type(model) in GATED_DELTANET
+    return all(type(layer) is KVCache or (type(layer) is ArraysCache and recurrent_ok)
+               for layer in layers)
+
+
+def _merged(layer):
+    return (ArraysCache if isinstance(layer, ArraysCache) else BatchKVCache).merge([layer])
 
 
 class BatchCache:
@@ -36,8 +59,29 @@ class BatchCache:
 
     def __init__(self, model):
         self.model = model
-        self.layers: Optional[List[BatchKVCache]] = None  # None: no rows yet
+        self.layers: Optional[list] = None  # BatchKVCache and ArraysCache; None: no rows yet
         self.padding: List[int] = []
+        self._snapshot: Optional[list] = None  # recurrent states before the last forward
+        self._mixers: Optional[MixerReplay] = None
+
+    @property
+    def attention(self) -> List[BatchKVCache]:
+        return [layer for layer in self.layers if isinstance(layer, BatchKVCache)]
+
+    @property
+    def recurrent(self) -> List[ArraysCache]:
+        return [layer for layer in self.layers if isinstance(layer, ArraysCache)]
+
+    def forward(self, x: mx.array) -> mx.array:
+        """The model over x (B, T), lazily; recurrent layers keep where they started."""
+        recurrent = self.recurrent
+        if not recurrent:
+            return self.model(x, cache=self.layers)
+        if self._mixers is None or self._mixers.recurrent != recurrent:
+            self._mixers = MixerReplay(self.model, recurrent)
+        self._snapshot = [list(layer.cache) for layer in recurrent]
+        with self._mixers.recording(x.shape[1]):
+            return self.model(x, cache=self.layers)
 
     @property
     def rows(self) -> int:
@@ -45,16 +89,17 @@ class BatchCache:
 
     def join(self, row_layers: Sequence[KVCache]) -> None:
         """Add one row: its own prefilled cache list (it may hold any number of tokens)."""
-        merged = [BatchKVCache.merge([layer]) for layer in row_layers]
+        merged = [_merged(layer) for layer in row_layers]
+        length = next(layer.offset for layer in row_layers if isinstance(layer, KVCache))
         if self.layers is None:
             self.layers = merged
             self.padding = [0]
             return
-        before = self.layers[0]._idx
+        before = self.attention[0]._idx
         for layer, new in zip(self.layers, merged):
             layer.extend(new)
-        shift = self.layers[0]._idx - before  # the old rows were padded on the left by this
-        self.padding = [p + shift for p in self.padding] + [self.layers[0]._idx - row_layers[0].offset]
+        after = self.attention[0]._idx  # the old rows were padded on the left by after - before
+        self.padding = [p + after - before for p in self.padding] + [after - length]
 
     def drop(self, keep: Sequence[int]) -> None:
         """Keep only the rows at indices `keep` (in that order)."""
@@ -71,20 +116,26 @@ class BatchCache:
         """After a forward of `fed` positions per row, row i keeps its first `kept[i]` of them."""
         rejected = [fed - n for n in kept]
         common = min(rejected)
-        for layer in self.layers:
+        attention = self.attention
+        for layer in attention:
             if common:
                 layer.trim(common)
         rest = [r - common for r in rejected]
         if any(rest):
-            for layer in self.layers:
+            for layer in attention:
                 layer.prepare(right_padding=rest)
                 layer.finalize()  # rolls each row right by its rest: lazy
+        if any(rejected) and self._snapshot is not None:
+            for layer, slots in zip(self.recurrent, self._snapshot):
+                layer.cache = list(slots)
+            self._mixers.replay_rows(kept)  # lazy too
+        self._snapshot = None
         self.padding = [p + r for p, r in zip(self.padding, rest)]
         if min(self.padding) >= COMPACT_AT:
             self._compact(min(self.padding))
 
     def _compact(self, n: int) -> None:
-        for layer in self.layers:
+        for layer in self.attention:
             layer.keys = layer.keys[..., n:, :]
             layer.values = layer.values[..., n:, :]
             layer._idx -= n
@@ -95,6 +146,9 @@ class BatchCache:
         """Row `row`'s entries as an ordinary one-row cache list (for the prompt-cache store)."""
         out = []
         for layer in self.layers:
+            if isinstance(layer, ArraysCache):
+                out.append(layer.extract(row))
+                continue
             cache = KVCache()
             start = self.padding[row]
             cache.keys = mx.contiguous(layer.keys[row:row + 1, :, start:layer._idx])
@@ -105,8 +159,13 @@ class BatchCache:
 
     def length(self, row: int) -> int:
         """How many entries row `row` holds."""
-        return self.layers[0]._idx - self.padding[row]
+        return self.attention[0]._idx - self.padding[row]
 
-    def state(self) -> list:
-        return [] if self.layers is None else [a for layer in self.layers
-                                               for a in (layer.keys, layer.values)]
+
+def arrays(layers) -> list:
+    """Every array a cache list holds (to evaluate it)."""
+    out = []
+    for layer in layers:
+        values = layer.cache if isinstance(layer, ArraysCache) else (layer.keys, layer.values)
+        out += [v for v in values if v is not None]
+    return out

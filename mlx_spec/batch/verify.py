@@ -58,7 +58,7 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
             parts.append(mx.zeros((width - n,), mx.uint32))
         inputs.append(mx.concatenate(parts))
     with round_attention():
-        target_logits = target.model(mx.stack(inputs), cache=target.layers)  # (B, width + 1, V)
+        target_logits = target.forward(mx.stack(inputs))  # (B, width + 1, V)
     summaries, row_logits = [], []
     for i, (row, proposal, n) in enumerate(zip(rows, proposals, lengths)):
         logits = target_logits[i, :n + 1]  # (n + 1, V)

@@ -158,6 +158,27 @@ class MixerReplay:
         _, cache[1] = function(*[a[:, :num_tokens] for a in args[:5]], *args[5:], **kwargs)
         return True
 
+    def replay_rows(self, kept: Sequence[int]) -> None:
+        """A batch: row i keeps its first `kept[i]` positions (state must be reset). Gated
+        DeltaNet layers only: each row's convolution state is sliced at its own end, and the
+        recurrence runs over the longest prefix, masked past each row's own."""
+        longest = max(kept)
+        lengths = mx.array(list(kept))
+        mask = mx.arange(longest)[None] < lengths[:, None]  # (B, longest)
+        for cache in self.recurrent:
+            conv = getattr(self.calls[id(cache)][0], "conv1d", None)
+            function, args, kwargs = self.recurrences[id(cache[1])]
+            conv_input = self.conv_inputs[id(conv)]
+            n_keep = conv_input.shape[1] - self.length
+            positions = (lengths[:, None] + mx.arange(n_keep))[..., None]  # (B, K - 1, 1)
+            cache[0] = mx.take_along_axis(conv_input, positions, axis=1)
+            args, kwargs = list(args), dict(kwargs)
+            if "mask" in kwargs:
+                kwargs["mask"] = mask
+            else:
+                args[8] = mask
+            _, cache[1] = function(*[a[:, :longest] for a in args[:5]], *args[5:], **kwargs)
+
     def _prefix(self, values, num_tokens: int) -> List:
         """Sequence-shaped arrays (B, T, ...) cut to their first `num_tokens` positions."""
         out = []
