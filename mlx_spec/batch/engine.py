@@ -36,6 +36,7 @@ from ..dflash import is_dflash_model
 from ..loading import vocab_size
 from .drafts import BatchDraft
 from .kv import BatchCache, arrays, batchable
+from ..policy import AdaptivePolicy
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .verify import ACCEPT, RowProposal, emitted_tokens, reported_logprobs, verify
@@ -73,6 +74,9 @@ class BatchEngine:
         self.target = BatchCache(target_model)
         self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
         self.policy = BatchPolicy(max_draft_tokens, drafting=True, fixed=num_draft_tokens)
+        # One row alone is the single-stream case: the single-stream adaptive policy (per
+        # source, with its automatic off switch) chooses, as `generate` does.
+        self.single = AdaptivePolicy(max_draft_tokens)
         self.prefill_step_size = prefill_step_size
         self.stop_tokens = frozenset(stop_tokens)
         self.accept = accept
@@ -129,10 +133,21 @@ class BatchEngine:
         if not self.rows:
             return []
         start = time.perf_counter()
-        k = self.policy.choose(len(self.rows))
-        outputs = self._round(k)
-        emitted = sum(len(o.tokens) for o in outputs)
-        self.policy.observe(len(outputs), k, emitted, time.perf_counter() - start)
+        alone = len(self.rows) == 1 and self.policy.fixed is None
+        if alone:  # the single-stream case: the single-stream policy, a k per source
+            sources = [s.source for s in self.rows[0].searchers] + ["draft"] * bool(self.draft)
+            lengths = {s: self.single.proposal_length(s) if s in sources else 0
+                       for s in ("draft", "lookup", "suffix")}
+            k = max(lengths.values())
+        else:
+            k = self.policy.choose(len(self.rows))
+            lengths = {"draft": k, "lookup": k, "suffix": k}
+        outputs = self._round(lengths)
+        seconds = time.perf_counter() - start
+        if alone:
+            self.single.observe(outputs[0], seconds)
+        else:
+            self.policy.observe(len(outputs), k, sum(len(o.tokens) for o in outputs), seconds)
         self.rounds[k] = self.rounds.get(k, 0) + 1
         return outputs
 
@@ -166,16 +181,18 @@ class BatchEngine:
         self.rows.append(j.row)
         return max(1, len(chunk))
 
-    def _round(self, k: int) -> List[RowOutput]:
+    def _round(self, lengths: Dict[str, int]) -> List[RowOutput]:
+        """One round; `lengths`: the drafts each source is asked for (0: not asked)."""
         rows = self.rows
-        wants = [row.wants(k) for row in rows]
         proposals: List[Optional[RowProposal]] = [None] * len(rows)
-        for i, (row, n) in enumerate(zip(rows, wants)):
-            for searcher in row.searchers if n else ():
-                found = searcher.propose(row.history, n)
+        for i, row in enumerate(rows):
+            for searcher in row.searchers:
+                n = row.wants(lengths[searcher.source])
+                found = searcher.propose(row.history, n) if n else None
                 if found is not None:
                     proposals[i] = RowProposal(found.tokens, found.probs, found.source, searcher)
                     break
+        wants = [row.wants(lengths["draft"]) for row in rows]
         draft_k = max((n for n, p in zip(wants, proposals) if p is None), default=0)
         ran = self.draft is not None and draft_k > 0
         if ran:
@@ -229,8 +246,7 @@ class BatchEngine:
             if row.draft_pending:
                 self.draft_model(mx.array(row.draft_pending, mx.uint32)[None], cache=draft)
             layers = target + draft
-        mx.eval(arrays(layers))
-        return layers
+        return layers  # lazy: evaluated by whoever keeps it (after answering its client)
 
     def _drop(self, ended: List[int]) -> None:
         keep = [i for i in range(len(self.rows)) if i not in set(ended)]

@@ -49,16 +49,19 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
            accept=ACCEPT) -> List[Verdict]:
     lengths = [0 if p is None else p.tokens.shape[0] for p in proposals]
     width = max(lengths)
-    inputs = []
-    for row, proposal, n in zip(rows, proposals, lengths):
-        parts = [mx.array(row.history[-1:], mx.uint32)]
-        if n:
-            parts.append(proposal.tokens.astype(mx.uint32))
-        if width - n:
-            parts.append(mx.zeros((width - n,), mx.uint32))
-        inputs.append(mx.concatenate(parts))
+    x = mx.array([row.history[-1:] for row in rows], mx.uint32)  # (B, 1)
+    if width:
+        drafts = []
+        for proposal, n in zip(proposals, lengths):
+            parts = [proposal.tokens.astype(mx.uint32)] if n else []
+            if width - n:
+                parts.append(mx.zeros((width - n,), mx.uint32))
+            drafts.append(mx.concatenate(parts) if len(parts) > 1 else parts[0])
+        x = mx.concatenate([x, mx.stack(drafts)], axis=1)  # (B, width + 1)
     with round_attention():
-        target_logits = target.forward(mx.stack(inputs))  # (B, width + 1, V)
+        target_logits = target.forward(x)  # (B, width + 1, V)
+    if all(row.greedy and not row.request.logits_processors for row in rows):
+        return _greedy_verdicts(rows, lengths, x, target_logits)
     summaries, row_logits = [], []
     for i, (row, proposal, n) in enumerate(zip(rows, proposals, lengths)):
         logits = target_logits[i, :n + 1]  # (n + 1, V)
@@ -92,6 +95,21 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
         else:
             accepted, token = judged
         verdicts.append(Verdict(drafted, accepted, token, logits))
+    return verdicts
+
+
+def _greedy_verdicts(rows, lengths, x, target_logits) -> List[Verdict]:
+    """Every row greedy with no processors: one argmax over the batch, one transfer."""
+    width = x.shape[1] - 1
+    judged = mx.argmax(target_logits, axis=-1).astype(mx.uint32)  # (B, width + 1)
+    values = mx.concatenate([judged, x[:, 1:]], axis=1).tolist()  # the only sync of the round
+    verdicts = []
+    for i, (row_values, n) in enumerate(zip(values, lengths)):
+        judged_row, drafted = row_values[:width + 1], row_values[width + 1:width + 1 + n]
+        accepted = 0
+        while accepted < n and drafted[accepted] == judged_row[accepted]:
+            accepted += 1
+        verdicts.append(Verdict(drafted, accepted, judged_row[accepted], target_logits[i, :n + 1]))
     return verdicts
 
 

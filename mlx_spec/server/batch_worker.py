@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable
+from ..batch.kv import arrays
 from ..acceptance import rule_name
 from ..defaults import DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
@@ -83,6 +84,7 @@ class BatchWorker(GenerationWorker):
         """New jobs (waiting for one while nothing runs); None once the thread should end."""
         with self._ready:
             while not self._pending and not self.engine.busy:
+                self.running = None
                 self._ready.wait()
             jobs = list(self._pending)
             self._pending.clear()
@@ -181,15 +183,16 @@ class BatchWorker(GenerationWorker):
             rest = state.stops.flush()
             if rest or pending:
                 state.job.emit(TextDelta(rest, tuple(pending)))
-        self._store(state, cache)
         self._running.pop(out.uid)
         eos_ended = out.finish_reason == "stop" and state.tokens and state.tokens[-1] in eos
         self._end(state.job, Finished(finish, len(state.job.prompt_ids), state.cached,
                                       len(state.tokens) - int(bool(eos_ended)),
                                       state.recorder.snapshot()))
+        self._store(state, cache)  # after the answer: the cache's last forward runs here
 
     def _store(self, state: Running, cache) -> None:
         if self.store is not None and cache is not None:
+            mx.eval(arrays(cache))  # its own buffers now, not slices of the batch's
             self.store.put(state.job.prompt_ids + state.generated, cache)
 
     def _end(self, job: Job, event) -> None:
