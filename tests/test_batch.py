@@ -336,3 +336,45 @@ def test_batch_generate_gives_each_prompt_its_own_text(model_dirs):
                             for p in prompts]
     assert all(r in ("stop", "length") for r in result.finish_reasons)
     assert result.stats["tokens"] == sum(map(len, result.token_ids))
+
+
+def test_a_long_prompt_joins_in_chunks_while_the_others_decode(pair):
+    """Prefill is interleaved with decoding: while a 300-token prompt is prefilled 64 tokens a
+    step, the rows already in the batch get tokens at every step; then it joins, and every
+    row (it too) equals its own greedy decoding. Memory returns to its level when the batch
+    drains."""
+    import gc
+
+    target, draft = pair
+    gc.collect()
+    before = mx.get_active_memory()
+    engine = BatchEngine(target, draft, num_draft_tokens=2, prefill_step_size=64)
+    short = ragged_prompts(2)
+    uids = [engine.insert(RowRequest(p, MAX_TOKENS)) for p in short]
+    tokens = {u: [] for u in uids}
+    for o in engine.step():  # the short ones join
+        tokens[o.uid] += o.tokens
+    rng = random.Random(3)
+    long_prompt = [rng.randrange(64) for _ in range(300)]
+    late = engine.insert(RowRequest(long_prompt, MAX_TOKENS))
+    tokens[late] = []
+    waited = 0
+    while engine.joining:
+        outs = engine.step()
+        waited += 1
+        assert set(uids) <= {o.uid for o in outs} and all(o.tokens for o in outs)
+        assert late not in {o.uid for o in outs} or not engine.joining  # only once it joined
+        for o in outs:
+            tokens[o.uid] += o.tokens
+    assert waited >= 4  # 299 prompt tokens, 64 a step
+    while engine.busy:
+        for o in engine.step():
+            tokens[o.uid] += o.tokens
+    for uid, prompt in zip(uids + [late], short + [long_prompt]):
+        assert len(tokens[uid]) <= MAX_TOKENS
+        assert tokens[uid] == plain_greedy(target, prompt, MAX_TOKENS)[:len(tokens[uid])]
+    assert len(tokens[late]) == MAX_TOKENS
+    del engine
+    gc.collect()
+    mx.clear_cache()
+    assert mx.get_active_memory() <= before + 2**20, (before, mx.get_active_memory())

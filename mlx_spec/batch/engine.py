@@ -236,17 +236,20 @@ class BatchEngine:
         return outputs
 
     def _row_cache(self, i: int) -> list:
-        """Row i's caches as one-row lists holding exactly its history (target, then draft)."""
+        """Row i's caches as one-row lists holding exactly its history (target, then draft).
+
+        The row's entries are copied out now (cheap, and nothing then holds on to the batch's
+        buffers); the forward that feeds the tokens the caches have not seen (the target's
+        last token, the draft's pending ones) stays lazy: it runs with whatever next uses
+        the cache (a reused prompt cache: the next turn's prefill), or never."""
         row = self.rows[i]
         target = self.target.extract(i)
+        draft = self.draft.cache.extract(i) if self.draft is not None else []
+        mx.eval(arrays(target + draft))
         self.target_model(mx.array(row.history[-1:], mx.uint32)[None], cache=target)
-        layers = target
-        if self.draft is not None:
-            draft = self.draft.cache.extract(i)
-            if row.draft_pending:
-                self.draft_model(mx.array(row.draft_pending, mx.uint32)[None], cache=draft)
-            layers = target + draft
-        return layers  # lazy: evaluated by whoever keeps it (after answering its client)
+        if draft and row.draft_pending:
+            self.draft_model(mx.array(row.draft_pending, mx.uint32)[None], cache=draft)
+        return target + draft
 
     def _drop(self, ended: List[int]) -> None:
         keep = [i for i in range(len(self.rows)) if i not in set(ended)]

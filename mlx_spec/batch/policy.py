@@ -9,8 +9,9 @@ run, stays at the best, and every EXPLORE_EVERY rounds tries a neighbour
 moving only when the neighbour is better by MARGIN; each losing trial doubles
 the wait before the next one (up to MAX_EXPLORE_EVERY), a winning one resets it.
 A neighbour is not tried again when even every draft accepted could not beat
-the chosen k: B x (k + 1) tokens in the seconds its rounds took (where the
-verify pass is compute-bound, as on a CPU at B = 8, one trial settles it). A batch size seen for the
+the chosen k: B x (k + 1) tokens in the seconds its rounds took, at this batch
+size or a smaller one (where the verify pass is compute-bound, as on a CPU at
+B = 8, one trial settles it for every larger batch too). A batch size seen for the
 first time starts where the nearest one measured is (the very first at
 FIRST_K) and, if that drafts, tries plain decoding after FIRST_TRIAL_AFTER
 rounds: the two are usually far apart, stepping there one k at a time takes
@@ -77,10 +78,15 @@ class BatchPolicy:
 
     def _hopeless(self, batch: int, k: int) -> bool:
         """Even with every draft kept, k's rounds (as timed) would emit fewer tokens per second
-        than the chosen k does."""
-        seconds = self._seconds.get(batch, {}).get(k)
-        best = self._rates.get(batch, {}).get(self._chosen[batch])
-        return seconds is not None and best is not None and batch * (k + 1) / seconds < best
+        than the chosen k does, at this batch size or a smaller one (more rows only make the
+        verify pass more compute-bound)."""
+        for b, times in self._seconds.items():
+            seconds = times.get(k)
+            best = self._rates.get(b, {}).get(self._chosen.get(b))
+            if b <= batch and seconds is not None and best is not None \
+                    and b * (k + 1) / seconds < best:
+                return True
+        return False
 
     def _start(self, batch: int) -> int:
         """A new batch size starts where the nearest measured one is (else FIRST_K)."""

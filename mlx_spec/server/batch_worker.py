@@ -23,7 +23,6 @@ import mlx.core as mx
 
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable
-from ..batch.kv import arrays
 from ..acceptance import rule_name
 from ..defaults import DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
@@ -188,11 +187,10 @@ class BatchWorker(GenerationWorker):
         self._end(state.job, Finished(finish, len(state.job.prompt_ids), state.cached,
                                       len(state.tokens) - int(bool(eos_ended)),
                                       state.recorder.snapshot()))
-        self._store(state, cache)  # after the answer: the cache's last forward runs here
+        self._store(state, cache)
 
     def _store(self, state: Running, cache) -> None:
         if self.store is not None and cache is not None:
-            mx.eval(arrays(cache))  # its own buffers now, not slices of the batch's
             self.store.put(state.job.prompt_ids + state.generated, cache)
 
     def _end(self, job: Job, event) -> None:
