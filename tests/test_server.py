@@ -530,3 +530,34 @@ def test_logprobs_are_the_targets_own_with_speculation_on(served):
     for c in content:
         assert len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
         assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-4)
+
+
+def test_a_gated_deltanet_hybrid_target_is_served_batched(tmp_path):
+    """A qwen3_5 target (Gated DeltaNet + attention) batches: three clients at once, with
+    prompt lookup drafting, each get what mlx_spec.generate gives for their prompt alone."""
+    from families import write_family_dir
+
+    from mlx_spec import load
+    from mlx_spec.server.batch_worker import can_batch
+
+    target, tokenizer = load(str(write_family_dir(tmp_path / "qwen3_5", "qwen3_5", seed=0)))
+    assert can_batch(target, None)
+    worker = BatchWorker(target, tokenizer, None, store=PromptCacheStore(2**28), max_concurrency=4)
+    server, thread, url = serve_in_background(create_app(worker, MODEL_ID))
+    prompts = ["def f(x):", "class A:\n", "return f(x) + f(x)"]
+
+    def ask(prompt):
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "prompt_lookup": True}
+        return httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, prompts))
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    from mlx_spec.loading import vocab_size
+
+    for prompt, answer in zip(prompts, answers):
+        ids = completion_prompt_ids(tokenizer, prompt, vocab_size(target))
+        assert answer["choices"][0]["text"] == generate(target, tokenizer, ids, max_tokens=24)

@@ -55,10 +55,13 @@ def check_batchable(target_model, draft_model=None) -> None:
     if draft_model is not None and (isinstance(draft_model, str) or is_dflash_model(draft_model)):
         raise ValueError("Batched decoding drafts with a draft model, prompt lookup or suffix "
                          "drafting; MTP heads and DFlash drafters decode one request at a time.")
-    for role, model in (("target", target_model), ("draft", draft_model)):
-        if model is not None and not batchable(model):
-            raise ValueError(f"The {role} model's cache layers are not all plain KVCache, "
-                             "which batched decoding needs; decode it one request at a time.")
+    if not batchable(target_model):
+        raise ValueError("The target's cache layers are neither plain KVCache nor Gated "
+                         "DeltaNet state, which batched decoding needs; decode it one request "
+                         "at a time.")
+    if draft_model is not None and not batchable(draft_model, recurrent=False):
+        raise ValueError("The draft model's cache layers are not all plain KVCache, which a "
+                         "batched draft needs; decode with it one request at a time.")
 
 
 class BatchEngine:

@@ -41,11 +41,12 @@ COMPACT_AT = 64
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
-def batchable(model) -> bool:
-    """Whether every layer mlx-lm makes for `model` batches here: a plain KVCache, or the
+def batchable(model, recurrent: bool = True) -> bool:
+    """Whether every layer mlx-lm makes for `model` batches here: a plain KVCache, or (with
+    `recurrent`: a target; drafts step one token at a time and have no replay here) the
     state of a Gated DeltaNet."""
     layers = make_prompt_cache(model)
-    recurrent_ok = model_type(model) in GATED_DELTANET
+    recurrent_ok = recurrent and model_type(model) in GATED_DELTANET
     return all(type(layer) is KVCache or (type(layer) is ArraysCache and recurrent_ok)
                for layer in layers)
 
