@@ -12,14 +12,14 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Union
 
 import mlx.core as mx
 
 from .arguments import check_instance
 from .cache import (DEFAULT_RESERVE, ModelCache, cache_length, check_prompt_cache,
                     check_rewindable, make_cache, make_rewindable)
-from .calibration import Calibration, load_calibration, mtp_key
+from .calibration import Calibration, dflash_key, load_calibration, mtp_key
 from .calibration.record import ROUND_K
 from .costmodel import CostPrior
 from .defaults import DEFAULT_MAX_LOOKUP_TOKENS
@@ -36,7 +36,7 @@ from .loading import load as load_model
 from .mtp import load_mtp, split_target
 from .policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, make_policy
 from .sampling import SamplingConfig
-from .session import held_tokens, take_over
+from .session import held_context, held_tokens, take_over
 
 
 @dataclass
@@ -45,7 +45,8 @@ class Assembly:
 
     target: ModelCache
     drafters: List  # asked in this order; the first proposal wins
-    draft: Optional[DraftModelDrafter]  # the draft model's drafter, whose cache a session settles
+    # The drafter whose own state a session settles: a draft model's cache, a DFlash context
+    draft: Optional[Union[DraftModelDrafter, DFlashDrafter]]
     policy: object  # a DraftPolicy
     agree: Optional[Callable[[mx.array], mx.array]]  # rank 0's values (a sharded target)
     earlier: List[int]  # the tokens a reused cache held before the call, when known ([] if not)
@@ -100,13 +101,14 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         drafters.append(draft)
     if mtp_head is not None:
         drafters.append(MTPDrafter(mtp_head, sampling))
-    if block_drafter is not None:
-        drafters.append(DFlashDrafter(block_drafter, model, sampling,
-                                      start=cache_length(target_cache)))
+    if block_drafter is not None:  # with the earlier turns' context a reused cache kept
+        draft = DFlashDrafter(block_drafter, model, sampling, start=cache_length(target_cache),
+                              context=held_context(prompt_cache))
+        drafters.append(draft)
     if policy is None:
         if sharding_group(model) is not None:  # a calibration measures one machine: start cold
             calibration = None
-        prior = cost_prior(calibration, model, draft_model, sampling, mtp_head)
+        prior = cost_prior(calibration, model, draft_model, sampling, mtp_head, block_drafter)
         acceptance = DEFAULT_ACCEPTANCE_PRIOR if sampling.greedy else SAMPLING_ACCEPTANCE_PRIOR
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
                              acceptance_prior=acceptance,
@@ -211,7 +213,7 @@ def mtp_head_for(model, draft_model, mtp_weights):
 
 
 def cost_prior(calibration, target_model, draft_model, sampling,
-                mtp_head=None) -> Optional[CostPrior]:
+               mtp_head=None, block_drafter=None) -> Optional[CostPrior]:
     """The adaptive policy's starting point from a calibration (see the `calibration` argument)."""
     if calibration is None:
         return None
@@ -225,9 +227,14 @@ def cost_prior(calibration, target_model, draft_model, sampling,
             return None
     steps, acceptance, extra = {"lookup": 0.0, "suffix": 0.0}, {}, {}
     measured_mtp = mtp_head is not None and any(fp.startswith("mtp:") for fp in calibration.drafts)
+    measured_dflash = block_drafter is not None and \
+        any(fp.startswith("dflash:") for fp in calibration.drafts)
     sources = {"draft": calibration.draft(draft_model) if draft_model is not None else None,
                # fingerprinting the layer reads its weights: only when a layer was measured
-               "mtp": calibration.drafts.get(mtp_key(mtp_head)) if measured_mtp else None}
+               "mtp": calibration.drafts.get(mtp_key(mtp_head)) if measured_mtp else None,
+               # a step of 0: its one block pass per round is in the measured round's offset
+               "dflash": calibration.drafts.get(dflash_key(block_drafter))
+               if measured_dflash else None}
     for source, draft in sources.items():
         if draft is None:
             continue

@@ -42,12 +42,13 @@ from .cache.rewind import MARK, make_plain
 
 OWNER = MARK + "owner"  # on the first layer of a reused prompt cache: its latest call's Session
 TOKENS = MARK + "tokens"  # on the same layer: the tokens the cache holds, when a call left it
+CONTEXT = MARK + "context"  # on the same layer: a block drafter's context for those tokens
 
 
 @dataclass
 class Session:
     target: ModelCache
-    draft: Optional[object]  # the DraftModelDrafter, if any
+    draft: Optional[object]  # the DraftModelDrafter or DFlashDrafter, if any: it is settled too
     start: int  # tokens the target cache held before this call
     prompt_cache: Optional[list] = None  # the caller's list, when reused
     earlier: Optional[List[int]] = None  # the `start` tokens the cache held before, when known
@@ -112,12 +113,17 @@ class Session:
             else:
                 target.restore_length(wanted)
         if target.length < wanted:  # lazily: computed by the cache's next use
-            target.forward(mx.array(seen[target.length - self.start:], mx.uint32))
+            tail = seen[target.length - self.start:]
+            target.forward(mx.array(tail, mx.uint32))
+            if getattr(self.draft, "follows_target", False):  # a block drafter: the tail's taps
+                self.draft.follow(tail, target.hidden)
         if self.draft is not None:
             self.draft.settle(seen, len(seen))
         if self.prompt_cache:  # for the next call's prompt lookup (a proposal source only)
             known = self.earlier is not None and len(self.earlier) == self.start
             setattr(self.prompt_cache[0], TOKENS, self.earlier + list(seen) if known else None)
+            # A block drafter's context of every token held, for the next call's drafter
+            setattr(self.prompt_cache[0], CONTEXT, getattr(self.draft, "context", None))
             # mlx-lm's own classes again (RotatingKVCache for the sliding windows), lazily, so
             # that mlx-lm's save_prompt_cache / load_prompt_cache and generation take the list;
             # the next call makes them rewindable again. This call's layers are then no longer
@@ -135,6 +141,13 @@ def take_over(prompt_cache: Optional[list]) -> None:
     earlier = owner() if isinstance(owner, weakref.ref) else None
     if earlier is not None:
         earlier.hand_over()
+
+
+def held_context(prompt_cache: Optional[list]):
+    """The block drafter's context the call that left a reused cache kept with it (None: none;
+    the drafter checks it is its own and covers what the cache holds)."""
+    return getattr(prompt_cache[0], CONTEXT, None) if isinstance(prompt_cache, list) and \
+        prompt_cache else None
 
 
 def held_tokens(prompt_cache: Optional[list], length: int) -> List[int]:

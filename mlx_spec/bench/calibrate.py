@@ -19,7 +19,9 @@ Five measurements, each reusing the benchmark's own:
    its size and so its cost unchanged);
 3. one draft step: a forward over 1 token, log-softmax and argmax (for
    the target's MTP layer: the layer over one pair, the target's output
-   head, log-softmax and argmax);
+   head, log-softmax and argmax; a DFlash drafter has no per-token step: its
+   one block pass per round is in the rounds of 1, stored under
+   `dflash_key(drafter)` with a step of 0);
 4. with a tokenizer, the draft's acceptance at k = 4 on one prompt of each
    kind (code, copy, prose; acceptance.py), greedy and at T = 1 with the
    exact rule (a strong draft keeps most of its acceptance when sampling, a
@@ -35,8 +37,9 @@ from typing import Callable, Dict, Optional
 import mlx.core as mx
 
 from ..cache import rewind
-from ..calibration.key import calibration_key, model_fingerprint, mtp_key
+from ..calibration.key import calibration_key, dflash_key, model_fingerprint, mtp_key
 from ..calibration.record import ROUND_K, Calibration, DraftCost
+from ..dflash import is_dflash_model
 from ..generate import speculative_generate_step
 from ..loading import vocab_size
 from ..mtp import load_mtp
@@ -196,7 +199,9 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
     """
     say = progress or (lambda message: None)
     sources = []  # (fingerprint, what draft_model= takes, its options, step seconds)
-    if draft_model is not None:
+    if is_dflash_model(draft_model):  # its block pass is timed inside the real rounds
+        sources.append((dflash_key(draft_model), draft_model, {}, 0.0))
+    elif draft_model is not None:
         say("draft step")
         sources.append((model_fingerprint(draft_model), draft_model, {},
                         draft_step_seconds(draft_model)))

@@ -56,6 +56,11 @@ def mtp_key(head) -> str:
     return "mtp:" + model_fingerprint(head.block)
 
 
+def dflash_key(drafter) -> str:
+    """Where a DFlash drafter is stored among a calibration's drafts: "dflash:" + its weights'."""
+    return "dflash:" + model_fingerprint(drafter)
+
+
 def model_dtype(model) -> str:
     """The floating dtype holding most of the model's parameters ('float16', 'bfloat16', ...)."""
     counts = {}

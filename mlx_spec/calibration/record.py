@@ -26,7 +26,8 @@ class CorruptCalibration(ValueError):
 
 @dataclass(frozen=True)
 class DraftCost:
-    step_s: float  # one draft step: forward over 1 token + sample, evaluated
+    step_s: float  # one draft step: forward over 1 token + sample, evaluated (a DFlash
+    # drafter, "dflash:" key: 0, its one block pass per round is in round_s)
     acceptance: Optional[float]  # greedy per-draft acceptance at k = 4 (i.i.d. MLE), or None
     # the same at T = 1 with the exact rule (None: not measured, e.g. an older file)
     sampling_acceptance: Optional[float] = None
@@ -114,6 +115,13 @@ def _extra(value) -> Optional[float]:
     return float(value)
 
 
+def _step(data, fingerprint: str) -> float:
+    """A draft's step seconds (> 0), or 0 for a DFlash drafter's (no per-token step)."""
+    if fingerprint.startswith("dflash:") and data.get("step_s") == 0:
+        return 0.0
+    return _seconds(data, "step_s", "a draft's step_s")
+
+
 def _optional_seconds(data, name: str, what: str) -> Optional[float]:
     return None if data.get(name) is None else _seconds(data, name, what)  # absent: older file
 
@@ -139,7 +147,7 @@ def from_dict(data) -> Calibration:
         created=float(_get(data, "created", Real, "creation time")),
         plain_step_s=_seconds(data, "plain_step_s", "plain_step_s"),
         verify_s={_length(t): _seconds(verify, t, f"verify_s[{t}]") for t in verify},
-        drafts={fp: DraftCost(_seconds(d, "step_s", "a draft's step_s"),
+        drafts={fp: DraftCost(_step(d, fp),
                               _acceptance(_get(d, "acceptance", object, "a draft's acceptance")),
                               _acceptance(d.get("sampling_acceptance")),  # absent: older file
                               _extra(d.get("sampling_extra_s")),
@@ -169,6 +177,10 @@ def describe(cal: Calibration, draft_fingerprint: Optional[str] = None) -> str:
             acceptance += f"; a greedy round at k={ROUND_K} {draft.round_s * 1e3:.2f} ms"
         if draft.sampling_extra_s is not None:
             acceptance += f"; a round at T=1 costs {draft.sampling_extra_s * 1e3:.2f} ms more"
+        if fp.startswith("dflash:"):  # one pass per round, whatever k: timed within the round
+            lines.append(f"DFlash drafter {fp[7:19]}{mark}: one block pass per round, "
+                         f"acceptance (k=4) {acceptance}")
+            continue
         name = f"MTP layer {fp[4:16]}" if fp.startswith("mtp:") else f"draft {fp[:12]}"
         lines.append(f"{name}{mark}: step {draft.step_s * 1e3:.2f} ms = "
                      f"{draft.step_s / one:.3f} target forwards, acceptance (k=4) {acceptance}")

@@ -80,8 +80,10 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     say(f"loading {model} and {draft_model}")
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False)
     if is_dflash_model(draft):
-        raise click.UsageError("mlx-spec bench measures draft models; for a DFlash drafter "
-                               "compare `mlx-spec generate` with and without --draft-model.")
+        raise click.UsageError("mlx-spec bench models a draft's cost per drafted token, which a "
+                               "DFlash drafter (one pass per block) does not have; measure it with "
+                               "`mlx-spec tune --draft-model DIR` and compare `mlx-spec generate` "
+                               "with and without --draft-model.")
     try:
         result = run_bench(target_model, draft, tokenizer, config,
                            models={"target": model, "draft": draft_model}, progress=say)

@@ -11,7 +11,7 @@ from .models import load_pair
 
 @click.command()
 @click.option("--model", "-m", default=None, help="Target model (default: the shipped pair).")
-@click.option("--draft-model", "-d", default=None, help="Draft model to measure with it (default with the shipped target: the shipped draft).")
+@click.option("--draft-model", "-d", default=None, help="Draft model or DFlash drafter directory to measure with it (default with the shipped target: the shipped draft).")
 @click.option("--no-draft", is_flag=True, help="Measure the target alone.")
 @click.option("--print", "show", is_flag=True, help="Show the stored calibration for the model; measure nothing.")
 @click.option("--forget", is_flag=True, help="Delete the stored calibration for the model.")
@@ -21,7 +21,6 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
     """Measure this machine's decoding costs (in seconds) and store them for the adaptive policy."""
     from .. import calibration
     from ..bench.calibrate import calibrate
-    from ..dflash import is_dflash_model
 
     if show and forget:
         raise click.UsageError("Give --print or --forget, not both.")
@@ -35,9 +34,6 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
     if not (show or forget):
         say("loading the models")
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget)
-    if is_dflash_model(draft):
-        raise click.UsageError("mlx-spec tune does not measure DFlash drafters yet; with one the "
-                               "adaptive policy starts from its own first rounds.")
     if forget:
         _forget_calibration(calibration, target_model)
     elif show:
@@ -60,6 +56,10 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
 
 
 def _fingerprint(calibration, draft):
+    from ..dflash import is_dflash_model
+
+    if is_dflash_model(draft):
+        return calibration.dflash_key(draft)
     return calibration.model_fingerprint(draft) if draft is not None else None
 
 

@@ -12,13 +12,20 @@ the same sampling transform as the target's; the rows come from one parallel
 pass, so q_i does not depend on d_1..d_{i-1}, which the rule allows.
 
 Positions: context row r sits at absolute position start + r, where `start`
-is how many tokens the target cache held when the drafter began (a reused
-prompt cache: the drafter has no context for that prefix, which costs
-acceptance, never exactness); the block starts right after the context.
+is how many tokens the target cache held when the context began; the block
+starts right after the context.
+
+A reused prompt cache keeps the context with it (`DFlashContext`, left on the
+cache by the call's `Session.settle`, which also taps the tokens it feeds):
+the next call's drafter carries on from the earlier turns' taps. A cache with
+no context of this drafter covering exactly what it holds (new, loaded from a
+file, or fed by something else since) starts blind from its length, which
+costs acceptance, never exactness.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 import mlx.core as mx
@@ -32,12 +39,41 @@ from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
 
 
+@dataclass
+class DFlashContext:
+    """What a drafter has read of the target: its context keys/values per layer, from absolute
+    position `start`, and the tapped rows not yet turned into them (`queued`)."""
+
+    drafter: DFlashModel
+    start: int
+    cache: List[KVCache]
+    queued: List[mx.array] = field(default_factory=list)  # (m, taps * H) tapped target rows
+
+    @property
+    def end(self) -> int:
+        """The position after the last one it covers."""
+        return self.start + self.cache[0].offset + sum(rows.shape[0] for rows in self.queued)
+
+    def truncate(self, end: int) -> None:
+        """Cover only the positions before `end` (>= start): rows beyond it are dropped."""
+        drop = self.end - end
+        while drop > 0 and self.queued:
+            rows = self.queued.pop()
+            if rows.shape[0] > drop:
+                self.queued.append(rows[: rows.shape[0] - drop])
+            drop -= min(drop, rows.shape[0])
+        for cache in self.cache:
+            cache.trim(drop)
+
+
 class DFlashDrafter:
     source = "dflash"
     follows_target = True  # the loop hands it the target's tapped hidden states (`follow`)
 
     def __init__(self, drafter: DFlashModel, target_model, sampling: SamplingConfig,
-                 start: int = 0):
+                 start: int = 0, context: Optional[DFlashContext] = None):
+        """`start`: the tokens the target cache holds; `context`: what a reused cache kept of
+        the earlier turns (used when it is this drafter's and covers them all)."""
         self.drafter = drafter
         self.config = drafter.dflash_config
         self.sampling = sampling
@@ -45,9 +81,13 @@ class DFlashDrafter:
         self.embed = embedding(target_model)
         self.head = output_head(target_model)
         self.embed_scale = _embedding_scale(target_model)
-        self.start = start
-        self.cache = [KVCache() for _ in drafter.layers]  # context keys/values only
-        self._queued: List[mx.array] = []  # (m, taps * H) blocks of tapped target rows
+        self.call_start = start
+        if context is not None and context.drafter is drafter and \
+                context.start <= start <= context.end:
+            context.truncate(start)  # (a cache trimmed since holds a prefix)
+        else:  # blind for what the cache holds
+            context = DFlashContext(drafter, start, [KVCache() for _ in drafter.layers])
+        self.context = context
 
     @property
     def max_draft_tokens(self) -> int:
@@ -55,35 +95,38 @@ class DFlashDrafter:
 
     def follow(self, tokens: List[int], hidden: mx.array) -> None:
         """The target's tapped hidden states (len(tokens), taps * H) at the positions it kept."""
-        self._queued.append(hidden)
+        self.context.queued.append(hidden)
 
     def catch_up(self) -> list:
         """Turn the queued rows into context keys/values (lazily); the arrays holding them."""
-        if self._queued:
-            taps = self._queued[0] if len(self._queued) == 1 else mx.concatenate(self._queued)
-            self._queued = []
-            context = self.drafter.context(taps.astype(self.drafter.fc.weight.dtype))  # (1, m, H)
-            offset = self.start + self.cache[0].offset
-            for layer, cache in zip(self.drafter.layers, self.cache):
-                cache.update_and_fetch(*layer.self_attn.keys_values(context, offset))
-        return [c.state for c in self.cache if c.keys is not None]
+        context, caches = self.context, self.context.cache
+        if context.queued:
+            taps = context.queued[0] if len(context.queued) == 1 else \
+                mx.concatenate(context.queued)
+            context.queued = []
+            rows = self.drafter.context(taps.astype(self.drafter.fc.weight.dtype))  # (1, m, H)
+            offset = context.start + caches[0].offset
+            for layer, cache in zip(self.drafter.layers, caches):
+                cache.update_and_fetch(*layer.self_attn.keys_values(rows, offset))
+        return [c.state for c in caches if c.keys is not None]
 
     def can_propose(self, history: List[int]) -> bool:
-        return bool(self._queued) or self.cache[0].offset > 0
+        return bool(self.context.queued) or self.context.cache[0].offset > 0
 
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
         with round_attention():
             self.catch_up()
-            count = self.cache[0].offset
+            start, caches = self.context.start, self.context.cache
+            count = caches[0].offset
             if count == 0:  # nothing seen yet (a one-token prompt): a plain step first
                 return None
             k = min(k, self.block_size - 1)
             block = mx.array([history[-1]] + [self.config.mask_token_id] * (self.block_size - 1),
                              mx.uint32)
             x = self.embed(block[None]) * self.embed_scale  # (1, B, H)
-            offset = self.start + count
+            offset = start + count
             keys, values, masks = [], [], []
-            for i, cache in enumerate(self.cache):
+            for i, cache in enumerate(caches):
                 first = _first_visible(self.config.window(i), count)
                 keys.append(cache.keys[..., first:count, :])
                 values.append(cache.values[..., first:count, :])
@@ -100,6 +143,15 @@ class DFlashDrafter:
 
     def commit(self, num_accepted: int) -> None:
         pass  # the block never entered the cache; the kept rows come back through `follow`
+
+    # A reused prompt cache (session.py): the session shows the target's layers only, and at
+    # the end hands over the taps of the tokens it feeds, then keeps `context` with the cache.
+    def peek(self, history: List[int], num_tokens: int, upcoming: List[int] = ()):
+        return None  # the context is not part of the caller's cache while a response is out
+
+    def settle(self, history: List[int], num_tokens: int) -> None:
+        """Cover exactly the call's first `num_tokens` tokens after what the cache held."""
+        self.context.truncate(self.call_start + num_tokens)
 
 
 def _first_visible(window: Optional[int], count: int) -> int:
