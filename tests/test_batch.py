@@ -138,7 +138,7 @@ def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(pair):
 
 
 def test_targets_it_cannot_batch_are_refused_in_one_sentence():
-    for name in ("gemma3_text", "lfm2"):  # a sliding window; short convolutions
+    for name in ("lfm2", "nemotron_h"):  # short convolutions; Mamba-2
         model = make_family(name)
         assert not batchable(model)
         with pytest.raises(ValueError, match="one request at a time"):
@@ -384,3 +384,18 @@ def test_a_hybrid_draft_is_refused_in_one_sentence(pair):
     target, _ = pair
     with pytest.raises(ValueError, match="draft model's cache layers"):
         BatchEngine(target, make_family("qwen3_5"))
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_sliding_window_rows_equal_their_own_greedy_decoding(family, k):
+    """Windows of 8 tokens, prompts of up to 17 and 24 generated tokens: every row runs far
+    past its window; the batch keeps the whole history and masks the window. The draft is
+    the same family with other weights (sliding too; many rejections)."""
+    target = make_family(family)
+    assert batchable(target)
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, make_family(family, seed=5), num_draft_tokens=k)
+    got = run(engine, [RowRequest(p, 24, prompt_lookup=False) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, 24)

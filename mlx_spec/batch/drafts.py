@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from ..attention import round_attention
 from ..mtp.heads import split_target
@@ -31,9 +30,6 @@ class BatchDraft:
         self.target_vocab_size = target_vocab_size
         self.fed = 0  # positions the last proposal fed after the pending ones (k - 1)
         self.trunk, self.head = split_target(draft_model)  # head(trunk(x)) == draft_model(x)
-
-    def new_row_cache(self) -> list:
-        return make_prompt_cache(self.model)
 
     def propose(self, rows: Sequence[Row], k: int,
                 drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:

@@ -28,14 +28,14 @@ from collections import deque
 from typing import Deque, Dict, List, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache
 
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import is_dflash_model
 from ..loading import vocab_size
 from .drafts import BatchDraft
-from .kv import BatchCache, arrays, batchable
+from .kv import BatchCache, arrays, batchable, row_cache
 from ..policy import AdaptivePolicy
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
@@ -111,8 +111,12 @@ class BatchEngine:
                        self.draft is not None)
         n_target = len(self.target_model.layers)
         if cache is None:
-            cache = make_prompt_cache(self.target_model) + (
-                self.draft.new_row_cache() if self.draft is not None else [])
+            cache = row_cache(self.target_model) + (
+                row_cache(self.draft_model) if self.draft is not None else [])
+        elif not all(isinstance(layer, (KVCache, ArraysCache)) for layer in cache):
+            raise ValueError("A cache handed to the batch must hold plain KVCache layers (and "
+                             "recurrent state): one the batch made (RowOutput.cache), or "
+                             "mlx_spec.batch.kv.row_cache(model)'s.")
         draft_layers = cache[n_target:] if self.draft is not None else None
         self.joining.append(Joining(row, cache[:n_target], draft_layers, cached))
         return row.uid

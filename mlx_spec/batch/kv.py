@@ -17,10 +17,17 @@ each mixer's inputs (cache/replay.py); going back restores them and re-runs
 the recurrence alone over each row's kept prefix, masked past its own end
 (`MixerReplay.replay_rows`), lazily, evaluated with the next round.
 
-Batched here: plain `KVCache` attention layers (dense, MoE and most mlx-lm
-families) and Gated DeltaNet layers. Quantized and sliding-window caches and
-other recurrent mixers (Mamba, short convolutions) are served one request at
-a time by the ordinary loop (`batchable`).
+Sliding-window layers (mlx-lm's `RotatingKVCache`: Gemma 3, gpt-oss) keep
+their whole history in a batch, as a full attention layer would: the window
+is the mask's (the models hand `window_size` to `make_mask`, and within a row
+buffer distance is token distance), so nothing rotates and every row rewinds
+as any other. The price is memory: such a layer holds the whole context
+instead of the window.
+
+Batched here: plain and sliding-window attention layers (dense, MoE and most
+mlx-lm families) and Gated DeltaNet layers. Quantized KV caches and other
+recurrent mixers (Mamba, short convolutions) are served one request at a time
+by the ordinary loop (`batchable`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import (ArraysCache, BatchKVCache, KVCache, RotatingKVCache,
+                                 make_prompt_cache)
 
 from ..cache.replay import MixerReplay
 from ..mtp.heads import model_type
@@ -47,8 +55,21 @@ def batchable(model, recurrent: bool = True) -> bool:
     state of a Gated DeltaNet."""
     layers = make_prompt_cache(model)
     recurrent_ok = recurrent and model_type(model) in GATED_DELTANET
-    return all(type(layer) is KVCache or (type(layer) is ArraysCache and recurrent_ok)
-               for layer in layers)
+    return all(type(layer) is KVCache or _sliding(layer)
+               or (type(layer) is ArraysCache and recurrent_ok) for layer in layers)
+
+
+def _sliding(layer) -> bool:
+    """A sliding window with no kept prefix (attention sinks would need a mask of their own)."""
+    return type(layer) is RotatingKVCache and layer.keep == 0
+
+
+def row_cache(model) -> list:
+    """A fresh one-row cache list in the batch's kinds: a KVCache for every attention layer,
+    sliding-window ones too (their history whole, the window the mask's), and mlx-lm's own
+    recurrent state."""
+    return [KVCache() if type(layer) is KVCache or _sliding(layer) else layer
+            for layer in make_prompt_cache(model)]
 
 
 def _merged(layer):

@@ -138,6 +138,13 @@ class BatchWorker(GenerationWorker):
                                      StatsRecorder(len(job.prompt_ids), None,
                                                    rule_name(request.sampling)))
 
+    def _cache_for(self, prompt_ids: List[int]):
+        """(a stored cache and how many prompt tokens it holds), or (None, 0): the engine then
+        makes the row's cache in its own kinds."""
+        if self.store is None:
+            return None, 0
+        return self.store.take(prompt_ids)
+
     def _drop_cancelled(self) -> None:
         for state in [s for s in self._running.values() if s.job.cancelled]:
             out = self.engine.cancel(state.uid)
