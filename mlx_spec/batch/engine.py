@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Deque, Dict, List, Optional
 
 import mlx.core as mx
@@ -34,9 +35,9 @@ from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import is_dflash_model
 from ..loading import vocab_size
+from ..policy import AdaptivePolicy
 from .drafts import BatchDraft
 from .kv import BatchCache, arrays, batchable, row_cache
-from ..policy import AdaptivePolicy
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .verify import ACCEPT, RowProposal, emitted_tokens, reported_logprobs, verify
@@ -189,7 +190,31 @@ class BatchEngine:
         return max(1, len(chunk))
 
     def _round(self, lengths: Dict[str, int]) -> List[RowOutput]:
-        """One round; `lengths`: the drafts each source is asked for (0: not asked)."""
+        """One round for every row: propose -> verify -> accept -> rewind -> emit.
+        `lengths`: the drafts each source is asked for (0: not asked)."""
+        rows = self.rows
+        proposals, ran = self._propose(lengths)
+        verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
+        emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
+        kept = [len(tokens) for tokens, _ in emitted]
+        self.target.keep(max(len(v.drafted) for v in verdicts) + 1, kept)
+        if self.draft is not None:
+            from_draft = [n - 1 if p is not None and p.source == "draft" else 0
+                          for n, p in zip(kept, proposals)]
+            self.draft.settle(rows, ran, from_draft, [tokens for tokens, _ in emitted])
+        outputs = [self._emit(row, p, v, tokens, finish)
+                   for row, p, v, (tokens, finish) in zip(rows, proposals, verdicts, emitted)]
+        ended = [i for i, (_, finish) in enumerate(emitted) if finish is not None]
+        for i in ended:
+            if rows[i].request.keep_cache:
+                outputs[i] = replace(outputs[i], cache=self._row_cache(i))
+        if ended:
+            self._drop(ended)
+        return outputs
+
+    def _propose(self, lengths: Dict[str, int]):
+        """(each row's proposal or None, whether the draft model ran): the host searches
+        first, row by row; then the draft model for every row that has none, in one batch."""
         rows = self.rows
         proposals: List[Optional[RowProposal]] = [None] * len(rows)
         for i, row in enumerate(rows):
@@ -199,48 +224,28 @@ class BatchEngine:
                 if found is not None:
                     proposals[i] = RowProposal(found.tokens, found.probs, found.source, searcher)
                     break
-        wants = [row.wants(lengths["draft"]) for row in rows]
-        draft_k = max((n for n, p in zip(wants, proposals) if p is None), default=0)
-        ran = self.draft is not None and draft_k > 0
-        if ran:
-            drawn = [n if p is None else 0 for n, p in zip(wants, proposals)]
-            tokens, probs = self.draft.propose(rows, draft_k, drawn)  # (B, draft_k)
-            for i, n in enumerate(wants):
-                if proposals[i] is None and n:
-                    proposals[i] = RowProposal(tokens[i, :n], None if probs[i] is None
-                                               else probs[i][:n], "draft")
-        verdicts = verify(self.target, rows, proposals, self.accept)
-        width = max(len(v.drafted) for v in verdicts)
-        outputs, kept, kept_drafts, emitted, ended = [], [], [], [], []
-        for i, (row, proposal, verdict) in enumerate(zip(rows, proposals, verdicts)):
-            tokens, finish = emitted_tokens(row, verdict)
-            kept.append(len(tokens))
-            kept_drafts.append(len(tokens) - 1 if proposal is not None
-                               and proposal.source == "draft" else 0)
-            emitted.append(tokens)
-            if proposal is not None and proposal.drafter is not None:
-                proposal.drafter.commit(min(verdict.accepted, len(tokens)))
-            row.history.extend(tokens)
-            row.emitted += len(tokens)
-            logprobs = reported_logprobs(row, verdict, len(tokens)) if row.request.logprobs else None
-            outputs.append(RowOutput(row.uid, tokens, finish, len(verdict.drafted),
-                                     min(verdict.accepted, len(tokens)),
-                                     proposal.source if proposal is not None else "target",
-                                     logprobs))
-            if finish is not None:
-                ended.append(i)
-        self.target.keep(width + 1, kept)
-        if self.draft is not None:
-            self.draft.settle(rows, ran, kept_drafts, emitted)
-        if ended:
-            for i in ended:
-                if rows[i].request.keep_cache:
-                    o = outputs[i]
-                    outputs[i] = RowOutput(o.uid, o.tokens, o.finish_reason, o.num_drafted,
-                                           o.num_accepted, o.source, o.logprobs,
-                                           self._row_cache(i))
-            self._drop(ended)
-        return outputs
+        wants = [row.wants(lengths["draft"]) if p is None else 0
+                 for row, p in zip(rows, proposals)]
+        if self.draft is None or max(wants) == 0:
+            return proposals, False
+        tokens, probs = self.draft.propose(rows, max(wants), wants)  # (B, max(wants))
+        for i, n in enumerate(wants):
+            if n:
+                proposals[i] = RowProposal(tokens[i, :n], None if probs[i] is None
+                                           else probs[i][:n], "draft")
+        return proposals, True
+
+    @staticmethod
+    def _emit(row: Row, proposal, verdict, tokens: List[int], finish) -> RowOutput:
+        """Hand the row its tokens: its history, its budget, its host search's record."""
+        accepted = min(verdict.accepted, len(tokens))
+        if proposal is not None and proposal.drafter is not None:
+            proposal.drafter.commit(accepted)
+        row.history.extend(tokens)
+        row.emitted += len(tokens)
+        logprobs = reported_logprobs(row, verdict, len(tokens)) if row.request.logprobs else None
+        return RowOutput(row.uid, tokens, finish, len(verdict.drafted), accepted,
+                         proposal.source if proposal is not None else "target", logprobs)
 
     def _row_cache(self, i: int) -> list:
         """Row i's caches as one-row lists holding exactly its history (target, then draft).
