@@ -399,3 +399,23 @@ def test_sliding_window_rows_equal_their_own_greedy_decoding(family, k):
     got = run(engine, [RowRequest(p, 24, prompt_lookup=False) for p in prompts])
     for prompt, tokens in zip(prompts, got):
         assert tokens == plain_greedy(target, prompt, 24)
+
+
+def test_rows_with_logits_processors_equal_mlx_lms_own_decoding(pair):
+    """Per-row processors (a repetition penalty on one row, a logit bias on another, none on
+    a third) see each row's own tokens, drafts included: every row equals mlx-lm's
+    generate_step with the same processors."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    kinds = [dict(repetition_penalty=1.5), dict(logit_bias={5: 3.0, 7: -2.0}), {}]
+    engine = BatchEngine(target, draft, num_draft_tokens=3)
+    got = run(engine, [RowRequest(p, 24, logits_processors=make_logits_processors(**kind))
+                       for p, kind in zip(prompts, kinds)])
+    for prompt, kind, tokens in zip(prompts, kinds, got):
+        expected = [int(t) for t, _ in generate_step(
+            mx.array(prompt), target, max_tokens=24, sampler=lambda lp: mx.argmax(lp, axis=-1),
+            logits_processors=make_logits_processors(**kind))]
+        assert tokens == expected
