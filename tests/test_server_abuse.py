@@ -25,6 +25,7 @@ from mlx_spec import load_default_pair  # noqa: E402
 from mlx_spec.bench.studies import serve_abuse  # noqa: E402
 from mlx_spec.server.app import Limits, create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
+from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
 
 MODEL_ID = serve_abuse.MODEL_ID
@@ -41,11 +42,12 @@ class Served:
         self.url, self.worker, self.tokenizer = url, worker, tokenizer
 
 
-@pytest.fixture(scope="module")
-def served():
+@pytest.fixture(scope="module", params=[GenerationWorker, BatchWorker], ids=["serial", "batched"])
+def served(request):
+    """The server with each worker: one request at a time, and all of them in one batch."""
     target, draft, tokenizer = load_default_pair()
-    worker = GenerationWorker(target, tokenizer, draft, store=PromptCacheStore(2**30),
-                              max_concurrency=16)
+    worker = request.param(target, tokenizer, draft, store=PromptCacheStore(2**30),
+                           max_concurrency=16)
     server, thread, url = serve_in_background(create_app(worker, MODEL_ID, api_key=KEY,
                                                           limits=Limits()))
     yield Served(url, worker, tokenizer)
