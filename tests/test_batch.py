@@ -316,7 +316,9 @@ def test_drafters_it_cannot_batch_are_refused_in_one_sentence(pair):
     from mlx_spec.batch.api import batch_generate
 
     target, _ = pair
-    with pytest.raises(ValueError, match="MTP heads and DFlash drafters"):
+    with pytest.raises(ValueError, match="DFlash drafters decode one request at a time"):
+        BatchEngine(target, "a-directory-name")
+    with pytest.raises(ValueError, match="MTP drafting supports"):  # a llama has no MTP head
         BatchEngine(target, "mtp")
     with pytest.raises(ValueError, match="prompts is empty"):
         batch_generate(target, None, [])
@@ -419,3 +421,27 @@ def test_rows_with_logits_processors_equal_mlx_lms_own_decoding(pair):
             mx.array(prompt), target, max_tokens=24, sampler=lambda lp: mx.argmax(lp, axis=-1),
             logits_processors=make_logits_processors(**kind))]
         assert tokens == expected
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "deepseek_v3"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_mtp_rows_equal_their_own_greedy_decoding(name, k, tmp_path):
+    """The target's MTP head drafting for every row: its pairs per row (the prompt's from
+    the prefill, then each round's kept positions), the chained steps for all rows at once;
+    every row equals mlx-lm's greedy decoding and the head's drafts are partly accepted."""
+    from test_mtp import make_target, mtp_params, write_original
+
+    target = make_target(name)
+    weights = write_original(tmp_path / "mtp", target, mtp_params(target))
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, "mtp", num_draft_tokens=k, mtp_weights=str(weights))
+    uids = [engine.insert(RowRequest(p, 24, prompt_lookup=False)) for p in prompts]
+    tokens, drafted, accepted = {u: [] for u in uids}, 0, 0
+    while engine.busy:
+        for o in engine.step():
+            tokens[o.uid] += o.tokens
+            drafted += o.num_drafted
+            accepted += o.num_accepted if o.source == "mtp" else 0
+    for uid, prompt in zip(uids, prompts):
+        assert tokens[uid] == plain_greedy(target, prompt, 24)
+    assert 0 < accepted < drafted

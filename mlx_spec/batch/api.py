@@ -42,12 +42,14 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
                    temp: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
                    seed: Optional[int] = None, prompt_lookup: Optional[bool] = None,
+                   mtp_weights: Optional[str] = None,
                    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
                    verbose: bool = False) -> BatchResponse:
-    """Generate for every prompt (text or token ids), speculating with `draft_model` and/or
-    prompt lookup; `num_draft_tokens` pins k (0: plain batched decoding), None lets the
-    batch policy choose it. `seed` gives row i the seed `seed + i`."""
+    """Generate for every prompt (text or token ids), speculating with `draft_model` (a
+    loaded model, or "mtp": the target's own MTP head, from `mtp_weights` or the model's
+    directory) and/or prompt lookup; `num_draft_tokens` pins k (0: plain batched decoding),
+    None lets the batch policy choose it. `seed` gives row i the seed `seed + i`."""
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
     budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
@@ -62,7 +64,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
     check_batchable(model, draft_model)
-    if draft_model is not None:
+    if draft_model is not None and draft_model != "mtp":
         from ..loading import check_pair
 
         check_pair(model, draft_model, tokenizer)
@@ -70,7 +72,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     ids = [_token_ids(tokenizer, p, i) for i, p in enumerate(prompts)]
     engine = BatchEngine(model, draft_model, num_draft_tokens=num_draft_tokens,
                          max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,
-                         stop_tokens=tokenizer.eos_token_ids)
+                         stop_tokens=tokenizer.eos_token_ids, mtp_weights=mtp_weights)
     requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup)
                 for i, (p, b) in enumerate(zip(ids, budgets))]
     start = time.perf_counter()

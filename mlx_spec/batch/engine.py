@@ -37,7 +37,9 @@ from ..dflash import is_dflash_model
 from ..loading import vocab_size
 from ..policy import AdaptivePolicy
 from .drafts import BatchDraft
+from ..mtp import load_mtp, split_target
 from .kv import BatchCache, arrays, batchable, row_cache
+from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .verify import ACCEPT, RowProposal, emitted_tokens, reported_logprobs, verify
@@ -46,16 +48,22 @@ from .verify import ACCEPT, RowProposal, emitted_tokens, reported_logprobs, veri
 class Joining:
     """A row whose prompt is being prefilled on one-row caches of its own."""
 
-    def __init__(self, row: Row, target_layers: list, draft_layers: Optional[list], done: int):
+    def __init__(self, row: Row, target_layers: list, draft_layers: Optional[list], done: int,
+                 mtp_layers: Optional[list] = None):
         self.row, self.target_layers, self.draft_layers = row, target_layers, draft_layers
+        self.mtp_layers = mtp_layers  # the MTP head's one-row cache
         self.done = done  # prompt tokens the caches hold
 
 
 def check_batchable(target_model, draft_model=None) -> None:
     """ValueError, in one sentence, unless these models can decode in a batch."""
-    if draft_model is not None and (isinstance(draft_model, str) or is_dflash_model(draft_model)):
-        raise ValueError("Batched decoding drafts with a draft model, prompt lookup or suffix "
-                         "drafting; MTP heads and DFlash drafters decode one request at a time.")
+    if draft_model == "mtp":
+        draft_model = None  # the target's own head: the target's check is the one
+    elif draft_model is not None and (isinstance(draft_model, str)
+                                      or is_dflash_model(draft_model)):
+        raise ValueError("Batched decoding drafts with a draft model, the target's MTP head "
+                         "(\"mtp\"), prompt lookup or suffix drafting; DFlash drafters decode "
+                         "one request at a time.")
     if not batchable(target_model):
         raise ValueError("The target's cache layers are neither plain KVCache nor Gated "
                          "DeltaNet state, which batched decoding needs; decode it one request "
@@ -69,13 +77,18 @@ class BatchEngine:
     def __init__(self, target_model, draft_model=None, *, num_draft_tokens: Optional[int] = None,
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
-                 accept=ACCEPT):
+                 accept=ACCEPT, mtp_weights: Optional[str] = None):
         check_batchable(target_model, draft_model)
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
-        self.target_model, self.draft_model = target_model, draft_model
         self.vocab_size = vocab_size(target_model)
         self.target = BatchCache(target_model)
+        self.mtp = None
+        if draft_model == "mtp":  # the target drafts with its own MTP head
+            self.mtp = BatchMTP(load_mtp(target_model, mtp_weights))
+            self.target.split = split_target(target_model)
+            draft_model = None
+        self.target_model, self.draft_model = target_model, draft_model
         self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
         self.policy = BatchPolicy(max_draft_tokens, drafting=True, fixed=num_draft_tokens)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
@@ -119,7 +132,8 @@ class BatchEngine:
                              "recurrent state): one the batch made (RowOutput.cache), or "
                              "mlx_spec.batch.kv.row_cache(model)'s.")
         draft_layers = cache[n_target:] if self.draft is not None else None
-        self.joining.append(Joining(row, cache[:n_target], draft_layers, cached))
+        mtp_layers = self.mtp.new_row_cache() if self.mtp is not None else None
+        self.joining.append(Joining(row, cache[:n_target], draft_layers, cached, mtp_layers))
         return row.uid
 
     def cancel(self, uid: int) -> Optional[RowOutput]:
@@ -143,13 +157,14 @@ class BatchEngine:
         start = time.perf_counter()
         alone = len(self.rows) == 1 and self.policy.fixed is None
         if alone:  # the single-stream case: the single-stream policy, a k per source
-            sources = [s.source for s in self.rows[0].searchers] + ["draft"] * bool(self.draft)
+            sources = [s.source for s in self.rows[0].searchers] + ["draft"] * bool(
+                self.draft) + ["mtp"] * bool(self.mtp)
             lengths = {s: self.single.proposal_length(s) if s in sources else 0
-                       for s in ("draft", "lookup", "suffix")}
+                       for s in ("draft", "mtp", "lookup", "suffix")}
             k = max(lengths.values())
         else:
             k = self.policy.choose(len(self.rows))
-            lengths = {"draft": k, "lookup": k, "suffix": k}
+            lengths = {"draft": k, "mtp": k, "lookup": k, "suffix": k}
         outputs = self._round(lengths)
         seconds = time.perf_counter() - start
         if alone:
@@ -172,8 +187,14 @@ class BatchEngine:
         chunk = prompt[j.done:min(j.done + budget, len(prompt) - 1)]
         if chunk:
             x = mx.array(chunk, mx.uint32)[None]
-            self.target_model(x, cache=j.target_layers)
-            states = arrays(j.target_layers)
+            if self.mtp is None:
+                self.target_model(x, cache=j.target_layers)
+            else:  # the head's pairs: each position's hidden state, the token after it
+                trunk, _ = self.target.split
+                last = j.done + len(chunk) == len(prompt) - 1
+                self.mtp.prefill(j.row, j.mtp_layers, prompt[j.done + 1:j.done + 1 + len(chunk)],
+                                 trunk(x, cache=j.target_layers), last)
+            states = arrays(j.target_layers) + arrays(j.mtp_layers or [])
             if self.draft is not None:
                 self.draft_model(x, cache=j.draft_layers)
                 states += arrays(j.draft_layers)
@@ -186,6 +207,8 @@ class BatchEngine:
         if self.draft is not None:
             self.draft.cache.join(j.draft_layers)
             j.row.draft_pending = [prompt[-1]]
+        if self.mtp is not None:
+            self.mtp.cache.join(j.mtp_layers)
         self.rows.append(j.row)
         return max(1, len(chunk))
 
@@ -202,6 +225,8 @@ class BatchEngine:
             from_draft = [n - 1 if p is not None and p.source == "draft" else 0
                           for n, p in zip(kept, proposals)]
             self.draft.settle(rows, ran, from_draft, [tokens for tokens, _ in emitted])
+        if self.mtp is not None:
+            self.mtp.settle(rows, ran, self.target.hidden, [tokens for tokens, _ in emitted])
         outputs = [self._emit(row, p, v, tokens, finish)
                    for row, p, v, (tokens, finish) in zip(rows, proposals, verdicts, emitted)]
         ended = [i for i, (_, finish) in enumerate(emitted) if finish is not None]
@@ -224,15 +249,16 @@ class BatchEngine:
                 if found is not None:
                     proposals[i] = RowProposal(found.tokens, found.probs, found.source, searcher)
                     break
-        wants = [row.wants(lengths["draft"]) if p is None else 0
-                 for row, p in zip(rows, proposals)]
-        if self.draft is None or max(wants) == 0:
+        model, source = (self.draft, "draft") if self.mtp is None else (self.mtp, "mtp")
+        wants = [row.wants(lengths[source]) if p is None and (model is self.draft or row.mtp_ready)
+                 else 0 for row, p in zip(rows, proposals)]
+        if model is None or max(wants) == 0:
             return proposals, False
-        tokens, probs = self.draft.propose(rows, max(wants), wants)  # (B, max(wants))
+        tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
         for i, n in enumerate(wants):
             if n:
                 proposals[i] = RowProposal(tokens[i, :n], None if probs[i] is None
-                                           else probs[i][:n], "draft")
+                                           else probs[i][:n], source)
         return proposals, True
 
     @staticmethod
@@ -269,3 +295,5 @@ class BatchEngine:
         self.target.drop(keep)
         if self.draft is not None:
             self.draft.cache.drop(keep)
+        if self.mtp is not None:
+            self.mtp.cache.drop(keep)

@@ -85,6 +85,8 @@ class BatchCache:
         self.padding: List[int] = []
         self._snapshot: Optional[list] = None  # recurrent states before the last forward
         self._mixers: Optional[MixerReplay] = None
+        self.split = None  # (trunk, head) when an MTP head needs the hidden states
+        self.hidden: Optional[mx.array] = None  # (B, T, H) of the last forward, with `split`
 
     @property
     def attention(self) -> List[BatchKVCache]:
@@ -98,12 +100,19 @@ class BatchCache:
         """The model over x (B, T), lazily; recurrent layers keep where they started."""
         recurrent = self.recurrent
         if not recurrent:
-            return self.model(x, cache=self.layers)
+            return self._run(x)
         if self._mixers is None or self._mixers.recurrent != recurrent:
             self._mixers = MixerReplay(self.model, recurrent)
         self._snapshot = [list(layer.cache) for layer in recurrent]
         with self._mixers.recording(x.shape[1]):
+            return self._run(x)
+
+    def _run(self, x: mx.array) -> mx.array:
+        if self.split is None:
             return self.model(x, cache=self.layers)
+        trunk, head = self.split
+        self.hidden = trunk(x, cache=self.layers)  # (B, T, H)
+        return head(self.hidden)
 
     @property
     def rows(self) -> int:

@@ -48,6 +48,10 @@ class Row:
     stop_tokens: frozenset
     emitted: int = 0
     draft_pending: List[int] = field(default_factory=list)  # tokens the draft cache has not seen
+    # MTP: (tokens, the target's hidden states before each) the head has not seen; whether
+    # the row has had any pair (a one-token prompt has none before its first round)
+    mtp_pending: list = field(default_factory=list)
+    mtp_ready: bool = False
 
     @property
     def room(self) -> int:

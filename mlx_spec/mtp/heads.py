@@ -130,7 +130,9 @@ class DeepSeekBlock(nn.Module):
         self.mask_array = mask_array  # multi-head latent attention takes only an array mask
 
     def __call__(self, embeds, hidden, cache):
-        if cache.offset == 0:  # position 0 has no embedding input (vLLM's deepseek_mtp.py)
+        # Position 0 has no embedding input (vLLM's deepseek_mtp.py). A batch's cache (offsets
+        # per row) never starts there: each row's first pairs are fed on a one-row cache.
+        if isinstance(cache.offset, int) and cache.offset == 0:
             embeds = embeds * (mx.arange(embeds.shape[1]) > 0)[None, :, None]
         x = self.eh_proj(mx.concatenate([self.enorm(embeds), self.hnorm(hidden)], axis=-1))
         mask = create_attention_mask(x, cache, return_array=self.mask_array)

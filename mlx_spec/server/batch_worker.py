@@ -8,9 +8,10 @@ with the others' rounds), drops the ones whose client left, runs one round
 for all, and streams each job its tokens. `--max-concurrency` is thus the
 batch limit. A job's prompt cache comes from the store and goes back to it
 holding the prompt and every token generated, as with the one-at-a-time
-worker. Used when both models batch (`batchable`); other targets (hybrid,
-sliding-window, quantized caches) and MTP or DFlash drafters keep the
-one-at-a-time worker.
+worker. Used when both models batch (`can_batch`: attention, sliding-window
+and Gated DeltaNet targets, attention drafts); other targets (Mamba, short
+convolutions, quantized KV caches) and DFlash drafters keep the one-at-a-time
+worker.
 """
 
 from __future__ import annotations

@@ -1,0 +1,100 @@
+"""The target's MTP head drafting for every row of a batch (`draft_model="mtp"`).
+
+As alone (drafters/mtp.py), each row's MTP cache holds one entry per target
+position: the pair (the target's hidden state there, the token after it).
+The pairs a round keeps wait per row (`Row.mtp_pending`) and are fed at the
+next proposal in one pass, right-padded to the longest and rolled into place;
+each row's output at its last pair drafts d1. Then k - 1 chained steps feed
+the head's own output with the token it drafted, for all rows at once; every
+row ran the same chain, so after verification all rows drop the same number
+of entries (a trim). A joining row's prompt pairs come from its prefill; the
+last one waits, so its first proposal has an output to draft from.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+
+from ..attention import round_attention
+from .drafts import BatchDraft
+from .kv import BatchCache
+from .rows import Row
+
+
+class BatchMTP:
+    def __init__(self, head):
+        self.head = head
+        self.cache = BatchCache(None)
+        self.chained = 0  # entries the last proposal's chained steps added (every row)
+
+    def new_row_cache(self) -> list:
+        return self.head.make_cache()
+
+    def prefill(self, row: Row, layers: list, tokens: List[int], hidden: mx.array,
+                last_chunk: bool) -> None:
+        """Pairs (hidden (1, m, H), the token after each position) of a prefill chunk; the
+        last pair of the prompt waits in the row's pending ones."""
+        pairs = list(zip(tokens, range(hidden.shape[1])))
+        if last_chunk and pairs:
+            *pairs, (token, i) = pairs
+            row.mtp_pending = [([token], hidden[0, i:i + 1])]
+            row.mtp_ready = True
+        if pairs:
+            self.head(mx.array([t for t, _ in pairs], mx.uint32), hidden[0, :len(pairs)],
+                      layers[0])
+
+    def propose(self, rows: Sequence[Row], k: int,
+                drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
+        """Drafts (B, k) and, per sampled row, q (drawn[i], V); lazy (see BatchDraft)."""
+        pending = [_joined(row.mtp_pending) for row in rows]
+        width = max(len(tokens) for tokens, _ in pending)
+        some = next(h for _, h in pending if h is not None)
+        x = mx.array([t + [0] * (width - len(t)) for t, _ in pending], mx.uint32)  # (B, P)
+        hidden = mx.stack([mx.pad(h, [(0, width - h.shape[0]), (0, 0)]) if h is not None
+                           else mx.zeros((width, some.shape[-1]), some.dtype)
+                           for _, h in pending])  # (B, P, H)
+        rest = [width - len(t) for t, _ in pending]
+        layer = self.cache.layers[0]
+        if any(rest):
+            layer.prepare(right_padding=rest)
+        with round_attention():
+            g = self.head.block(self.head.embed(x), hidden, layer)  # (B, P, H)
+            if any(rest):
+                layer.finalize()
+            last = mx.array([max(len(t) - 1, 0) for t, _ in pending])[:, None, None]
+            g = mx.take_along_axis(g, last, axis=1)[:, 0]  # (B, H)
+            self.cache.padding = [p + r for p, r in zip(self.cache.padding, rest)]
+            for row in rows:
+                row.mtp_pending = []
+            tokens, probs = [], [[] for _ in rows]
+            for i in range(k):
+                y = BatchDraft._draw(rows, self.head.logits(g), probs, [i < n for n in drawn])
+                mx.async_eval(y)
+                tokens.append(y)
+                if i + 1 < k:
+                    g = self.head.block(self.head.embed(y[:, None]), g[:, None], layer)[:, 0]
+        self.chained = k - 1
+        return mx.stack(tokens, axis=1), [mx.stack(p) if p else None for p in probs]
+
+    def settle(self, rows: Sequence[Row], ran: bool, hidden: mx.array,
+               emitted: Sequence[List[int]]) -> None:
+        """After verification: drop the chained entries; each row's kept positions (the
+        target's `hidden` (B, W + 1, H) there) wait with the tokens after them."""
+        if ran and self.chained:
+            for layer in self.cache.layers:
+                layer.trim(self.chained)
+        self.chained = 0
+        for i, (row, tokens) in enumerate(zip(rows, emitted)):
+            row.mtp_pending = row.mtp_pending + [(tokens, hidden[i, :len(tokens)])]
+            row.mtp_ready = True
+
+
+def _joined(pending) -> Tuple[List[int], Optional[mx.array]]:
+    """A row's waiting pairs as one token list and one (n, H) block (None: none)."""
+    tokens = [t for block, _ in pending for t in block]
+    if not pending:
+        return tokens, None
+    hidden = pending[0][1] if len(pending) == 1 else mx.concatenate([h for _, h in pending])
+    return tokens, hidden
