@@ -15,6 +15,7 @@ import mlx.core as mx
 import pytest
 
 from families import make_family, plain_greedy
+from test_exactness import exact_third_and_fourth
 from tiny import make_llama, perturbed
 
 from mlx_spec.acceptance import keyed_rule
@@ -219,23 +220,6 @@ def sample_rows(target, draft, accept, samples, width=6):
     return counts, rewound
 
 
-def exact_third_and_fourth(target_model, prompt, sampling):
-    import numpy as np
-    from mlx_spec.sampling import logprobs_from_logits
-
-    joint = {(): 1.0}
-    for _ in range(4):
-        prefixes = list(joint)
-        logits = target_model(mx.array([prompt + list(p) for p in prefixes]))[:, -1]
-        p = np.array(mx.exp(logprobs_from_logits(logits, sampling)), np.float64)
-        joint = {prefix + (t,): joint[prefix] * p[row, t]
-                 for row, prefix in enumerate(prefixes) for t in range(p.shape[1])}
-    exact = {}
-    for tokens, prob in joint.items():
-        exact[tokens[2:]] = exact.get(tokens[2:], 0.0) + prob
-    return exact
-
-
 @pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
                          ids=["exact-rule", "negative-control"])
 def test_rows_after_a_rejection_are_distributed_as_the_target(small_pair, residual, exact):
@@ -267,7 +251,7 @@ def test_a_compute_bound_batch_goes_plain_and_stays_there():
     most once."""
     from mlx_spec.batch.policy import BatchPolicy
 
-    policy = BatchPolicy(max_k=8, drafting=True)
+    policy = BatchPolicy(max_k=8)
     ks = drive(policy, 8, lambda k: 0.004 * 8 * (k + 1) + 0.002 * k, lambda k: 8 * (1 + 0.6 * k),
                200)
     assert all(k == 0 for k in ks[4:8]), ks[:10]
@@ -278,7 +262,7 @@ def test_a_memory_bound_batch_keeps_drafting_deep():
     """Verify cost flat in k (a GPU at small B) and drafts always kept: k climbs to the top."""
     from mlx_spec.batch.policy import BatchPolicy
 
-    policy = BatchPolicy(max_k=6, drafting=True)
+    policy = BatchPolicy(max_k=6)
     ks = drive(policy, 2, lambda k: 0.01 + 0.0005 * k, lambda k: 2 * (k + 1), 400)
     assert ks[-1] == 6 and sum(k == 6 for k in ks[-50:]) >= 40, ks[-50:]
 
@@ -286,7 +270,7 @@ def test_a_memory_bound_batch_keeps_drafting_deep():
 def test_a_pinned_k_is_never_changed():
     from mlx_spec.batch.policy import BatchPolicy
 
-    policy = BatchPolicy(max_k=8, drafting=True, fixed=3)
+    policy = BatchPolicy(max_k=8, fixed=3)
     assert set(drive(policy, 4, lambda k: 1.0, lambda k: 4, 50)) == {3}
 
 

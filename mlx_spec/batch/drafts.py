@@ -41,11 +41,7 @@ class BatchDraft:
         pending = [row.draft_pending for row in rows]
         width = max(len(p) for p in pending)
         x = mx.array([p + [0] * (width - len(p)) for p in pending], mx.uint32)  # (B, P)
-        rest = [width - len(p) for p in pending]
         layers = self.cache.layers
-        if any(rest):
-            for layer in layers:
-                layer.prepare(right_padding=rest)
         last = mx.array([len(p) - 1 for p in pending])[:, None, None]
         with round_attention():
             if width == 1:
@@ -53,13 +49,10 @@ class BatchDraft:
             else:  # the output layer only at each row's last pending token (a catch-up is long)
                 hidden = self.trunk(x, cache=layers)  # (B, P, H)
                 logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
-            if any(rest):
-                for layer in layers:
-                    layer.finalize()  # each row's pending now ends where the others' do
-            self.cache.padding = [p + r for p, r in zip(self.cache.padding, rest)]
+            self.cache.align([len(p) for p in pending])
             tokens, probs = [], [[] for _ in rows]
             for i in range(k):
-                y = self._draw(rows, logits, probs, [i < n for n in drawn])  # (B,)
+                y = draw_rows(rows, logits, probs, [i < n for n in drawn])  # (B,)
                 mx.async_eval(y)
                 tokens.append(y)
                 if i + 1 < k:
@@ -70,21 +63,6 @@ class BatchDraft:
         if pad > 0:  # a draft vocabulary padded shorter than the target's
             q = [None if p is None else mx.pad(p, [(0, 0), (0, pad)]) for p in q]
         return mx.stack(tokens, axis=1), q
-
-    @staticmethod
-    def _draw(rows: Sequence[Row], logits: mx.array, probs: list, sampled) -> mx.array:
-        greedy = mx.argmax(logits, axis=-1).astype(mx.uint32)  # (B,)
-        if all(row.greedy or not s for row, s in zip(rows, sampled)):
-            return greedy
-        drawn = []
-        for i, row in enumerate(rows):
-            if row.greedy or not sampled[i]:
-                drawn.append(greedy[i])
-                continue
-            logprobs = logprobs_from_logits(logits[i], row.request.sampling)  # (V_d,)
-            probs[i].append(mx.exp(logprobs))
-            drawn.append(mx.random.categorical(logprobs, key=row.next_key()).astype(mx.uint32))
-        return mx.stack(drawn)
 
     def settle(self, rows: Sequence[Row], ran: bool, kept_drafts: Sequence[int],
                emitted: Sequence[List[int]]) -> None:
@@ -98,3 +76,20 @@ class BatchDraft:
         self.cache.keep(self.fed, keep)
         for row, n, tokens in zip(rows, keep, emitted):
             row.draft_pending = tokens[n:]
+
+
+def draw_rows(rows: Sequence[Row], logits: mx.array, probs: list, sampled) -> mx.array:
+    """One draft per row from logits (B, V): the argmax, or for a sampled row with
+    `sampled[i]` a draw with its own sampling and key (its q appended to `probs[i]`)."""
+    greedy = mx.argmax(logits, axis=-1).astype(mx.uint32)  # (B,)
+    if all(row.greedy or not s for row, s in zip(rows, sampled)):
+        return greedy
+    drawn = []
+    for i, row in enumerate(rows):
+        if row.greedy or not sampled[i]:
+            drawn.append(greedy[i])
+            continue
+        logprobs = logprobs_from_logits(logits[i], row.request.sampling)  # (V_d,)
+        probs[i].append(mx.exp(logprobs))
+        drawn.append(mx.random.categorical(logprobs, key=row.next_key()).astype(mx.uint32))
+    return mx.stack(drawn)

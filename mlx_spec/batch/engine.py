@@ -36,13 +36,14 @@ from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import is_dflash_model
 from ..loading import vocab_size
 from ..policy import AdaptivePolicy
+from ..sampling import model_logprobs
 from .drafts import BatchDraft
 from ..mtp import load_mtp, split_target
 from .kv import BatchCache, arrays, batchable, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
-from .verify import ACCEPT, RowProposal, emitted_tokens, reported_logprobs, verify
+from .verify import ACCEPT, RowProposal, emitted_tokens, verify
 
 
 class Joining:
@@ -90,7 +91,7 @@ class BatchEngine:
             draft_model = None
         self.target_model, self.draft_model = target_model, draft_model
         self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
-        self.policy = BatchPolicy(max_draft_tokens, drafting=True, fixed=num_draft_tokens)
+        self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
         # source, with its automatic off switch) chooses, as `generate` does.
         self.single = AdaptivePolicy(max_draft_tokens)
@@ -269,7 +270,7 @@ class BatchEngine:
             proposal.drafter.commit(accepted)
         row.history.extend(tokens)
         row.emitted += len(tokens)
-        logprobs = reported_logprobs(row, verdict, len(tokens)) if row.request.logprobs else None
+        logprobs = model_logprobs(verdict.logits[:len(tokens)]) if row.request.logprobs else None
         return RowOutput(row.uid, tokens, finish, len(verdict.drafted), accepted,
                          proposal.source if proposal is not None else "target", logprobs)
 

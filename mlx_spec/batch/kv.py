@@ -151,19 +151,28 @@ class BatchCache:
         for layer in attention:
             if common:
                 layer.trim(common)
-        rest = [r - common for r in rejected]
-        if any(rest):
-            for layer in attention:
-                layer.prepare(right_padding=rest)
-                layer.finalize()  # rolls each row right by its rest: lazy
+        self._roll([r - common for r in rejected])
         if any(rejected) and self._snapshot is not None:
             for layer, slots in zip(self.recurrent, self._snapshot):
                 layer.cache = list(slots)
             self._mixers.replay_rows(kept)  # lazy too
         self._snapshot = None
-        self.padding = [p + r for p, r in zip(self.padding, rest)]
         if min(self.padding) >= COMPACT_AT:
             self._compact(min(self.padding))
+
+    def align(self, lengths: Sequence[int]) -> None:
+        """After a forward of rows of these lengths, right-padded to the longest: roll each row
+        right by its padding, so that its entries end where the others' do (the padding
+        becomes left padding; the mask only reads left padding, so the forward needs none)."""
+        self._roll([max(lengths) - n for n in lengths])
+
+    def _roll(self, rest: Sequence[int]) -> None:
+        """Roll each row right by its `rest` entries (lazy); they join its left padding."""
+        if any(rest):
+            for layer in self.attention:
+                layer.prepare(right_padding=list(rest))
+                layer.finalize()
+            self.padding = [p + r for p, r in zip(self.padding, rest)]
 
     def _compact(self, n: int) -> None:
         for layer in self.attention:

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from ..attention import round_attention
-from .drafts import BatchDraft
+from .drafts import draw_rows
 from .kv import BatchCache
 from .rows import Row
 
@@ -47,7 +47,7 @@ class BatchMTP:
 
     def propose(self, rows: Sequence[Row], k: int,
                 drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
-        """Drafts (B, k) and, per sampled row, q (drawn[i], V); lazy (see BatchDraft)."""
+        """Drafts (B, k) and, per sampled row, q (drawn[i], V); lazy (as BatchDraft.propose)."""
         pending = [_joined(row.mtp_pending) for row in rows]
         width = max(len(tokens) for tokens, _ in pending)
         some = next(h for _, h in pending if h is not None)
@@ -55,22 +55,17 @@ class BatchMTP:
         hidden = mx.stack([mx.pad(h, [(0, width - h.shape[0]), (0, 0)]) if h is not None
                            else mx.zeros((width, some.shape[-1]), some.dtype)
                            for _, h in pending])  # (B, P, H)
-        rest = [width - len(t) for t, _ in pending]
         layer = self.cache.layers[0]
-        if any(rest):
-            layer.prepare(right_padding=rest)
         with round_attention():
             g = self.head.block(self.head.embed(x), hidden, layer)  # (B, P, H)
-            if any(rest):
-                layer.finalize()
+            self.cache.align([len(t) for t, _ in pending])
             last = mx.array([max(len(t) - 1, 0) for t, _ in pending])[:, None, None]
             g = mx.take_along_axis(g, last, axis=1)[:, 0]  # (B, H)
-            self.cache.padding = [p + r for p, r in zip(self.cache.padding, rest)]
             for row in rows:
                 row.mtp_pending = []
             tokens, probs = [], [[] for _ in rows]
             for i in range(k):
-                y = BatchDraft._draw(rows, self.head.logits(g), probs, [i < n for n in drawn])
+                y = draw_rows(rows, self.head.logits(g), probs, [i < n for n in drawn])
                 mx.async_eval(y)
                 tokens.append(y)
                 if i + 1 < k:

@@ -21,6 +21,7 @@ depends on k.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 DECAY = 0.7  # weight of the past in each rate
@@ -32,95 +33,98 @@ FIRST_K = 2
 FIRST_TRIAL_AFTER = 2
 
 
+@dataclass
+class _Size:
+    """What the policy knows of one batch size."""
+
+    chosen: int  # the k it runs
+    first: Optional[int] = None  # the k of its first trial (plain decoding), run once
+    rates: Dict[int, float] = field(default_factory=dict)  # k -> tokens/s, decayed
+    seconds: Dict[int, float] = field(default_factory=dict)  # k -> seconds per round, decayed
+    since: int = 0  # rounds at the chosen k since the last trial
+    every: int = EXPLORE_EVERY  # rounds between trials now
+    direction: int = -1  # where the next neighbour is tried
+    trial: Optional[int] = None  # the k on trial
+    trial_left: int = 0
+
+
 class BatchPolicy:
-    def __init__(self, max_k: int, drafting: bool, fixed: Optional[int] = None):
+    def __init__(self, max_k: int, fixed: Optional[int] = None):
         if fixed is not None and fixed < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {fixed}.")
         if max_k < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_k}.")
-        self.max_k, self.drafting, self.fixed = max_k, drafting, fixed
-        self._chosen: Dict[int, int] = {}  # batch size -> k
-        self._rates: Dict[int, Dict[int, float]] = {}  # batch size -> k -> tokens/s
-        self._since: Dict[int, int] = {}  # rounds at the chosen k since the last trial
-        self._trial: Dict[int, tuple] = {}  # batch size -> (k on trial, rounds left)
-        self._direction: Dict[int, int] = {}
-        self._first: Dict[int, int] = {}  # batch size -> the k its first trial runs
-        self._every: Dict[int, int] = {}  # batch size -> rounds between trials now
-        self._seconds: Dict[int, Dict[int, float]] = {}  # batch size -> k -> seconds per round
+        self.max_k, self.fixed = max_k, fixed
+        self._sizes: Dict[int, _Size] = {}
 
     def choose(self, batch: int) -> int:
-        if self.fixed is not None or not self.drafting:
-            return self.fixed if self.fixed is not None else 0
-        if batch not in self._chosen:
-            self._chosen[batch] = self._start(batch)
-            if self._chosen[batch]:  # drafting: try plain decoding soon
-                self._first[batch] = 0
-        chosen = self._chosen[batch]
-        trial = self._trial.get(batch)
-        if trial is not None:
-            return trial[0]
-        if batch in self._first and self._since.get(batch, 0) >= FIRST_TRIAL_AFTER:
-            self._since[batch] = 0
-            self._trial[batch] = (self._first.pop(batch), TRIAL_ROUNDS)
-            return self._trial[batch][0]
-        if self._since.get(batch, 0) >= self._every.get(batch, EXPLORE_EVERY):
-            direction = self._direction.get(batch, -1)
-            neighbour = chosen + direction
+        if self.fixed is not None:
+            return self.fixed
+        size = self._size(batch)
+        if size.trial is not None:
+            return size.trial
+        if size.first is not None and size.since >= FIRST_TRIAL_AFTER:
+            return self._try(size, size.first)
+        if size.since >= size.every:
+            neighbour = size.chosen + size.direction
             if not 0 <= neighbour <= self.max_k:
-                direction, neighbour = -direction, chosen - direction
-            self._direction[batch] = -direction
-            self._since[batch] = 0
+                size.direction = -size.direction
+                neighbour = size.chosen + size.direction
+            size.direction = -size.direction
             if self._hopeless(batch, neighbour):
-                return chosen
-            self._trial[batch] = (neighbour, TRIAL_ROUNDS)
-            return neighbour
-        return chosen
+                size.since = 0
+                return size.chosen
+            return self._try(size, neighbour)
+        return size.chosen
+
+    @staticmethod
+    def _try(size: _Size, k: int) -> int:
+        size.since, size.first = 0, None
+        size.trial, size.trial_left = k, TRIAL_ROUNDS
+        return k
+
+    def _size(self, batch: int) -> _Size:
+        """A batch size seen for the first time starts where the nearest measured one is (the
+        very first at FIRST_K); if that drafts, its first trial is plain decoding."""
+        if batch not in self._sizes:
+            if self._sizes:
+                chosen = self._sizes[min(self._sizes, key=lambda b: abs(b - batch))].chosen
+            else:
+                chosen = min(FIRST_K, self.max_k)
+            self._sizes[batch] = _Size(chosen, first=0 if chosen else None)
+        return self._sizes[batch]
 
     def _hopeless(self, batch: int, k: int) -> bool:
         """Even with every draft kept, k's rounds (as timed) would emit fewer tokens per second
         than the chosen k does, at this batch size or a smaller one (more rows only make the
         verify pass more compute-bound)."""
-        for b, times in self._seconds.items():
-            seconds = times.get(k)
-            best = self._rates.get(b, {}).get(self._chosen.get(b))
+        for b, size in self._sizes.items():
+            seconds, best = size.seconds.get(k), size.rates.get(size.chosen)
             if b <= batch and seconds is not None and best is not None \
                     and b * (k + 1) / seconds < best:
                 return True
         return False
 
-    def _start(self, batch: int) -> int:
-        """A new batch size starts where the nearest measured one is (else FIRST_K)."""
-        if not self._chosen:
-            return min(FIRST_K, self.max_k)
-        nearest = min(self._chosen, key=lambda b: abs(b - batch))
-        return self._chosen[nearest]
-
     def observe(self, batch: int, k: int, tokens: int, seconds: float) -> None:
-        if self.fixed is not None or not self.drafting or seconds <= 0:
+        if self.fixed is not None or seconds <= 0:
             return
-        rates = self._rates.setdefault(batch, {})
-        rate = tokens / seconds
-        rates[k] = rate if k not in rates else DECAY * rates[k] + (1 - DECAY) * rate
-        times = self._seconds.setdefault(batch, {})
-        times[k] = seconds if k not in times else DECAY * times[k] + (1 - DECAY) * seconds
-        trial = self._trial.get(batch)
-        if trial is not None and trial[0] == k:
-            left = trial[1] - 1
-            if left > 0:
-                self._trial[batch] = (k, left)
-                return
-            del self._trial[batch]
-            chosen = self._chosen[batch]
-            if rates[k] > rates.get(chosen, 0.0) * (1 + MARGIN):
-                self._chosen[batch] = k
-                self._every[batch] = EXPLORE_EVERY
-            else:
-                self._every[batch] = min(2 * self._every.get(batch, EXPLORE_EVERY),
-                                         MAX_EXPLORE_EVERY)
+        size = self._size(batch)
+        for table, value in ((size.rates, tokens / seconds), (size.seconds, seconds)):
+            table[k] = value if k not in table else DECAY * table[k] + (1 - DECAY) * value
+        if size.trial != k:
+            size.since += 1
             return
-        self._since[batch] = self._since.get(batch, 0) + 1
+        size.trial_left -= 1
+        if size.trial_left > 0:
+            return
+        size.trial = None
+        if size.rates[k] > size.rates.get(size.chosen, 0.0) * (1 + MARGIN):
+            size.chosen, size.every = k, EXPLORE_EVERY
+        else:
+            size.every = min(2 * size.every, MAX_EXPLORE_EVERY)
 
     def describe(self) -> dict:
-        return {"policy": "batch", "fixed": self.fixed, "chosen": dict(self._chosen),
-                "rates": {b: {k: round(r, 1) for k, r in rates.items()}
-                          for b, rates in self._rates.items()}}
+        return {"policy": "batch", "fixed": self.fixed,
+                "chosen": {b: size.chosen for b, size in self._sizes.items()},
+                "rates": {b: {k: round(r, 1) for k, r in size.rates.items()}
+                          for b, size in self._sizes.items()}}

@@ -19,7 +19,7 @@ import mlx.core as mx
 from ..acceptance import keyed_rule
 from ..attention import round_attention
 from ..loop import processed
-from ..sampling import logprobs_from_logits, model_logprobs
+from ..sampling import logprobs_from_logits
 from .kv import BatchCache
 from .rows import Row
 
@@ -122,7 +122,3 @@ def emitted_tokens(row: Row, verdict: Verdict):
             return tokens[:i + 1], "stop"
     return tokens, ("length" if len(tokens) >= row.room else None)
 
-
-def reported_logprobs(row: Row, verdict: Verdict, count: int) -> mx.array:
-    """The target's own log-probabilities of the row's first `count` positions (lazy)."""
-    return model_logprobs(verdict.logits[:count])

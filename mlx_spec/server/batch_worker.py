@@ -155,7 +155,6 @@ class BatchWorker(GenerationWorker):
 
     def _deliver(self, out) -> None:
         state = self._running[out.uid]
-        eos = set(self.tokenizer.eos_token_ids)
         pending, finish = [], None
         top = state.job.request.logprobs
         state.generated += out.tokens
@@ -165,7 +164,7 @@ class BatchWorker(GenerationWorker):
             state.tokens.append(token)
             state.recorder.handed()
             last = i + 1 == len(out.tokens) and out.finish_reason is not None
-            if token in eos and last and out.finish_reason == "stop":
+            if last and out.finish_reason == "stop":  # the engine's stop: an EOS, not text
                 state.detokenizer.finalize()
             else:
                 state.detokenizer.add_token(token)
@@ -191,7 +190,7 @@ class BatchWorker(GenerationWorker):
             if rest or pending:
                 state.job.emit(TextDelta(rest, tuple(pending)))
         self._running.pop(out.uid)
-        eos_ended = out.finish_reason == "stop" and state.tokens and state.tokens[-1] in eos
+        eos_ended = out.finish_reason == "stop" and i + 1 == len(out.tokens)  # EOS handed
         self._end(state.job, Finished(finish, len(state.job.prompt_ids), state.cached,
                                       len(state.tokens) - int(bool(eos_ended)),
                                       state.recorder.snapshot()))
