@@ -8,8 +8,8 @@ import click
 
 from ..defaults import DEFAULT_MAX_TOKENS
 from .models import launched_group, load_pair, load_sharded
-from .options import (SEED, apply_chat_template, model_options, read_prompt, sampling_options,
-                      speculation_options)
+from .options import (SEED, apply_chat_template, check_mtp, model_options, mtp_options,
+                      read_prompt, sampling_options, speculation_options)
 
 SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "green",
                  "dflash": "green"}
@@ -27,8 +27,7 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup or suffix drafting.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
-@click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, or a head trained for the target, as the shipped default's) instead of a draft model.")
-@click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory).")
+@mtp_options
 @click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
@@ -38,10 +37,7 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     from ..generate import stream_generate
 
     prompt = read_prompt(prompt)
-    if mtp and (draft_model is not None or no_draft):
-        raise click.UsageError("--mtp drafts with the target itself; drop --draft-model / --no-draft.")
-    if mtp_weights is not None and not mtp:
-        raise click.UsageError("--mtp-weights is only used with --mtp.")
+    check_mtp(mtp, mtp_weights, draft_model, no_draft)
     group = launched_group()  # None unless mlx.launch started several ranks
     if group is None and sharding != "auto":
         raise click.UsageError("--sharding only applies under mlx.launch with two or more ranks.")

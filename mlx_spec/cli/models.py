@@ -61,6 +61,18 @@ def load_pair(model, draft_model, no_draft):
     return target_model, tokenizer, draft
 
 
+def load_mtp_head(target_model, mtp_weights) -> str:
+    """Load the target's MTP head now (kept on the model), so that weights that are missing or
+    do not fit are one sentence at start; returns "mtp", the draft_model that names it."""
+    from ..mtp import load_mtp
+
+    try:
+        load_mtp(target_model, mtp_weights)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return "mtp"
+
+
 def launched_group():
     from ..distributed import launched_group
 

@@ -60,6 +60,10 @@ sampling_options = options(
     click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 disables top-k."),
     click.option("--min-p", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True),
 )
+mtp_options = options(
+    click.option("--mtp", is_flag=True, help="Draft with the target's own multi-token-prediction layer (Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, or a head trained for the target, as the shipped default's) instead of a draft model."),
+    click.option("--mtp-weights", default=None, help="With --mtp: a directory or Hugging Face repo id of the original checkpoint holding the MTP weights (default: the model's own directory)."),
+)
 speculation_options = options(
     click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=None, help=f"Pin the tokens drafted per round (default: adaptive k; fixed k={DEFAULT_NUM_DRAFT_TOKENS} with --fixed, or with --seed at --temp > 0 so seeded runs repeat)."),
     click.option("--adaptive/--fixed", default=None, help="Choose k each round from measured acceptance and cost, switching speculation off when it loses (the default)."),
@@ -70,3 +74,11 @@ speculation_options = options(
     click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True),
     click.option("--calibration/--no-calibration", default=True, show_default=True, help="Start the adaptive policy from this machine's stored `mlx-spec tune` measurements, if any."),
 )
+
+
+def check_mtp(mtp: bool, mtp_weights, draft_model, no_draft: bool) -> None:
+    """One sentence for --mtp / --mtp-weights combined with flags they exclude."""
+    if mtp and (draft_model is not None or no_draft):
+        raise click.UsageError("--mtp drafts with the target itself; drop --draft-model / --no-draft.")
+    if mtp_weights is not None and not mtp:
+        raise click.UsageError("--mtp-weights is only used with --mtp.")

@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from .models import load_pair
-from .options import model_options, sampling_options, speculation_options
+from .models import load_mtp_head, load_pair
+from .options import check_mtp, model_options, mtp_options, sampling_options, speculation_options
 
 DEFAULT_MODEL_ID = "mlx-spec-default"  # what `serve` calls the shipped pair
 SUFFIX_SCOPES = ("request", "key", "all")  # mlx_spec.server.suffix_scope.SCOPES (kept MLX-free here)
@@ -45,16 +45,17 @@ class ByteSize(click.ParamType):
 @click.option("--max-body-bytes", type=ByteSize(), default="4MiB", show_default=True, help="The largest request body (413 beyond, before it is read).")
 @sampling_options
 @speculation_options
+@mtp_options
 @click.option("--suffix/--no-suffix", default=False, show_default=True, help="Suffix drafting for every request: draft from the text of earlier requests in the request's scope (a request's `suffix` field overrides).")
 @click.option("--suffix-scope", type=click.Choice(SUFFIX_SCOPES), default="key", show_default=True, help="Whose earlier text a request drafts from: its own only (request), its API key's (key; a request without a key: its own), or every request's (all: a single-user server).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="Load the suffix indexes from this file at start (if it exists) and save them there at shutdown.")
 @click.option("--suffix-max-tokens", type=click.IntRange(min=1), default=None, help="Tokens the suffix indexes hold, all partitions together (default: the index's own budget, 1048576); least recently used first out.")
-@click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention, sliding-window or Gated DeltaNet target; no DFlash drafter); --no-batching serves one request at a time.")
+@click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention, sliding-window or Gated DeltaNet target; a draft model, the MTP head or none: no DFlash drafter); --no-batching serves one request at a time.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
-          suffix, suffix_scope, suffix_file, suffix_max_tokens, batching, verbose):
+          mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, batching, verbose):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -64,6 +65,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
         raise click.ClickException("mlx-spec serve needs its HTTP libraries; install them with "
                                    "pip install 'mlx-spec[serve]'.")
+    check_mtp(mtp, mtp_weights, draft_model, no_draft)
     if suffix_file is not None and suffix_scope == "request":
         raise click.UsageError("--suffix-file keeps shared suffix indexes, and --suffix-scope "
                                "request shares nothing; use --suffix-scope key or all with it.")
@@ -81,7 +83,9 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
         scopes = SuffixScopes(suffix_scope, path=suffix_file, **budget)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft)
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp)
+    if mtp:
+        draft = load_mtp_head(target_model, mtp_weights)
     try:
         scopes.check_vocabulary(vocab_size(target_model))
     except ValueError as exc:
@@ -94,7 +98,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     options = SpeculationOptions(adaptive=adaptive, max_draft_tokens=max_draft_tokens,
                                  auto_off=not no_auto_off, draft_confidence=draft_confidence,
                                  prompt_lookup_max_ngram=prompt_lookup_max_ngram,
-                                 calibration="auto" if calibration else None)
+                                 calibration="auto" if calibration else None,
+                                 mtp_weights=mtp_weights)
     defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
                         suffix=suffix)
@@ -112,7 +117,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                    "address can use the model.", err=True)
     server = make_server(app, "info" if verbose else "warning")
     address = f"[{host}]" if ":" in host else host
-    drafting = "no draft" if draft is None else f"draft {draft_model or 'the shipped one'}"
+    drafting = ("no draft" if draft is None else "the target's MTP head" if mtp
+                else f"draft {draft_model or 'the shipped one'}")
     drafting += ", batched" if kind is BatchWorker else ", one request at a time"
     click.echo(f"Serving {model_id} ({drafting}) at http://{address}:{sock.getsockname()[1]}/v1; "
                "Ctrl-C stops it.", err=True)

@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import mlx.core as mx
+
 from ..default_models import DEFAULT_MTP_PATH, DEFAULT_TARGET_PATH
 from .heads import MTPHead, bind, make_block, mtp_style, split_target, text_model
 from .weights import convert, load_block, local_name, read_tensors
@@ -50,6 +52,9 @@ def load_mtp(model, mtp_weights: Optional[str] = None) -> MTPHead:
             "safetensors still hold them.")
     block, _ = make_block(model, layer)
     load_block(block, convert(style, tensors, raw, model), where)
+    # Evaluated here, as mlx-lm's load does the model's: lazy weights made on this thread
+    # cannot be evaluated on another (a server's generation thread).
+    mx.eval(block.parameters())
     head = bind(model, block, where)
     object.__setattr__(model, _LOADED_ATTR, (str(source), head))  # not a parameter of the model
     return head

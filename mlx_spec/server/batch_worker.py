@@ -9,8 +9,8 @@ for all, and streams each job its tokens. `--max-concurrency` is thus the
 batch limit. A job's prompt cache comes from the store and goes back to it
 holding the prompt and every token generated, as with the one-at-a-time
 worker. Used when both models batch (`can_batch`: attention, sliding-window
-and Gated DeltaNet targets, attention drafts); other targets (Mamba, short
-convolutions, quantized KV caches) and DFlash drafters keep the one-at-a-time
+and Gated DeltaNet targets, attention drafts or the target's MTP head); other
+targets (Mamba, short convolutions) and DFlash drafters keep the one-at-a-time
 worker.
 """
 
@@ -67,7 +67,8 @@ class BatchWorker(GenerationWorker):
     def _new_engine(self) -> BatchEngine:
         return BatchEngine(self.target_model, self.draft_model,
                            max_draft_tokens=self.options.max_draft_tokens,
-                           stop_tokens=self.tokenizer.eos_token_ids)
+                           stop_tokens=self.tokenizer.eos_token_ids,
+                           mtp_weights=self.options.mtp_weights)
 
     def cancel(self, job: Job) -> None:
         """A queued job leaves the queue now; a running one at the next round."""

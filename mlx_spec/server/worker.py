@@ -88,6 +88,7 @@ class SpeculationOptions:
     draft_confidence: float = 0.0
     prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM
     calibration: Optional[str] = "auto"  # "auto": this machine's `mlx-spec tune` file, if any
+    mtp_weights: Optional[str] = None  # with draft_model="mtp": where the MTP head's weights are
 
 
 class Job:
@@ -117,13 +118,17 @@ class Job:
 
 class GenerationWorker:
     """Owns the models, the prompt cache store and the suffix indexes (by default in-memory,
-    one per API key); runs the jobs on one thread."""
+    one per API key); runs the jobs on one thread. `draft_model` is a draft model, a DFlash
+    drafter, "mtp" (the target's own MTP head, weights from `options.mtp_weights`) or None."""
 
     def __init__(self, target_model, tokenizer, draft_model=None,
                  options: SpeculationOptions = SpeculationOptions(),
                  store: Optional[PromptCacheStore] = None,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
                  suffix: Optional[SuffixScopes] = None):
+        if options.mtp_weights is not None and not is_mtp(draft_model):
+            raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or '
+                             'neither.')
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.options, self.store, self.max_concurrency = options, store, max_concurrency
         self.suffix = suffix if suffix is not None else SuffixScopes()
@@ -274,8 +279,9 @@ class GenerationWorker:
         cache, cached = self.store.take(prompt_ids)
         if cache is None:
             cache = make_cache(self.target_model)
-            if self.draft_model is not None and not is_dflash_model(self.draft_model):
-                cache += make_cache(self.draft_model)  # a DFlash drafter keeps no cache here
+            if self.draft_model is not None and not (is_dflash_model(self.draft_model)
+                                                     or is_mtp(self.draft_model)):
+                cache += make_cache(self.draft_model)  # a DFlash drafter or MTP head: none here
         return cache, cached
 
     def _arguments(self, job: Job) -> dict:
@@ -287,7 +293,12 @@ class GenerationWorker:
                     adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
                     draft_confidence=o.draft_confidence,
                     prompt_lookup_max_ngram=o.prompt_lookup_max_ngram,
-                    calibration=self.calibration)
+                    calibration=self.calibration, mtp_weights=o.mtp_weights)
+
+
+def is_mtp(draft_model) -> bool:
+    """Whether `draft_model` names the target's own MTP head."""
+    return isinstance(draft_model, str) and draft_model == "mtp"
 
 
 def _processors(settings) -> Optional[list]:
