@@ -155,9 +155,11 @@ def rms(x, w, eps=1e-6):
     return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w
 
 
-def from_scratch_block_logits(target, drafter, history, k):
-    """The drafter's logits for the block after `history`, computed densely in numpy:
-    context = the target's taps at every position before the last token."""
+def from_scratch_block_rows(target, drafter, history, around=None, embed_scale=1.0):
+    """The drafter's normed rows (B, H) for the block after `history`, computed densely in
+    numpy: context = the target's taps at every position before the last token.
+    `around(layer, kind, sublayer, h)` applies layer `layer`'s `kind` ("attention" or "mlp")
+    sublayer to its normed input h (default: as is; DFlash2 wraps it in its convolutions)."""
     config = drafter.dflash_config
     W = {n: np.array(v, dtype=np.float64) for n, v in tree_flatten(drafter.parameters())}
     outputs = manual_layer_outputs(target, history[:-1])
@@ -165,36 +167,48 @@ def from_scratch_block_logits(target, drafter, history, k):
     ctx = rms(taps @ W["fc.weight"].T, W["hidden_norm.weight"])  # (c, H)
     c, B = ctx.shape[0], config.block_size
     block = [history[-1]] + [config.mask_token_id] * (B - 1)
-    x = np.array(target.model.embed_tokens.weight, dtype=np.float64)[block]  # (B, H)
+    x = np.array(target.model.embed_tokens.weight, dtype=np.float64)[block] * embed_scale  # (B, H)
     heads, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     positions = np.arange(c + B)
+    around = around or (lambda i, kind, sublayer, h: sublayer(h))
     for i in range(config.num_hidden_layers):
         p = f"layers.{i}."
-        h = rms(x, W[p + "input_layernorm.weight"])
-        q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(B, heads, hd).transpose(1, 0, 2)
-        q = rope(rms(q, W[p + "self_attn.q_norm.weight"]), positions[c:], config.rope_theta)
-        rows = np.concatenate([ctx, h])  # keys and values: context rows (no layernorm), block
-        keys = (rows @ W[p + "self_attn.k_proj.weight"].T).reshape(c + B, kv, hd).transpose(1, 0, 2)
-        keys = rope(rms(keys, W[p + "self_attn.k_norm.weight"]), positions, config.rope_theta)
-        values = (rows @ W[p + "self_attn.v_proj.weight"].T).reshape(c + B, kv, hd).transpose(1, 0, 2)
-        keys, values = np.repeat(keys, heads // kv, 0), np.repeat(values, heads // kv, 0)
-        query_pos, key_pos = positions[c:, None], positions[None, :]
-        visible = np.ones((B, c + B), bool)
-        if config.causal(i):
-            visible &= key_pos <= query_pos
-        if config.window(i) is not None:
-            visible &= query_pos - key_pos < config.window(i)
-        scores = q @ keys.transpose(0, 2, 1) / np.sqrt(hd)
-        scores = np.where(visible, scores, -np.inf)
-        weights = np.exp(scores - scores.max(-1, keepdims=True))
-        weights /= weights.sum(-1, keepdims=True)
-        attn = (weights @ values).transpose(1, 0, 2).reshape(B, heads * hd)
-        x = x + attn @ W[p + "self_attn.o_proj.weight"].T
-        h = rms(x, W[p + "post_attention_layernorm.weight"])
-        gate, up = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T
-    x = rms(x, W["norm.weight"])
-    return x[1:k + 1] @ np.array(target.lm_head.weight, dtype=np.float64).T  # (k, V)
+
+        def attention(h):
+            q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(B, heads, hd).transpose(1, 0, 2)
+            q = rope(rms(q, W[p + "self_attn.q_norm.weight"]), positions[c:], config.rope_theta)
+            rows = np.concatenate([ctx, h])  # keys and values: context rows (no layernorm), block
+            keys = (rows @ W[p + "self_attn.k_proj.weight"].T).reshape(c + B, kv, hd)
+            keys = rope(rms(keys.transpose(1, 0, 2), W[p + "self_attn.k_norm.weight"]), positions,
+                        config.rope_theta)
+            values = (rows @ W[p + "self_attn.v_proj.weight"].T).reshape(c + B, kv, hd)
+            keys = np.repeat(keys, heads // kv, 0)
+            values = np.repeat(values.transpose(1, 0, 2), heads // kv, 0)
+            query_pos, key_pos = positions[c:, None], positions[None, :]
+            visible = np.ones((B, c + B), bool)
+            if config.causal(i):
+                visible &= key_pos <= query_pos
+            if config.window(i) is not None:
+                visible &= query_pos - key_pos < config.window(i)
+            scores = np.where(visible, q @ keys.transpose(0, 2, 1) / np.sqrt(hd), -np.inf)
+            weights = np.exp(scores - scores.max(-1, keepdims=True))
+            weights /= weights.sum(-1, keepdims=True)
+            attn = (weights @ values).transpose(1, 0, 2).reshape(B, heads * hd)
+            return attn @ W[p + "self_attn.o_proj.weight"].T
+
+        def mlp(h):
+            gate, up = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
+            return (gate / (1 + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T
+
+        x = x + around(i, "attention", attention, rms(x, W[p + "input_layernorm.weight"]))
+        x = x + around(i, "mlp", mlp, rms(x, W[p + "post_attention_layernorm.weight"]))
+    return rms(x, W["norm.weight"])
+
+
+def from_scratch_block_logits(target, drafter, history, k):
+    """The drafter's logits (k, V) for the block after `history` (see from_scratch_block_rows)."""
+    rows = from_scratch_block_rows(target, drafter, history)
+    return rows[1:k + 1] @ np.array(target.lm_head.weight, dtype=np.float64).T  # (k, V)
 
 
 class Recording(DFlashDrafter):
@@ -287,52 +301,57 @@ def small_vocab_pair(tmp_path_factory):
     return target, drafter
 
 
+def sampled_exactness(pair, k, accept=None):
+    """check_exactness at temp 1 for a (target, drafter) pair: 800 samples of the first two
+    tokens, k drafts per round."""
+    target, drafter = pair
+    return check_exactness(target, drafter, PROMPT, SamplingConfig(temp=1.0), samples=800,
+                           num_draft_tokens=k, seed=0, accept=accept)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_sampling_matches_the_targets_distribution(small_vocab_pair, k):
     """k = 1: the second token comes from the second round, after the first one's rejection
     or acceptance; k = 3: from inside the first block."""
-    target, drafter = small_vocab_pair
-    result = check_exactness(target, drafter, PROMPT, SamplingConfig(temp=1.0), samples=800,
-                             num_draft_tokens=k, seed=0)
-    assert result.acceptance_rate > 0.2
-    assert result.passed, result
+    result = sampled_exactness(small_vocab_pair, k)
+    assert result.acceptance_rate > 0.2 and result.passed, result
 
 
 def test_the_chi_square_catches_a_broken_rule(small_vocab_pair):
-    target, drafter = small_vocab_pair
-    result = check_exactness(target, drafter, PROMPT, SamplingConfig(temp=1.0), samples=800,
-                             num_draft_tokens=1, seed=0, accept=resample_from_target_accept)
+    result = sampled_exactness(small_vocab_pair, 1, accept=resample_from_target_accept)
     assert not result.passed, result
 
 
 # --- where a draft is accepted, a DFlash drafter works --------------------------------
 
-def test_stream_generate_takes_the_drafters_directory(model_dirs, tmp_path):
+def check_the_api_and_the_command_line_take(model_dirs, path):
+    """Text generated with the drafter directory at `path` (stream_generate, mlx-spec generate
+    --draft-model) equals the target's alone, and the drafter drafted."""
     from mlx_spec import load
+    from mlx_spec.cli import main
 
     target, tokenizer = load(str(model_dirs["target"]))
-    vocab = target.args.vocab_size
-    path = write_dflash_dir(tmp_path / "d", dflash_config(48, [0, 1], mask_token_id=vocab - 1))
     plain = "".join(r.text for r in stream_generate(target, tokenizer, "def f(x):",
                                                     max_tokens=30))
     responses = list(stream_generate(target, tokenizer, "def f(x):", draft_model=str(path),
                                      max_tokens=30, prompt_lookup=False))
     assert "".join(r.text for r in responses) == plain
     assert responses[-1].stats.rounds > 0 and responses[-1].stats.drafted > 0
-
-
-def test_the_command_line_loads_a_drafter_directory(model_dirs, tmp_path):
-    from mlx_spec.cli import main
-    from mlx_spec import load
-
-    vocab = load(str(model_dirs["target"]))[0].args.vocab_size
-    path = write_dflash_dir(tmp_path / "d", dflash_config(48, [0, 1], mask_token_id=vocab - 1))
     args = ["generate", "--model", str(model_dirs["target"]), "--prompt", "def f(x):",
-            "--max-tokens", "20", "--no-prompt-lookup", "--ignore-chat-template"]
-    plain = CliRunner().invoke(main, args + ["--no-draft", "-q"])
-    spec = CliRunner().invoke(main, args + ["--draft-model", str(path), "-q"])
-    assert plain.exit_code == 0 and spec.exit_code == 0, spec.output
-    assert spec.stdout == plain.stdout
+            "--max-tokens", "20", "--no-prompt-lookup", "--ignore-chat-template", "-q"]
+    no_draft = CliRunner().invoke(main, args + ["--no-draft"])
+    spec = CliRunner().invoke(main, args + ["--draft-model", str(path)])
+    assert no_draft.exit_code == 0 and spec.exit_code == 0, spec.output
+    assert spec.stdout == no_draft.stdout
+
+
+def target_vocab(model_dirs) -> int:
+    return json.loads((model_dirs["target"] / "config.json").read_text())["vocab_size"]
+
+
+def test_the_api_and_the_command_line_take_the_drafters_directory(model_dirs, tmp_path):
+    config = dflash_config(48, [0, 1], mask_token_id=target_vocab(model_dirs) - 1)
+    check_the_api_and_the_command_line_take(model_dirs, write_dflash_dir(tmp_path / "d", config))
 
 
 def test_the_command_line_refuses_a_drafter_for_another_target(model_dirs, tmp_path):

@@ -91,13 +91,15 @@ class DFlashLayer(nn.Module):
 class DFlashModel(nn.Module):
     """The drafter's own weights (no embedding, no output head: it borrows the target's)."""
 
+    layer_class = DFlashLayer
+
     def __init__(self, config: DFlashConfig):
         super().__init__()
         self.dflash_config = config
         taps = len(config.target_layer_ids)
         self.fc = nn.Linear(taps * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.layers = [DFlashLayer(config) for _ in range(config.num_hidden_layers)]
+        self.layers = [self.layer_class(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def context(self, taps: mx.array) -> mx.array:

@@ -115,31 +115,41 @@ class DFlashDrafter:
 
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
         with round_attention():
-            self.catch_up()
-            start, caches = self.context.start, self.context.cache
-            count = caches[0].offset
-            if count == 0:  # nothing seen yet (a one-token prompt): a plain step first
-                return None
-            k = min(k, self.block_size - 1)
-            block = mx.array([history[-1]] + [self.config.mask_token_id] * (self.block_size - 1),
-                             mx.uint32)
-            x = self.embed(block[None]) * self.embed_scale  # (1, B, H)
-            offset = start + count
-            keys, values, masks = [], [], []
-            for i, cache in enumerate(caches):
-                first = _first_visible(self.config.window(i), count)
-                keys.append(cache.keys[..., first:count, :])
-                values.append(cache.values[..., first:count, :])
-                masks.append(block_mask(self.config, i, offset - (count - first), offset,
-                                        self.block_size))
-            rows = self.drafter.block(x.astype(self.drafter.fc.weight.dtype), keys, values,
-                                      offset, masks)
-            draft_logits = self.head(rows[:, 1:k + 1])[0]  # (k, V)
-        draft_logprobs = logprobs_from_logits(draft_logits, self.sampling)  # (k, V)
-        tokens = sample(draft_logprobs, self.sampling)  # (k,) one draw per row, independent
-        probs = None if self.sampling.greedy else mx.exp(draft_logprobs)
+            rows = self.block_rows(history)  # (1, B, H)
+        if rows is None:  # nothing seen yet (a one-token prompt): a plain step first
+            return None
+        tokens, probs = self.draw(rows[0, 1:min(k, self.block_size - 1) + 1], history[-1])
         mx.async_eval(tokens, *([probs] if probs is not None else []))
         return Proposal(tokens, probs, self.source, self)
+
+    def block_rows(self, history: List[int]) -> Optional[mx.array]:
+        """The drafter's normed rows (1, B, H) for the block [last token] + [mask] * (B - 1)
+        after everything it has read; None before it has read anything."""
+        self.catch_up()
+        start, caches = self.context.start, self.context.cache
+        count = caches[0].offset
+        if count == 0:
+            return None
+        block = mx.array([history[-1]] + [self.config.mask_token_id] * (self.block_size - 1),
+                         mx.uint32)
+        x = self.embed(block[None]) * self.embed_scale  # (1, B, H)
+        offset = start + count
+        keys, values, masks = [], [], []
+        for i, cache in enumerate(caches):
+            first = _first_visible(self.config.window(i), count)
+            keys.append(cache.keys[..., first:count, :])
+            values.append(cache.values[..., first:count, :])
+            masks.append(block_mask(self.config, i, offset - (count - first), offset,
+                                    self.block_size))
+        return self.drafter.block(x.astype(self.drafter.fc.weight.dtype), keys, values, offset,
+                                  masks)
+
+    def draw(self, rows: mx.array, anchor: int):
+        """The drafts from rows 1..k (k, H) and q (k, V), or None when greedy: one draw per
+        row, each independent of the others."""
+        draft_logprobs = logprobs_from_logits(self.head(rows), self.sampling)  # (k, V)
+        tokens = sample(draft_logprobs, self.sampling)  # (k,)
+        return tokens, None if self.sampling.greedy else mx.exp(draft_logprobs)
 
     def commit(self, num_accepted: int) -> None:
         pass  # the block never entered the cache; the kept rows come back through `follow`
