@@ -27,8 +27,8 @@ from .dflash import DFlashModel, check_fits, dflash_directory, is_dflash_model, 
 from .dflash.taps import tap_capture
 from .distributed.agreement import agree_across_ranks
 from .distributed.group import sharding_group
-from .drafters import (DFlashDrafter, DraftModelDrafter, MTPDrafter, PromptLookupDrafter,
-                       SuffixDrafter, SuffixIndex, default_suffix_index)
+from .drafters import (DFlash2Drafter, DFlashDrafter, DraftModelDrafter, MTPDrafter,
+                       PromptLookupDrafter, SuffixDrafter, SuffixIndex, default_suffix_index)
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .drafters.suffix import suffix_min_match
 from .loading import check_pair, vocab_size
@@ -102,8 +102,9 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     if mtp_head is not None:
         drafters.append(MTPDrafter(mtp_head, sampling))
     if block_drafter is not None:  # with the earlier turns' context a reused cache kept
-        draft = DFlashDrafter(block_drafter, model, sampling, start=cache_length(target_cache),
-                              context=held_context(prompt_cache))
+        block_class = DFlash2Drafter if block_drafter.dflash_config.dflash2 else DFlashDrafter
+        draft = block_class(block_drafter, model, sampling, start=cache_length(target_cache),
+                            context=held_context(prompt_cache))
         drafters.append(draft)
     if policy is None:
         if sharding_group(model) is not None:  # a calibration measures one machine: start cold

@@ -1,9 +1,9 @@
 """Tiny random DFlash drafters written in the published layout, for tests.
 
 `write_dflash_dir` writes config.json (z-lab's `DFlashDraftModel` keys, either
-config generation) and model.safetensors with the published weight names, for
-a target of hidden size `hidden`; `make_dflash` loads it back through the
-package's own loader.
+config generation, or `DFlash2DraftModel`'s from `dflash2_config`) and
+model.safetensors with the published weight names, for a target of hidden
+size `hidden`; `make_dflash` loads it back through the package's own loader.
 """
 
 from __future__ import annotations
@@ -41,8 +41,45 @@ def dflash_config(hidden, taps, layers=2, heads=4, kv_heads=2, head_dim=None, bl
     return config
 
 
+def dflash2_config(hidden, taps, vocab_size=64, conv_kernel_size=2, conv_group_size=8,
+                   selector_rank=8, selector_top_k=4, is_causal=False, extra=None, **kwargs):
+    """A `DFlash2DraftModel` config as published: the DFlash keys plus the convolutions' and
+    the selector's in dflash_config (`extra`: more dflash_config keys, e.g. output_multiplier);
+    top-level is_causal false as in the published fixture."""
+    config = dflash_config(hidden, taps, is_causal=is_causal, **kwargs)
+    config["architectures"] = ["DFlash2DraftModel"]
+    config["vocab_size"] = vocab_size
+    config["dflash_config"].update(conv_kernel_size=conv_kernel_size,
+                                   conv_group_size=conv_group_size, selector_rank=selector_rank,
+                                   selector_top_k=selector_top_k, **(extra or {}))
+    return config
+
+
+def dflash2_weights(config, rng, scale):
+    """DFlash2's additions under the published names (the codebooks without `.weight`)."""
+    H, dflash = config["hidden_size"], config["dflash_config"]
+    K, groups = dflash["conv_kernel_size"], H // dflash["conv_group_size"]
+    rank, vocab = dflash["selector_rank"], config["vocab_size"]
+
+    def normal(shape, std):
+        return mx.array(rng.normal(0, std, shape).astype(np.float32))
+
+    weights = {"candidate_selector.predecessor_codebook": normal((vocab, rank), 1.0),
+               "candidate_selector.successor_codebook": normal((vocab, rank), 1.0),
+               "candidate_selector.hidden_projection.weight": normal((rank, H), scale / np.sqrt(H))}
+    for i in range(config["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = normal((2, K, H), 0.5)
+            base[:, 0] = base[:, 0] + 1.0  # mostly the position itself, some of the ones before
+            weights[f"layers.{i}.{conv}.base_kernel"] = base
+            weights[f"layers.{i}.{conv}.kernel_projection.weight"] = normal((2 * K * groups, H),
+                                                                           0.5 / np.sqrt(H))
+    return weights
+
+
 def dflash_weights(config, seed=0, scale=3.0, prefix=""):
-    """Random weights under the published names (fc, hidden_norm, norm, layers.N.*)."""
+    """Random weights under the published names (fc, hidden_norm, norm, layers.N.*; for a
+    DFlash2 config also the convolutions and the candidate selector)."""
     rng = np.random.default_rng(seed)
     H, heads, kv, hd = (config["hidden_size"], config["num_attention_heads"],
                         config["num_key_value_heads"], config["head_dim"])
@@ -68,6 +105,8 @@ def dflash_weights(config, seed=0, scale=3.0, prefix=""):
             p + "mlp.down_proj.weight": linear(H, inter),
             p + "input_layernorm.weight": norm(H), p + "post_attention_layernorm.weight": norm(H),
         })
+    if config["architectures"] == ["DFlash2DraftModel"]:
+        weights.update(dflash2_weights(config, rng, scale))
     return {prefix + name: value for name, value in weights.items()}
 
 
@@ -87,3 +126,9 @@ def make_dflash(path, hidden, taps, seed=0, **kwargs):
     from mlx_spec.dflash import load_dflash
 
     return load_dflash(write_dflash_dir(path, dflash_config(hidden, taps, **kwargs), seed))
+
+
+def make_dflash2(path, hidden, taps, seed=0, **kwargs):
+    from mlx_spec.dflash import load_dflash
+
+    return load_dflash(write_dflash_dir(path, dflash2_config(hidden, taps, **kwargs), seed))

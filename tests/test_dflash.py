@@ -60,7 +60,8 @@ def test_layer_types_set_windows_and_causality():
 
 @pytest.mark.parametrize("edit, sentence", [
     (lambda c: c["dflash_config"].pop("mask_token_id"), "has no dflash_config.mask_token_id"),
-    (lambda c: c.update(architectures=["DFlash2DraftModel"]), "DFlash2 drafters"),
+    (lambda c: c.update(architectures=["DFlash2DraftModel"]),
+     "is a DFlash2DraftModel and needs dflash_config.conv_kernel_size"),
     (lambda c: c.update(architectures=["LlamaForCausalLM"]), "is not a DFlash drafter"),
     (lambda c: c["dflash_config"].update(target_layer_ids=[]), "needs dflash_config.target_layer_ids"),
     (lambda c: c.update(layer_types=["full_attention"]), "layer_types must list 2"),

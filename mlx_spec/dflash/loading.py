@@ -2,11 +2,14 @@
 
 A drafter is read from a local directory or a Hugging Face repo id already in
 the local cache (the hub is asked only when HF_HUB_OFFLINE allows it):
-config.json (`DFlashDraftModel`) and *.safetensors with the published names
-(`fc`, `hidden_norm`, `norm`, `layers.N.*`; a `model.` prefix is accepted).
+config.json (`DFlashDraftModel` or `DFlash2DraftModel`) and *.safetensors
+with the published names (`fc`, `hidden_norm`, `norm`, `layers.N.*`, and for
+DFlash2 `layers.N.{attention,mlp}_conv.*` and `candidate_selector.*`; a
+`model.` prefix is accepted).
 Every problem is one sentence: an unknown layout, missing or unexpected
 weights, weights of the wrong shape, or a drafter whose hidden size, tap
-layers or mask token do not fit the target.
+layers, mask token or (DFlash2) candidate selector's vocabulary do not fit the
+target.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from mlx.utils import tree_flatten
 from ..loading import vocab_size
 from ..mtp.heads import text_model
 from .config import DFlashConfig, is_dflash_config, parse_config
+from .dflash2 import DFlash2Model
 from .model import DFlashModel
 from .taps import decoder_layers, embedding
 
@@ -51,7 +55,7 @@ def load_dflash(path) -> DFlashModel:
         config = parse_config(json.loads((directory / "config.json").read_text()), where)
     except OSError as exc:
         raise ValueError(f"{where} has no readable config.json ({exc.strerror}).") from None
-    model = DFlashModel(config)
+    model = DFlashModel(config) if config.dflash2 is None else DFlash2Model(config)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{where} has no *.safetensors weights.")
@@ -67,8 +71,9 @@ def load_dflash(path) -> DFlashModel:
     unexpected = sorted(weights.keys() - expected.keys())
     if missing or unexpected:
         what = f"lacks {missing[0]}" if missing else f"holds an unexpected weight {unexpected[0]}"
-        raise ValueError(f"{where} {what}; it is not in the DFlashDraftModel layout this "
-                         f"config describes ({len(missing)} missing, {len(unexpected)} unexpected).")
+        raise ValueError(f"{where} {what}; it is not in the {config.architecture} layout "
+                         f"this config describes ({len(missing)} missing, "
+                         f"{len(unexpected)} unexpected).")
     for name, value in weights.items():
         if value.shape != expected[name].shape:
             raise ValueError(f"{where}: weight {name} has shape {tuple(value.shape)}, the config "
@@ -98,6 +103,10 @@ def check_fits(drafter: DFlashModel, target_model) -> None:
         raise ValueError(f"The DFlash drafter's mask token {config.mask_token_id} is outside the "
                          f"target's vocabulary (0..{vocab - 1}); use the drafter published for "
                          "this target.")
+    if config.dflash2 is not None and config.dflash2.vocab_size != vocab:
+        raise ValueError(f"The DFlash2 drafter's candidate selector covers "
+                         f"{config.dflash2.vocab_size} tokens and the target's vocabulary has "
+                         f"{vocab}; use the drafter published for this target.")
 
 
 def is_dflash_model(value) -> bool:

@@ -1,6 +1,6 @@
 """Where proposals come from: a draft model, n-gram lookup in the text so far, suffix drafting
 from everything seen before (suffix_index.py holds it), the target's MTP layer, a DFlash block
-drafter.
+drafter (DFlash2: the same block pass, its drafts picked by a candidate selector).
 
 A drafter has these methods, called by the loop:
 
@@ -23,6 +23,7 @@ proposal this round" so the next drafter in line is asked.
 from __future__ import annotations
 
 from .dflash import DFlashDrafter
+from .dflash2 import DFlash2Drafter
 from .draft_model import DraftModelDrafter
 from .mtp import MTPDrafter
 from .prompt_lookup import PromptLookupDrafter
@@ -30,5 +31,5 @@ from .protocol import Proposal
 from .suffix import SuffixDrafter, default_suffix_index
 from .suffix_index import SuffixIndex
 
-__all__ = ["Proposal", "DFlashDrafter", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter",
+__all__ = ["Proposal", "DFlash2Drafter", "DFlashDrafter", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter",
            "SuffixDrafter", "SuffixIndex", "default_suffix_index"]

@@ -1,0 +1,55 @@
+"""Proposals from a DFlash2 block drafter: DFlash's block pass, then the candidate selector.
+
+Everything a DFlash drafter does (context, block, positions, reused caches:
+see dflash.py) holds; two things differ. The block is embedded with the
+target's embedding times its scale times `input_embedding_scale`, and the
+drafts are not one independent draw per row: the drafter's logits (the
+target's head, times `output_multiplier`, soft-capped) give each row's
+`selector_top_k` candidates, and the selector walks them left to right from
+the last known token (`CandidateSelector.walk`). Greedy: each row's best
+score. Temperature T > 0: row i's draft is drawn from softmax(score / T)
+over its candidates, given the draft before it; q_i is that distribution,
+zero outside the candidates, so the acceptance rule's q(x) and residual
+max(0, p - q) over the whole vocabulary stay exact.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import mlx.core as mx
+
+from ..dflash.config import DFlash2Parts
+from ..dflash.dflash2 import draft_logits
+from ..mtp.heads import text_model
+from .dflash import DFlashDrafter
+
+
+class DFlash2Drafter(DFlashDrafter):
+    def __init__(self, drafter, target_model, sampling, start=0, context=None):
+        super().__init__(drafter, target_model, sampling, start=start, context=context)
+        self.embed_scale *= self.config.dflash2.input_embedding_scale
+        self.logit_scale = logit_scale(self.config.dflash2, target_model)  # (multiplier, cap)
+
+    def logits(self, rows: mx.array) -> mx.array:
+        """The drafter's logits (k, V) for its normed rows (k, H)."""
+        return draft_logits(self.head(rows), *self.logit_scale)
+
+    def draw(self, rows: mx.array, anchor: int):
+        """The selector's drafts from rows 1..k (k, H) and q (k, V), or None when greedy."""
+        logits = self.logits(rows)  # (k, V)
+        temp = 0.0 if self.sampling.greedy else self.sampling.temp
+        return self.drafter.candidate_selector.walk(rows, logits, anchor, temp)
+
+
+def logit_scale(parts: DFlash2Parts, target_model) -> Tuple[float, Optional[float]]:
+    """(output multiplier, soft cap) of the drafter's logits: its config's, or, when the config
+    leaves both at the defaults, the target's own where its args have an output_multiplier."""
+    if parts.output_multiplier != 1.0 or parts.final_logit_softcapping is not None:
+        return parts.output_multiplier, parts.final_logit_softcapping
+    args = getattr(text_model(target_model), "args", None)
+    args = getattr(args, "text", args)  # (a multimodal target's text settings)
+    if args is None or getattr(args, "output_multiplier", None) is None:
+        return 1.0, None
+    cap = getattr(args, "final_logit_softcapping", None)
+    return float(args.output_multiplier), float(cap) if cap else None
