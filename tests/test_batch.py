@@ -139,30 +139,75 @@ def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(pair):
 
 
 def test_targets_it_cannot_batch_are_refused_in_one_sentence():
-    for name in ("lfm2", "nemotron_h"):  # short convolutions; Mamba-2
-        model = make_family(name)
-        assert not batchable(model)
-        with pytest.raises(ValueError, match="one request at a time"):
-            BatchEngine(model)
+    """A pure Mamba-2 model: no attention layer to hold the rows' lengths."""
+    from mlx_lm.models import mamba2
+
+    model = mamba2.Model(mamba2.ModelArgs(
+        model_type="mamba2", num_heads=4, head_dim=16, vocab_size=64, hidden_size=32,
+        intermediate_size=64, state_size=16, num_hidden_layers=2, layer_norm_epsilon=1e-5,
+        conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True,
+        tie_word_embeddings=False, time_step_limit=(0.001, 100.0), time_step_rank="auto"))
+    assert not batchable(model)
+    with pytest.raises(ValueError, match="one request at a time"):
+        BatchEngine(model)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5-4bit"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5-4bit", "lfm2",
+                                    "nemotron_h"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_gated_deltanet_hybrid_rows_equal_their_own_greedy_decoding(family, k):
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_recurrent_hybrid_rows_equal_their_own_greedy_decoding(family, k, rows):
     """Recurrent state per row: restored and re-run over each row's own kept prefix after a
-    partial accept. An unrelated draft rejects often, so most rounds rewind some rows. The
-    4-bit target has quantized weights (its KV cache stays a plain KVCache)."""
+    partial accept (Gated DeltaNets by their recurrence, masked per row; short convolutions
+    (lfm2) and Mamba-2 mixers (nemotron_h) once per distinct kept length). An unrelated draft
+    rejects often, so most rounds rewind some rows. The 4-bit target has quantized weights
+    (its KV cache stays a plain KVCache)."""
     from tiny import make_llama
 
     name, _, bits = family.partition("-")
     target = make_family(name, quantize_bits=int(bits[:-3]) if bits else None)
     assert batchable(target)
     draft = make_llama(vocab_size=64, seed=5, hidden=32, layers=1)
-    prompts = ragged_prompts(5)
+    prompts = ragged_prompts(rows)
     engine = BatchEngine(target, draft, num_draft_tokens=k)
     got = run(engine, [RowRequest(p, 24, prompt_lookup=False) for p in prompts])
     for prompt, tokens in zip(prompts, got):
         assert tokens == plain_greedy(target, prompt, 24)
+
+
+@pytest.mark.parametrize("family", ["lfm2", "nemotron_h"])
+def test_recurrent_rows_join_leave_and_continue_from_a_kept_cache(family):
+    """Short-conv and Mamba-2 state through the batch's whole life: a row joins late, one is
+    cancelled, the others keep their caches; a second turn on one of them (its cache holding
+    the prompt and answer, the next prompt prefilled on top) equals decoding it fresh."""
+    target = make_family(family)
+    engine = BatchEngine(target, make_llama(vocab_size=64, seed=5, hidden=32, layers=1),
+                         num_draft_tokens=3)
+    prompts = ragged_prompts(3) + [[7, 7, 1, 2]]
+    uids = [engine.insert(RowRequest(p, 20, prompt_lookup=False, keep_cache=True))
+            for p in prompts[:3]]
+    tokens, kept, step = {}, {}, 0
+    while engine.busy:
+        if step == 2:
+            uids.append(engine.insert(RowRequest(prompts[3], 20, prompt_lookup=False)))
+        if step == 3:
+            engine.cancel(uids[1])
+        for o in engine.step():
+            tokens[o.uid] = tokens.get(o.uid, []) + o.tokens
+            if o.finish_reason:
+                kept[o.uid] = o.cache
+        step += 1
+    for i in (0, 2, 3):
+        assert tokens[uids[i]] == plain_greedy(target, prompts[i], 20)
+    assert 0 < len(tokens[uids[1]]) < 20
+    text = prompts[0] + tokens[uids[0]]
+    second = text + [5, 9, 11]
+    engine.insert(RowRequest(second, 12, prompt_lookup=False), kept[uids[0]], cached=len(text))
+    again = []
+    while engine.busy:
+        for o in engine.step():
+            again += o.tokens
+    assert again == plain_greedy(target, second, 12)
 
 
 def test_bad_rows_are_refused(pair):

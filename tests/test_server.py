@@ -532,15 +532,17 @@ def test_logprobs_are_the_targets_own_with_speculation_on(served):
         assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-4)
 
 
-def test_a_gated_deltanet_hybrid_target_is_served_batched(tmp_path):
-    """A qwen3_5 target (Gated DeltaNet + attention) batches: three clients at once, with
-    prompt lookup drafting, each get what mlx_spec.generate gives for their prompt alone."""
+@pytest.mark.parametrize("family", ["qwen3_5", "lfm2", "nemotron_h"])
+def test_a_recurrent_hybrid_target_is_served_batched(tmp_path, family):
+    """A hybrid target (attention and Gated DeltaNet, short-conv or Mamba-2 layers) batches:
+    three clients at once, with prompt lookup drafting, each get what mlx_spec.generate
+    gives for their prompt alone."""
     from families import write_family_dir
 
     from mlx_spec import load
     from mlx_spec.server.batch_worker import can_batch
 
-    target, tokenizer = load(str(write_family_dir(tmp_path / "qwen3_5", "qwen3_5", seed=0)))
+    target, tokenizer = load(str(write_family_dir(tmp_path / family, family, seed=0)))
     assert can_batch(target, None)
     worker = BatchWorker(target, tokenizer, None, store=PromptCacheStore(2**28), max_concurrency=4)
     server, thread, url = serve_in_background(create_app(worker, MODEL_ID))

@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Deque, Dict, List, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
@@ -66,9 +66,9 @@ def check_batchable(target_model, draft_model=None) -> None:
                          "(\"mtp\"), prompt lookup or suffix drafting; DFlash drafters decode "
                          "one request at a time.")
     if not batchable(target_model):
-        raise ValueError("The target's cache layers are neither plain KVCache nor Gated "
-                         "DeltaNet state, which batched decoding needs; decode it one request "
-                         "at a time.")
+        raise ValueError("The target's cache layers are not plain KVCache layers beside "
+                         "Gated DeltaNet, short-convolution or Mamba-2 state, which batched "
+                         "decoding needs; decode it one request at a time.")
     if draft_model is not None and not batchable(draft_model, recurrent=False):
         raise ValueError("The draft model's cache layers are not all plain KVCache, which a "
                          "batched draft needs; decode with it one request at a time.")
@@ -124,7 +124,7 @@ class BatchEngine:
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.draft is not None)
-        n_target = len(self.target_model.layers)
+        n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (
                 row_cache(self.draft_model) if self.draft is not None else [])

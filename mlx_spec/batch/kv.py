@@ -10,12 +10,15 @@ which moves its rejected entries out past the end and grows its left padding
 (mlx-lm's `finalize` for right-padded prompts does the same roll). Rows join
 (`join`: a one-row cache prefilled alone) and leave (`drop`) between rounds.
 
-Recurrent layers (`ArraysCache`) of Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next)
-batch too: their state is per row, not per position, so a forward that may be
-undone first keeps the states it starts from (references: free) and records
-each mixer's inputs (cache/replay.py); going back restores them and re-runs
-the recurrence alone over each row's kept prefix, masked past its own end
-(`MixerReplay.replay_rows`), lazily, evaluated with the next round.
+Recurrent layers (`ArraysCache`) of Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next),
+short-convolution hybrids (LFM2) and Mamba-2 hybrids (Nemotron-H) batch too:
+their state is per row, not per position, so a forward that may be undone
+first keeps the states it starts from (references: free) and records each
+mixer's inputs (cache/replay.py); going back restores them and re-runs each
+row's kept prefix (`MixerReplay.replay_rows`: a Gated DeltaNet's recurrence
+alone, masked past each row's end; another mixer once per distinct kept
+length, on the rows that keep that many), lazily, evaluated with the next
+round.
 
 Sliding-window layers (mlx-lm's `RotatingKVCache`: Gemma 3, gpt-oss) keep
 their whole history in a batch, as a full attention layer would: the window
@@ -25,9 +28,11 @@ as any other. The price is memory: such a layer holds the whole context
 instead of the window.
 
 Batched here: plain and sliding-window attention layers (dense, MoE and most
-mlx-lm families) and Gated DeltaNet layers. Quantized KV caches and other
-recurrent mixers (Mamba, short convolutions) are served one request at a time
-by the ordinary loop (`batchable`).
+mlx-lm families) beside the recurrent layers of those families. Other
+recurrent families (untested here), models with no attention layer (pure
+Mamba: the attention layers hold the rows' lengths) and quantized KV caches
+(mlx-lm has no batched one) are served one request at a time by the ordinary
+loop (`batchable`).
 """
 
 from __future__ import annotations
@@ -45,18 +50,24 @@ from ..mtp.heads import model_type
 COMPACT_AT = 64
 
 
-# Families whose recurrent layers are all Gated DeltaNets (MixerReplay.replay_rows).
+# Families whose recurrent layers batch (MixerReplay.replay_rows): all Gated DeltaNets
+# (replayed by their recurrence alone), or mixers replayed by kept length on batch-first
+# state (short convolutions, Mamba-2), the families tested here.
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+REPLAYED_BY_LENGTH = ("lfm2", "nemotron_h")
 
 
 def batchable(model, recurrent: bool = True) -> bool:
     """Whether every layer mlx-lm makes for `model` batches here: a plain KVCache, or (with
     `recurrent`: a target; drafts step one token at a time and have no replay here) the
-    state of a Gated DeltaNet."""
+    state of a Gated DeltaNet, a Mamba-2 mixer or a short convolution; and at least one
+    attention layer (it holds the rows' lengths)."""
     layers = make_prompt_cache(model)
-    recurrent_ok = recurrent and model_type(model) in GATED_DELTANET
-    return all(type(layer) is KVCache or _sliding(layer)
-               or (type(layer) is ArraysCache and recurrent_ok) for layer in layers)
+    recurrent_ok = recurrent and model_type(model) in GATED_DELTANET + REPLAYED_BY_LENGTH
+    kinds = {"attention" if type(layer) is KVCache or _sliding(layer)
+             else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"
+             for layer in layers}
+    return "attention" in kinds and "other" not in kinds
 
 
 def _sliding(layer) -> bool:

@@ -159,25 +159,61 @@ class MixerReplay:
         return True
 
     def replay_rows(self, kept: Sequence[int]) -> None:
-        """A batch: row i keeps its first `kept[i]` positions (state must be reset). Gated
-        DeltaNet layers only: each row's convolution state is sliced at its own end, and the
-        recurrence runs over the longest prefix, masked past each row's own."""
+        """A batch: row i keeps its first `kept[i]` positions (state must be reset). A Gated
+        DeltaNet runs its recurrence alone over the longest prefix, masked past each row's
+        own end (its convolution state sliced at that end); another mixer (Mamba-2, a short
+        convolution) runs once per distinct kept length, on the rows that keep that many, as
+        it would alone (`replay`), and each row's state is gathered back into place."""
         longest = max(kept)
         lengths = mx.array(list(kept))
         mask = mx.arange(longest)[None] < lengths[:, None]  # (B, longest)
         for cache in self.recurrent:
-            conv = getattr(self.calls[id(cache)][0], "conv1d", None)
-            function, args, kwargs = self.recurrences[id(cache[1])]
-            conv_input = self.conv_inputs[id(conv)]
-            n_keep = conv_input.shape[1] - self.length
-            positions = (lengths[:, None] + mx.arange(n_keep))[..., None]  # (B, K - 1, 1)
-            cache[0] = mx.take_along_axis(conv_input, positions, axis=1)
-            args, kwargs = list(args), dict(kwargs)
-            if "mask" in kwargs:
-                kwargs["mask"] = mask
+            module, args, kwargs = self.calls[id(cache)]
+            if len(cache.cache) == 2 and id(cache[1]) in self.recurrences:
+                self._replay_recurrence_rows(module, cache, longest, lengths, mask)
             else:
-                args[8] = mask
-            _, cache[1] = function(*[a[:, :longest] for a in args[:5]], *args[5:], **kwargs)
+                self._replay_groups(module, args, kwargs, cache, kept)
+
+    def _replay_recurrence_rows(self, module, cache, longest, lengths, mask) -> None:
+        function, args, kwargs = self.recurrences[id(cache[1])]
+        conv_input = self.conv_inputs[id(getattr(module, "conv1d", None))]
+        n_keep = conv_input.shape[1] - self.length
+        positions = (lengths[:, None] + mx.arange(n_keep))[..., None]  # (B, K - 1, 1)
+        cache[0] = mx.take_along_axis(conv_input, positions, axis=1)
+        args, kwargs = list(args), dict(kwargs)
+        if "mask" in kwargs:
+            kwargs["mask"] = mask
+        else:
+            args[8] = mask
+        _, cache[1] = function(*[a[:, :longest] for a in args[:5]], *args[5:], **kwargs)
+
+    def _replay_groups(self, module, args, kwargs, cache, kept: Sequence[int]) -> None:
+        """The mixer once per distinct kept length m, on its rows' states and the first m
+        positions of their recorded inputs; the states (batch first, as ArraysCache.filter
+        has them) are put back in row order."""
+        rows = len(kept)
+        order, parts = [], []
+        for m in sorted(set(kept)):
+            index = [i for i, n in enumerate(kept) if n == m]
+            picked = mx.array(index)
+            group = ArraysCache(len(cache.cache))
+            group.cache = [None if c is None else c[picked] for c in cache.cache]
+
+            def cut(value):
+                if value is cache:
+                    return group
+                if isinstance(value, mx.array) and value.ndim >= 2 and \
+                        value.shape[:2] == (rows, self.length):
+                    return value[picked, :m]
+                return value
+
+            type(module).__call__(module, *[cut(a) for a in args],
+                                  **{name: cut(v) for name, v in kwargs.items()})
+            order += index
+            parts.append(group.cache)
+        back = mx.argsort(mx.array(order))  # row i's place among the groups' rows
+        cache.cache = [None if states[0] is None else mx.concatenate(states)[back]
+                       for states in zip(*parts)]
 
     def _prefix(self, values, num_tokens: int) -> List:
         """Sequence-shaped arrays (B, T, ...) cut to their first `num_tokens` positions."""

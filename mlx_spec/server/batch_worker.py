@@ -8,10 +8,10 @@ with the others' rounds), drops the ones whose client left, runs one round
 for all, and streams each job its tokens. `--max-concurrency` is thus the
 batch limit. A job's prompt cache comes from the store and goes back to it
 holding the prompt and every token generated, as with the one-at-a-time
-worker. Used when both models batch (`can_batch`: attention, sliding-window
-and Gated DeltaNet targets, attention drafts or the target's MTP head); other
-targets (Mamba, short convolutions) and DFlash drafters keep the one-at-a-time
-worker.
+worker. Used when both models batch (`can_batch`: attention and sliding-window
+targets and hybrids of Gated DeltaNet, short-convolution or Mamba-2 layers;
+attention drafts or the target's MTP head); other targets and DFlash drafters
+keep the one-at-a-time worker.
 """
 
 from __future__ import annotations
