@@ -53,7 +53,7 @@ def test_layer_types_set_windows_and_causality():
                                                               "full_attention"],
                                         sliding_window=4))
     assert (config.window(0), config.window(1)) == (4, None)
-    assert (config.causal(0), config.causal(1)) == (True, False)  # sliding causal, full not
+    assert (config.causal(0), config.causal(1)) == (False, False)  # z-lab: bidirectional block
     forced = parse_config(dflash_config(48, [1], is_causal=True))
     assert forced.causal(0) and forced.causal(1)
 

@@ -56,7 +56,7 @@ class DFlashConfig:
     target_layer_ids: Tuple[int, ...]
     layer_types: Tuple[str, ...]
     sliding_window: Optional[int]
-    is_causal: Optional[bool]  # None: sliding layers causal, full layers bidirectional
+    is_causal: Optional[bool]  # None or False: every layer bidirectional inside the block
     rope_theta: float
     rope_scaling: Optional[dict]
     dflash2: Optional[DFlash2Parts] = None  # a DFlash2DraftModel's convolutions and selector
@@ -66,10 +66,10 @@ class DFlashConfig:
         return ARCHITECTURE if self.dflash2 is None else ARCHITECTURE2
 
     def causal(self, layer: int) -> bool:
-        """Whether layer `layer`'s queries see only earlier block positions."""
-        if self.is_causal is not None:
-            return self.is_causal
-        return self.layer_types[layer] == "sliding_attention"
+        """Whether layer `layer`'s queries see only earlier block positions: only when the
+        config says `is_causal: true`. z-lab's code runs every layer, sliding ones included,
+        bidirectionally inside the block (is_causal=False; a window only limits the context)."""
+        return bool(self.is_causal)
 
     def window(self, layer: int) -> Optional[int]:
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None

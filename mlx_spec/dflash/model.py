@@ -10,8 +10,8 @@ its public descriptions; this is our own code):
   absolute positions), never through input_layernorm; only these are cached.
 - block: [the last token] + [mask] * (B - 1), embedded with the target's own
   embedding, at positions c .. c + B - 1 after the c context positions. Full
-  attention layers are bidirectional inside the block, sliding layers causal
-  (unless the config's `is_causal` says otherwise for all), and a sliding
+  and sliding layers alike are bidirectional inside the block (z-lab's code
+  passes is_causal=False; a config's `is_causal: true` makes all causal), and a sliding
   layer's query at position p sees keys at positions j with p - j < window.
 - output: the drafter's own `norm`, then the TARGET's output head; block rows
   1 .. B - 1 are the B - 1 drafts.
