@@ -6,22 +6,33 @@
 Data: prompts from the training split of the standard-library corpus
 (`training.data`, the same split and tokenizer as the shipped models), each
 continued greedily by the shipped target, so the text the drafter learns is
-the target's own output. The target's layer outputs at `--taps` are computed
-once per sequence (float32: MLX's CPU backend uses BLAS only for float32).
+the target's own output. One target pass per sequence records the taps
+(`--taps`, layer outputs) and the target's final normed hidden state, from
+which the target's next-token distribution at every position is recomputed
+during training (float32: MLX's CPU backend uses BLAS only for float32). The
+prepared data is cached in training/.cache/dflash/.
 
 A training example is a block: an anchor position c in the generated part,
 the context = the target's taps at positions 0..c-1, the block =
 [token c] + [mask] * (B - 1), the labels = tokens c+1..c+B-1. Several blocks
 per sequence are trained at once with one attention mask (a block sees the
 context before its anchor and its own rows, bidirectionally), exactly the
-computation `mlx_spec.drafters.dflash` runs at inference. The loss is the
-cross-entropy of each block row, weighted exp(-(i - 1) / DECAY) by its
-position i (early rows decide the accepted length). The drafter's layers start
-from copies of the target's last layers (q_norm/k_norm at one), fc and the
-norms from scratch.
+computation `mlx_spec.drafters.dflash` runs at inference. The loss of block
+row i is weighted exp(-(i - 1) / decay) (early rows decide the accepted
+length): cross-entropy on the target's greedy token plus `--kl` times
+KL(target || drafter) on the target's whole distribution there. The drafter's
+layers start from copies of the target's last layers (q_norm/k_norm at one),
+fc and the norms from scratch.
+
+Held-out check: prompts from the validation modules, continued by the target
+the same way; at anchors spread over the generated part the drafter fills its
+block and the leading rows that equal the target's greedy tokens are what a
+greedy round at fixed k would accept (the target's continuation IS its greedy
+output), so mean accepted drafts at blocks 4, 8 and 16 are exact simulations.
 
 Writes config.json (z-lab's DFlashDraftModel layout) and model.safetensors
-(float16) to --out, and metrics.json with the run's settings and losses.
+(float16) to --out, and metrics.json with the run's settings, losses and the
+held-out acceptance.
 """
 
 from __future__ import annotations
@@ -40,8 +51,9 @@ from mlx.utils import tree_flatten
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_DIR = REPO / "mlx_spec" / "default_models" / "target"
-DECAY = 4.0
+CACHE = REPO / "training" / ".cache" / "dflash"
 SEED = 1234
+EVAL_BLOCKS = (4, 8, 16)
 
 
 def arguments():
@@ -57,6 +69,17 @@ def arguments():
     ap.add_argument("--batch", type=int, default=16, help="sequences per step")
     ap.add_argument("--blocks", type=int, default=6, help="blocks per sequence per step")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=int, default=0, help="steps of linear warm-up")
+    ap.add_argument("--decay", type=float, default=4.0, help="row weights exp(-(i-1)/decay)")
+    ap.add_argument("--kl", type=float, default=0.0, help="weight of KL(target || drafter)")
+    ap.add_argument("--eval-sequences", type=int, default=128, help="held-out sequences")
+    ap.add_argument("--fc-init", choices=("random", "last"), default="random",
+                    help="last: fc starts as the identity on the last tap (others near zero)")
+    ap.add_argument("--causal", action="store_true",
+                    help="causal inside the block (is_causal: true): a block cut short is "
+                         "exact, so steps cycle through --lengths with as many rows each")
+    ap.add_argument("--lengths", default="16", help="block lengths the steps cycle through "
+                    "(with --causal), each step --blocks * block-size rows per sequence")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--init", default=None, help="continue from the drafter a previous run wrote")
     return ap.parse_args()
@@ -71,14 +94,15 @@ def load_target():
     return target
 
 
-def training_prompts(n, length, seed):
+def corpus_prompts(n, length, seed, split):
+    """n prompts of `length` tokens from the corpus's training or validation split."""
     from tokenizers import Tokenizer
 
     from training.data import encode_stream, load_corpus, make_prompts
 
-    _, train, _ = load_corpus()
+    _, train, val = load_corpus()
     tok = Tokenizer.from_file(str(TARGET_DIR / "tokenizer.json"))
-    ids = encode_stream(tok, [t for _, t in train], 0)
+    ids = encode_stream(tok, [t for _, t in (train if split == "train" else val)], 0)
     return np.stack(make_prompts(ids, n, length, seed, 0, 96))
 
 
@@ -102,16 +126,38 @@ def generate(target, prompts: np.ndarray, count: int, batch: int = 256) -> np.nd
     return np.concatenate(out)
 
 
-def target_taps(target, sequences: np.ndarray, taps, batch: int = 128) -> np.ndarray:
+def target_rows(target, sequences: np.ndarray, taps, batch: int = 128):
+    """(taps side by side (n, T, len(taps) * H), final normed hidden (n, T, H)), float16."""
     from mlx_spec.dflash import tapped
 
-    out = []
+    features, finals = [], []
     for start in range(0, len(sequences), batch):
         with tapped(target, taps) as outputs:
-            target(mx.array(sequences[start:start + batch]))
+            final = target.model(mx.array(sequences[start:start + batch]))
         rows = mx.concatenate([outputs[i] for i in taps], axis=-1).astype(mx.float16)
-        out.append(np.array(rows))
-    return np.concatenate(out)
+        features.append(np.array(rows))
+        finals.append(np.array(final.astype(mx.float16)))
+    return np.concatenate(features), np.concatenate(finals)
+
+
+def prepared(target, split, n, prompt_tokens, generate_tokens, taps, seed, say):
+    """(sequences, taps, final hidden) for n prompts of `split`; the sequences are cached on
+    disk (the target's greedy continuations), the rows recomputed from them."""
+    path = CACHE / f"{split}-n{n}-p{prompt_tokens}-g{generate_tokens}-s{seed}.npy"
+    if path.exists():
+        sequences = np.load(path)
+    else:
+        say(f"{split}: {n} prompts x {prompt_tokens} tokens, continued greedily by the target")
+        sequences = generate(target, corpus_prompts(n, prompt_tokens, seed, split),
+                             generate_tokens)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        np.save(path, sequences)
+    rows = path.with_name(path.stem + f"-t{'_'.join(map(str, taps))}.npz")
+    if not rows.exists():
+        features, finals = target_rows(target, sequences, taps)
+        np.savez(rows, features=features, finals=finals)
+    data = np.load(rows)
+    return sequences, data["features"], data["finals"]
 
 
 def drafter_config(target, taps, layers, block_size, mask_token_id):
@@ -147,36 +193,51 @@ def rope(x, positions, theta):
     return mx.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
-def block_logits(drafter, embed, head, taps, blocks, anchors, theta):
-    """Logits (n, M * B, V) of M blocks per sequence; taps (n, T, KH), blocks (n, M, B)."""
+def block_rows(drafter, embed, taps, blocks, anchors, theta, causal=False):
+    """The drafter's normed rows (n, M * B, H) of M blocks per sequence; taps (n, T, KH),
+    blocks (n, M, B): the computation mlx_spec.drafters.dflash runs, M blocks at once. Each
+    block's queries see the context rows before its anchor and its own B rows (attention to
+    the context and inside each block computed apart, then one softmax over both)."""
     n, T, _ = taps.shape
     M, B = blocks.shape[1:]
     context = drafter.hidden_norm(drafter.fc(taps))  # (n, T, H)
     x = embed(blocks.reshape(n, M * B))  # (n, MB, H)
     block_pos = (anchors[..., None] + mx.arange(B)).reshape(n, M * B)
     context_pos = mx.broadcast_to(mx.arange(T)[None], (n, T))
-    # block m sees context rows j < anchor_m and its own rows
-    sees_context = mx.arange(T)[None, None, :] < mx.repeat(anchors, B, axis=1)[..., None]
-    owner = mx.repeat(mx.arange(M), B)
-    sees_block = mx.broadcast_to((owner[:, None] == owner[None, :])[None], (n, M * B, M * B))
-    mask = mx.concatenate([sees_context, sees_block], axis=-1)[:, None]  # (n, 1, MB, T + MB)
+    later = mx.arange(B)[None, :] > mx.arange(B)[:, None]  # (B, B): key after query
+    # block m's rows do not see context rows at or after its anchor: (n, 1, MB, T)
+    hidden = (mx.arange(T)[None, None, :] >= mx.repeat(anchors, B, axis=1)[..., None])[:, None]
     for layer in drafter.layers:
         attn = layer.self_attn
         h = layer.input_layernorm(x)
 
         def heads(proj, rows, count):
-            return proj(rows).reshape(n, rows.shape[1], count, -1).transpose(0, 2, 1, 3)
+            out = proj(rows).reshape(n, rows.shape[1], count, -1).transpose(0, 2, 1, 3)
+            return mx.repeat(out, attn.heads // count, axis=1) if count != attn.heads else out
 
         q = rope(attn.q_norm(heads(attn.q_proj, h, attn.heads)), block_pos, theta)
-        keys = mx.concatenate([
-            rope(attn.k_norm(heads(attn.k_proj, context, attn.kv_heads)), context_pos, theta),
-            rope(attn.k_norm(heads(attn.k_proj, h, attn.kv_heads)), block_pos, theta)], axis=2)
-        values = mx.concatenate([heads(attn.v_proj, context, attn.kv_heads),
-                                 heads(attn.v_proj, h, attn.kv_heads)], axis=2)
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)
+        k_ctx = rope(attn.k_norm(heads(attn.k_proj, context, attn.kv_heads)), context_pos, theta)
+        k_blk = rope(attn.k_norm(heads(attn.k_proj, h, attn.kv_heads)), block_pos, theta)
+        v_ctx, v_blk = heads(attn.v_proj, context, attn.kv_heads), heads(attn.v_proj, h,
+                                                                          attn.kv_heads)
+        s_ctx = (q @ k_ctx.swapaxes(-1, -2)) * attn.scale  # (n, heads, MB, T)
+        s_ctx = mx.where(hidden, -1e9, s_ctx)
+        q_b = q.reshape(n, attn.heads, M, B, -1)
+        s_blk = (q_b @ k_blk.reshape(n, attn.heads, M, B, -1).swapaxes(-1, -2)) * attn.scale
+        if causal:
+            s_blk = mx.where(later, -1e9, s_blk)
+        scores = mx.concatenate([s_ctx.reshape(n, attn.heads, M, B, T), s_blk], axis=-1)
+        p = mx.softmax(scores, axis=-1, precise=True)
+        out = p[..., :T].reshape(n, attn.heads, M * B, T) @ v_ctx + \
+            (p[..., T:] @ v_blk.reshape(n, attn.heads, M, B, -1)).reshape(n, attn.heads, M * B, -1)
         x = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(n, M * B, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return head(drafter.norm(x))
+    return drafter.norm(x)
+
+
+def block_logits(drafter, embed, head, taps, blocks, anchors, theta, causal=False):
+    """Logits (n, M * B, V) of M blocks per sequence (see block_rows)."""
+    return head(block_rows(drafter, embed, taps, blocks, anchors, theta, causal))
 
 
 def sample_blocks(rng, sequences, first, block_size, mask_id, count):
@@ -184,11 +245,40 @@ def sample_blocks(rng, sequences, first, block_size, mask_id, count):
     n, T = sequences.shape
     anchors = np.stack([np.sort(rng.choice(np.arange(first, T - block_size + 1), count,
                                            replace=False)) for _ in range(n)])
+    return anchors, *blocks_at(sequences, anchors, block_size, mask_id)
+
+
+def blocks_at(sequences, anchors, block_size, mask_id):
+    """The blocks [token c] + [mask] * (B - 1) and labels tokens c..c+B-1 at anchors (n, M)."""
     index = anchors[..., None] + np.arange(block_size)  # (n, M, B)
     labels = np.take_along_axis(sequences[:, None, :], index, axis=2)
     blocks = np.full_like(labels, mask_id)
     blocks[..., 0] = labels[..., 0]
-    return anchors, blocks, labels
+    return blocks, labels
+
+
+def held_out_acceptance(drafter, embed, head, data, first, block_size, mask_id, theta,
+                        causal=False, stride=4, batch=16):
+    """Mean accepted drafts per greedy round at each block in EVAL_BLOCKS, and the per-row
+    agreement with the target's greedy token, over anchors every `stride` positions."""
+    sequences, features, _ = data
+    T = sequences.shape[1]
+    anchors = np.arange(first, T - block_size + 1, stride)
+    hits = []
+    for start in range(0, len(sequences), batch):
+        rows = np.arange(start, min(start + batch, len(sequences)))
+        a = np.broadcast_to(anchors, (len(rows), len(anchors)))
+        blocks, labels = blocks_at(sequences[rows], a, block_size, mask_id)
+        logits = block_logits(drafter, embed, head, mx.array(features[rows]).astype(mx.float32),
+                              mx.array(blocks), mx.array(a), theta, causal)
+        guess = np.array(mx.argmax(logits, axis=-1)).reshape(labels.shape)
+        hits.append((guess[..., 1:] == labels[..., 1:]).reshape(-1, block_size - 1))
+    hits = np.concatenate(hits)  # (anchors, B - 1)
+    leading = np.cumprod(hits, axis=1).sum(axis=1)
+    return {"anchors": int(len(hits)),
+            "accepted": {str(b): round(float(np.minimum(leading, b - 1).mean()), 3)
+                         for b in EVAL_BLOCKS if b <= block_size},
+            "row_agreement": [round(float(v), 3) for v in hits.mean(axis=0)]}
 
 
 def main():
@@ -204,18 +294,23 @@ def main():
     target = load_target()
     vocab = target.args.vocab_size
     mask_id = vocab - 1  # the shipped vocabulary has no spare token: the last id is the mask
-    say(f"prompts: {args.sequences} x {args.prompt_tokens} tokens from the training split")
-    prompts = training_prompts(args.sequences, args.prompt_tokens, args.seed)
-    say("the target continues them greedily")
-    sequences = generate(target, prompts, args.generate_tokens)
-    say(f"taps {taps} of {sequences.shape[0]} x {sequences.shape[1]} tokens")
-    features = target_taps(target, sequences, taps)
+    data = prepared(target, "train", args.sequences, args.prompt_tokens, args.generate_tokens,
+                    taps, args.seed, say)
+    held_out = prepared(target, "val", args.eval_sequences, args.prompt_tokens,
+                        args.generate_tokens, taps, SEED + 1, say)
+    sequences, features, finals = data
 
     from mlx_spec.dflash import DFlashModel, parse_config
 
     config = drafter_config(target, taps, args.layers, args.block_size, mask_id)
+    if args.causal:
+        config["is_causal"] = True
     drafter = DFlashModel(parse_config(config))
     init_from_target(drafter, target)
+    if args.fc_init == "last":  # the context starts as the last tapped layer's output
+        H = target.args.hidden_size
+        weight = drafter.fc.weight * 0.01
+        drafter.fc.weight = mx.concatenate([weight[:, :-H], mx.eye(H)], axis=1)
     previous = None
     if args.init:  # a second stage: the weights and settings of the first
         from mlx_spec.dflash import load_dflash
@@ -227,32 +322,61 @@ def main():
     embed, head = target.model.embed_tokens, target.lm_head
     theta = config["rope_theta"]
     B = args.block_size
-    weights = mx.array(np.exp(-np.arange(B - 1) / DECAY), mx.float32)  # rows 1..B-1
+    first = args.prompt_tokens
+    causal = bool(config.get("is_causal"))
+    lengths = [int(b) for b in args.lengths.split(",")] if causal else [B]
+    weights = mx.array(np.exp(-np.arange(B - 1) / args.decay), mx.float32)  # rows 1..B-1
 
-    def loss_fn(model, taps_, blocks, anchors, labels):
-        logits = block_logits(model, embed, head, taps_, blocks, anchors, theta)
-        n, M = blocks.shape[:2]
-        logits = logits.reshape(n, M, B, -1)[:, :, 1:]
+    def loss_fn(model, taps_, blocks, anchors, labels, target_final):
+        logits = block_logits(model, embed, head, taps_, blocks, anchors, theta, causal)
+        n, M, b = blocks.shape
+        logits = logits.reshape(n, M, b, -1)[:, :, 1:]
+        weights_ = weights[:b - 1]
         ce = nn.losses.cross_entropy(logits, labels[:, :, 1:], reduction="none")  # (n, M, B-1)
-        return (ce * weights).sum() / (weights.sum() * n * M)
+        if args.kl > 0:  # the target's distribution at the position before each label
+            p = mx.softmax(head(target_final), axis=-1)
+            log_q = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            ce = ce + args.kl * (p * (mx.log(p + 1e-9) - log_q)).sum(axis=-1)
+        return (ce * weights_).sum() / (weights_.sum() * n * M)
 
-    optimizer = optim.AdamW(learning_rate=optim.cosine_decay(args.lr, args.steps), weight_decay=0.0)
+    schedule = optim.cosine_decay(args.lr, args.steps - args.warmup)
+    if args.warmup:
+        schedule = optim.join_schedules([optim.linear_schedule(args.lr / 100, args.lr,
+                                                               args.warmup), schedule],
+                                        [args.warmup])
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
     step_fn = nn.value_and_grad(drafter, loss_fn)
     say(f"training {sum(v.size for _, v in tree_flatten(drafter.parameters())):,} parameters "
         f"for {args.steps} steps")
-    losses = []
-    first = args.prompt_tokens
+    losses, checks = [], []
+
+    def check(step):
+        result = held_out_acceptance(drafter, embed, head, held_out, first, B, mask_id, theta,
+                                     causal)
+        checks.append({"step": step, **result["accepted"]})
+        say(f"step {step}: held-out accepted drafts per round {result['accepted']}")
+        return result
+
     for step in range(args.steps):
         rows = rng.choice(len(sequences), args.batch, replace=False)
-        anchors, blocks, labels = sample_blocks(rng, sequences[rows], first, B, mask_id,
-                                                args.blocks)
+        b = lengths[step % len(lengths)]
+        M = args.blocks * B // b
+        anchors, blocks, labels = sample_blocks(rng, sequences[rows], first, B, mask_id, M)
+        blocks, labels = blocks[..., :b], labels[..., :b]
+        before = (anchors[..., None] + np.arange(b - 1)).reshape(len(rows), -1)  # c+i <- c+i-1
+        target_final = np.take_along_axis(finals[rows], before[..., None], axis=1)
+        target_final = target_final.reshape(len(rows), M, b - 1, -1)
         loss, grads = step_fn(drafter, mx.array(features[rows]).astype(mx.float32),
-                              mx.array(blocks), mx.array(anchors), mx.array(labels))
+                              mx.array(blocks), mx.array(anchors), mx.array(labels),
+                              mx.array(target_final).astype(mx.float32))
         optimizer.update(drafter, grads)
         mx.eval(drafter.parameters(), optimizer.state, loss)
         losses.append(float(loss))
         if step % 100 == 0 or step == args.steps - 1:
             say(f"step {step}: loss {np.mean(losses[-100:]):.3f}")
+        if step % 500 == 499:
+            check(step + 1)
+    final_check = check(args.steps)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -264,7 +388,10 @@ def main():
                  f"python -m training.dflash --sequences {args.sequences} --prompt-tokens "
                  f"{args.prompt_tokens} --generate-tokens {args.generate_tokens} --block-size {B} "
                  f"--taps {args.taps} --layers {args.layers} --steps {args.steps} --batch "
-                 f"{args.batch} --blocks {args.blocks} --lr {args.lr} --seed {args.seed}"
+                 f"{args.batch} --blocks {args.blocks} --lr {args.lr} --warmup {args.warmup} "
+                 f"--decay {args.decay} --kl {args.kl} --fc-init {args.fc_init} "
+                 + (f"--causal --lengths {args.lengths} " if causal else "")
+                 + f"--seed {args.seed}"
                  + (" --init FIRST_STAGE_DIR" if args.init else ""))
     metrics = {"reproduce": reproduce, "seconds": round(time.perf_counter() - start, 1),
                "loss_first_100": round(float(np.mean(losses[:100])), 4),
@@ -272,7 +399,8 @@ def main():
                "parameters": int(sum(v.size for _, v in tree_flatten(drafter.parameters()))),
                "mask_token_id": mask_id, "taps": taps, "block_size": B,
                "loss_curve": [round(float(np.mean(losses[i:i + 100])), 4)
-                              for i in range(0, len(losses), 100)]}
+                              for i in range(0, len(losses), 100)],
+               "held_out": final_check, "held_out_curve": checks}
     if previous is not None:
         metrics["first_stage"] = previous
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
