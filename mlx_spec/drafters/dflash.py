@@ -114,24 +114,32 @@ class DFlashDrafter:
         return bool(self.context.queued) or self.context.cache[0].offset > 0
 
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
-        with round_attention():
-            rows = self.block_rows(history)  # (1, B, H)
+        k = min(k, self.block_size - 1)
+        with round_attention():  # a causal block cut after row k is exactly its first rows
+            rows = self.block_rows(history, k + 1 if self.cuttable else self.block_size)
         if rows is None:  # nothing seen yet (a one-token prompt): a plain step first
             return None
-        tokens, probs = self.draw(rows[0, 1:min(k, self.block_size - 1) + 1], history[-1])
+        tokens, probs = self.draw(rows[0, 1:k + 1], history[-1])
         mx.async_eval(tokens, *([probs] if probs is not None else []))
         return Proposal(tokens, probs, self.source, self)
 
-    def block_rows(self, history: List[int]) -> Optional[mx.array]:
-        """The drafter's normed rows (1, B, H) for the block [last token] + [mask] * (B - 1)
-        after everything it has read; None before it has read anything."""
+    @property
+    def cuttable(self) -> bool:
+        """Causal inside the block (and no DFlash2 selector walking the whole block): rows
+        after k never reach rows 0..k, so a round drafting k runs a block of k + 1."""
+        return bool(self.config.is_causal) and self.config.dflash2 is None
+
+    def block_rows(self, history: List[int], size: Optional[int] = None) -> Optional[mx.array]:
+        """The drafter's normed rows (1, size, H) for the block [last token] + [mask] *
+        (size - 1), size the block size unless given, after everything it has read; None
+        before it has read anything."""
+        size = size or self.block_size
         self.catch_up()
         start, caches = self.context.start, self.context.cache
         count = caches[0].offset
         if count == 0:
             return None
-        block = mx.array([history[-1]] + [self.config.mask_token_id] * (self.block_size - 1),
-                         mx.uint32)
+        block = mx.array([history[-1]] + [self.config.mask_token_id] * (size - 1), mx.uint32)
         x = self.embed(block[None]) * self.embed_scale  # (1, B, H)
         offset = start + count
         keys, values, masks = [], [], []
@@ -139,8 +147,7 @@ class DFlashDrafter:
             first = _first_visible(self.config.window(i), count)
             keys.append(cache.keys[..., first:count, :])
             values.append(cache.values[..., first:count, :])
-            masks.append(block_mask(self.config, i, offset - (count - first), offset,
-                                    self.block_size))
+            masks.append(block_mask(self.config, i, offset - (count - first), offset, size))
         return self.drafter.block(x.astype(self.drafter.fc.weight.dtype), keys, values, offset,
                                   masks)
 

@@ -1,20 +1,24 @@
 """Accepted length per round of the shipped DFlash drafter against the shipped draft model and
-MTP head, at equal verify length (blocks of 4, 8 and 16: k = 3, 7, 15 drafts), greedy.
+MTP head, at equal verify length (blocks of 4, 8 and 16: k = 3, 7, 15 drafts), and each
+source with the defaults (the adaptive policy, uncalibrated) against plain decoding.
 
     python -m mlx_spec.bench.studies.dflash_acceptance [--dflash DIR] [--prompts 16] [--tokens 96]
-        [--out NAME]
+        [--temp 0] [--out NAME]
 
 `--dflash` names the drafter (default: the one shipped in
 mlx_spec/default_models/dflash), e.g. one `python -m training.dflash` wrote.
 
 Held-out prompts: the training script's `make_prompts` over the validation
-modules (the same as mtp_speed's). Every source drafts exactly k tokens per
-round (fixed k, no prompt lookup), so the rounds verify the same number of
-tokens and only the proposals differ. Reported per source and k: mean accepted
-drafts per speculative round, tokens per round (accepted + the target's own),
-and tokens/s of the whole generation (prefill excluded) on this machine,
-sources interleaved prompt by prompt. Writes bench/results/<NAME>.json and .md.
-Run from the repository root.
+modules (the same as mtp_speed's). With a fixed k every source drafts exactly
+k tokens per round (no prompt lookup), so the rounds verify the same number of
+tokens and only the proposals differ; "auto" is the default policy (k per
+source, auto-off; no calibration, no prompt lookup, so the source alone is
+measured); "plain" is the target decoding alone. Reported per source and k:
+mean accepted drafts per speculative round, tokens per round (accepted + the
+target's own), and tokens/s of the whole generation (prefill excluded) on this
+machine, every configuration interleaved prompt by prompt, and its median
+ratio to plain over prompts. Writes bench/results/<NAME>.json and .md. Run from
+the repository root.
 """
 
 from __future__ import annotations
@@ -44,15 +48,19 @@ def arguments():
     ap.add_argument("--dflash", default=None, help="the DFlash drafter's directory")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--out", default="dflash-shipped-acceptance")
     return ap.parse_args()
 
 
-def run(prompt, target, draft, k, tokens):
+def run(prompt, target, draft, k, tokens, temp=0.0):
     start, rounds = None, []
+    mx.random.seed(0)
     for round_ in speculative_generate_step(prompt, target, draft, max_tokens=tokens,
-                                            num_draft_tokens=k, prompt_lookup=False,
-                                            sampling=SamplingConfig(), calibration=None):
+                                            num_draft_tokens=k if draft is not None else None,
+                                            prompt_lookup=False,
+                                            sampling=SamplingConfig(temp=temp),
+                                            calibration=None):
         if start is None:  # the first round carries the prefill
             mx.synchronize()
             start = time.perf_counter()
@@ -71,40 +79,50 @@ def main():
     prompts = held_out_prompts(default_target_path() / "tokenizer.json", args.prompts)
     for source in sources.values():  # warm up every path once
         run(prompts[0], target, source, 3, 8)
-    totals = {(name, k): [] for name in sources for k in KS}
+    configs = [("plain", None, 0)] + [(name, source, k) for k in (*KS, None)
+                                      for name, source in sources.items()]
+    totals = {(name, k): [] for name, _, k in configs}
     for i, prompt in enumerate(prompts):
-        for k in KS:
-            for name, source in sources.items():
-                totals[(name, k)].append(run(prompt, target, source, k, args.tokens))
+        for name, source, k in configs:
+            totals[(name, k)].append(run(prompt, target, source, k, args.tokens, args.temp))
         print(f"prompt {i + 1}/{len(prompts)}", flush=True)
+    plain = totals[("plain", 0)]
     rows = []
     for (name, k), runs in totals.items():
         rounds = sum(r["rounds"] for r in runs)
         accepted = sum(r["accepted"] for r in runs)
-        rows.append({"source": name, "k": k, "block": k + 1, "rounds": rounds,
+        rows.append({"source": name, "k": "auto" if k is None else k,
+                     "block": "auto" if k is None else k + 1, "rounds": rounds,
                      "mean_accepted": round(accepted / rounds, 3) if rounds else 0.0,
                      "tokens_per_round": round(1 + accepted / rounds, 3) if rounds else 1.0,
                      "tokens_per_second": round(statistics.median(
-                         r["tokens"] / r["seconds"] for r in runs), 1)})
+                         r["tokens"] / r["seconds"] for r in runs), 1),
+                     "vs_plain": round(statistics.median(
+                         (r["tokens"] / r["seconds"]) / (p["tokens"] / p["seconds"])
+                         for r, p in zip(runs, plain)), 3)})
     drafter_flag = f"--dflash {args.dflash} " if args.dflash else ""
     result = {"command": "python -m mlx_spec.bench.studies.dflash_acceptance " + drafter_flag +
-                         f"--prompts {args.prompts} --tokens {args.tokens} --out {args.out}",
+                         f"--prompts {args.prompts} --tokens {args.tokens} --temp {args.temp} "
+                         f"--out {args.out}",
               "drafter": str(dflash_dir),
               "machine": platform.processor() or platform.machine(), "blas": blas_library(),
               "mlx": mx.__version__, "prompts": len(prompts), "tokens": args.tokens,
+              "temp": args.temp,
               "rows": rows}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# DFlash drafter: accepted length at equal verify length\n",
              f"`{result['command']}`  \n{result['machine']}, BLAS {result['blas']}, MLX "
-             f"{result['mlx']}; greedy, fixed k, no prompt lookup, {len(prompts)} held-out "
-             f"prompts x {args.tokens} tokens.\n",
+             f"{result['mlx']}; temperature {args.temp}, no prompt lookup, no calibration, "
+             f"{len(prompts)} held-out prompts x {args.tokens} tokens, all rows interleaved.\n",
              "| source | block (k + 1) | rounds | mean accepted drafts | tokens per round | "
-             "tokens/s (median over prompts) |", "|---|---|---|---|---|---|"]
-    for row in sorted(rows, key=lambda r: (r["k"], r["source"])):
+             "tokens/s (median over prompts) | vs plain (median ratio) |",
+             "|---|---|---|---|---|---|---|"]
+    order = {k: i for i, k in enumerate((0, *KS, "auto"))}
+    for row in sorted(rows, key=lambda r: (order[r["k"]], r["source"])):
         lines.append(f"| {row['source']} | {row['block']} | {row['rounds']} | "
                      f"{row['mean_accepted']} | {row['tokens_per_round']} | "
-                     f"{row['tokens_per_second']} |")
+                     f"{row['tokens_per_second']} | {row['vs_plain']} |")
     (RESULTS_DIR / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

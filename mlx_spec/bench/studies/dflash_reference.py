@@ -275,9 +275,9 @@ class RecordingDrafter(DFlashDrafter):
 
     calls: list = []
 
-    def block_rows(self, history):
+    def block_rows(self, history, size=None):
         self._position = len(history)
-        return super().block_rows(history)
+        return super().block_rows(history, size)
 
     def draw(self, rows, anchor):
         logits = self.head(rows).astype(mx.float32)
