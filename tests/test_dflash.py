@@ -302,11 +302,12 @@ def small_vocab_pair(tmp_path_factory):
     return target, drafter
 
 
-def sampled_exactness(pair, k, accept=None):
-    """check_exactness at temp 1 for a (target, drafter) pair: 800 samples of the first two
-    tokens, k drafts per round."""
+def sampled_exactness(pair, k, accept=None, samples=800):
+    """check_exactness at temp 1 for a (target, drafter) pair: `samples` samples of the first
+    two tokens, k drafts per round. 800 here: the broken rule's noncentrality is ~96 on 16 dof
+    (missed with probability ~4e-6; at 400 it would be ~4e-2)."""
     target, drafter = pair
-    return check_exactness(target, drafter, PROMPT, SamplingConfig(temp=1.0), samples=800,
+    return check_exactness(target, drafter, PROMPT, SamplingConfig(temp=1.0), samples=samples,
                            num_draft_tokens=k, seed=0, accept=accept)
 
 

@@ -251,12 +251,19 @@ def small_vocab_pair(tmp_path_factory):
     return target, drafter
 
 
+# 400 samples (a DFlash2 sample costs ~4x a DFlash one): at 400 the broken rule's chi-square
+# has noncentrality ~89 on 12 dof and is missed with probability ~5e-6, the full-softmax q's
+# ~415 (missed ~1e-51); from 800-sample runs. Each exact test fails falsely with probability
+# 1e-3 (alpha) whatever the count.
+SAMPLES = 400
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_sampling_matches_the_targets_distribution(small_vocab_pair, k):
     """k = 1: the second token comes from the second round, after the first one's rejection
     or acceptance (q restricted to 3 of 8 tokens, so the residual outside them matters);
     k = 3: from inside the first block, its q rows each given the draft before."""
-    result = sampled_exactness(small_vocab_pair, k)
+    result = sampled_exactness(small_vocab_pair, k, samples=SAMPLES)
     assert result.acceptance_rate > 0.2 and result.passed, result
 
 
@@ -267,7 +274,7 @@ def test_the_chi_square_catches_a_broken_rule_or_q(small_vocab_pair, monkeypatch
     if broken == "q":
         monkeypatch.setattr(assemble, "DFlash2Drafter", FullSoftmaxQ)
     result = sampled_exactness(small_vocab_pair, 1, accept=resample_from_target_accept
-                               if broken == "rule" else None)
+                               if broken == "rule" else None, samples=SAMPLES)
     assert not result.passed, result
 
 

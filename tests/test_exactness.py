@@ -16,14 +16,27 @@ from mlx_spec.exactness import chi2_survival, check_exactness
 from mlx_spec.sampling import SamplingConfig, logprobs_from_logits, read_sampler
 
 PROMPT = [3, 1, 4]
-SAMPLES = 3000
+# 1,500 samples: the broken-rule control's chi-square has noncentrality ~125 on 59 dof here
+# (0.083 a sample, from a 3,000-sample run): it passes (is missed) with probability ~3e-5;
+# at seed 11 it fails at p ~ 1e-10. Each exact test fails falsely with probability ALPHA
+# whatever the sample count.
+SAMPLES = 1500
+# The processors-blind-to-the-drafts control yields a pair the target never produces (t2 = t1
+# under "no immediate repeat") in ~1% of samples (30 of 3,000): with 1,000 samples it is
+# missed with probability ~0.99^1000 ~ 4e-5 (its first such pair at seed 7: sample 14).
+PROCESSOR_SAMPLES = 1000
+# The opaque sampler's control shows mostly by rare pairs the target never produces (about
+# 1 in 1,000 samples; its chi-square shift is weak): it keeps 3,000 samples.
+OPAQUE_SAMPLES = 3000
 ALPHA = 1e-3
 
+# Unfiltered, and one filtered set (a temperature below 1 and top-p): the filters are one
+# function (sampling.logprobs_from_logits) that makes p and q alike, checked against mlx-lm's
+# own for eight parameter sets below (top-k and min-p among them); the speculative path never
+# looks at which filter made a zero.
 CONFIGS = {
     "temp=1": SamplingConfig(temp=1.0),
     "temp=0.7,top_p=0.9": SamplingConfig(temp=0.7, top_p=0.9),
-    "temp=1,top_k=5": SamplingConfig(temp=1.0, top_k=5),
-    "temp=1.3,min_p=0.05": SamplingConfig(temp=1.3, min_p=0.05),
 }
 
 
@@ -170,8 +183,9 @@ def test_logits_processors_keep_speculation_exact(target_model, poor_draft, name
     from mlx_lm.sample_utils import make_logits_processors
     processors = [no_repeat] if name == "no-repeat" else make_logits_processors(
         logit_bias={5: 2.0, 9: -1.0}, repetition_penalty=1.8, presence_penalty=0.5)
-    result = check_exactness(target_model, poor_draft, PROMPT, CONFIGS["temp=1"], samples=SAMPLES,
-                             num_draft_tokens=2, alpha=ALPHA, seed=7, logits_processors=processors)
+    result = check_exactness(target_model, poor_draft, PROMPT, CONFIGS["temp=1"],
+                             samples=PROCESSOR_SAMPLES, num_draft_tokens=2, alpha=ALPHA, seed=7,
+                             logits_processors=processors)
     assert 0 < result.acceptance_rate < 0.5
     assert result.passed, result
 
@@ -184,8 +198,9 @@ def test_negative_control_processors_blind_to_the_drafts_are_caught(target_model
     real = loop.processed
     monkeypatch.setattr(loop, "processed", lambda processors, seen, drafts, logits: real(
         processors, seen, drafts[:0], logits[:1]) * mx.ones((logits.shape[0], 1)))
-    result = check_exactness(target_model, poor_draft, PROMPT, CONFIGS["temp=1"], samples=SAMPLES,
-                             num_draft_tokens=2, alpha=ALPHA, seed=7, logits_processors=[no_repeat])
+    result = check_exactness(target_model, poor_draft, PROMPT, CONFIGS["temp=1"],
+                             samples=PROCESSOR_SAMPLES, num_draft_tokens=2, alpha=ALPHA, seed=7,
+                             logits_processors=[no_repeat])
     assert not result.passed, result
 
 
@@ -195,7 +210,7 @@ def _opaque_run(target_model, poor_draft, accept=None):
     from mlx_spec.exactness import chi_square, exact_distribution, sample_first_two
     opaque = SamplingConfig(temp=1.0, sampler=lambda logprobs: mx.random.categorical(logprobs / 0.8))
     mx.random.seed(3)
-    counts, acceptance = sample_first_two(target_model, poor_draft, PROMPT, opaque, SAMPLES,
+    counts, acceptance = sample_first_two(target_model, poor_draft, PROMPT, opaque, OPAQUE_SAMPLES,
                                           num_draft_tokens=2, accept=accept,
                                           logits_processors=[no_repeat])
     exact = exact_distribution(target_model, PROMPT, SamplingConfig(temp=0.8),
