@@ -2,7 +2,7 @@
 
 For each family (tiny random models built from mlx-lm's classes, windows of
 8 tokens so they wrap many times) mlx-spec's greedy tokens over 160 generated
-tokens must equal mlx-lm's `generate_step` greedy tokens: for k in {1, 2, 5},
+tokens must equal mlx-lm's `generate_step` greedy tokens: for k in {1, 5},
 the adaptive policy, the target drafting for itself (everything accepted),
 a different random model of the family (many rejections), prompt lookup alone,
 mixed pairs with a plain transformer, and 4-bit / 8-bit quantized models.
@@ -52,8 +52,8 @@ def plain_of(name, bits=None):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("drafter", ["k1-other", "k2-other", "k5-other", "k5-self",
-                                     "adaptive-other", "lookup"])
+@pytest.mark.parametrize("drafter", ["k1-other", "k5-other", "k5-self", "adaptive-other",
+                                     "lookup"])
 def test_family_greedy_parity(name, drafter):
     target_model = model_of(name)
     if drafter == "lookup":
@@ -78,9 +78,11 @@ def test_mixed_pairs_with_a_plain_transformer(name):
     assert spec_tokens(llama, hybrid, n=60, num_draft_tokens=3, prompt_lookup=False) == want
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "lfm2", "gemma3_text", "gpt_oss"])
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("name,bits", [("qwen3_5", 4), ("lfm2", 8), ("gemma3_text", 8),
+                                       ("gpt_oss", 4)])
 def test_quantized_models_keep_parity(name, bits):
+    """Each family once, 4-bit and 8-bit both covered: the quantized layers are mlx's, the
+    same classes at either width; what differs per family is the cache and its rewind."""
     target_model = model_of(name, bits=bits)
     draft_model = model_of(name, seed=5, bits=bits)
     got = spec_tokens(target_model, draft_model, n=80, num_draft_tokens=3, prompt_lookup=True)
