@@ -8,6 +8,8 @@ in this directory for sizes, data split and acceptance measurements.
 
 ``mtp/`` holds an MTP head trained for the target (DeepSeek-V3's layout, one Llama
 decoder layer; ``mtp_config.json`` gives its shape): ``draft_model="mtp"`` finds it.
+``dflash/`` holds a DFlash block drafter trained for the target by ``python -m
+training.dflash`` (z-lab's DFlashDraftModel layout): ``draft_model="dflash"`` finds it.
 """
 
 from pathlib import Path
@@ -15,3 +17,4 @@ from pathlib import Path
 DEFAULT_TARGET_PATH: Path = Path(__file__).resolve().parent / "target"
 DEFAULT_DRAFT_PATH: Path = Path(__file__).resolve().parent / "draft"
 DEFAULT_MTP_PATH: Path = Path(__file__).resolve().parent / "mtp"
+DEFAULT_DFLASH_PATH: Path = Path(__file__).resolve().parent / "dflash"

@@ -1,7 +1,8 @@
 """Loading a published DFlash drafter, and checking that it fits a target.
 
 A drafter is read from a local directory or a Hugging Face repo id already in
-the local cache (the hub is asked only when HF_HUB_OFFLINE allows it):
+the local cache (the hub is asked only when HF_HUB_OFFLINE allows it), or
+`"dflash"`: the drafter shipped for the shipped default target:
 config.json (`DFlashDraftModel` or `DFlash2DraftModel`) and *.safetensors
 with the published names (`fc`, `hidden_norm`, `norm`, `layers.N.*`, and for
 DFlash2 `layers.N.{attention,mlp}_conv.*` and `candidate_selector.*`; a
@@ -21,6 +22,7 @@ from typing import Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ..default_models import DEFAULT_DFLASH_PATH
 from ..loading import vocab_size
 from ..mtp.heads import text_model
 from .config import DFlashConfig, is_dflash_config, parse_config
@@ -29,6 +31,7 @@ from .model import DFlashModel
 from .taps import decoder_layers, embedding
 
 PREFIXES = ("model.",)
+SHIPPED = "dflash"  # the name of the drafter shipped for the shipped target
 
 
 def dflash_directory(path) -> Optional[Path]:
@@ -116,6 +119,8 @@ def is_dflash_model(value) -> bool:
 def _local(path: str) -> Optional[Path]:
     if Path(path).exists():
         return Path(path)
+    if path == SHIPPED:
+        return DEFAULT_DFLASH_PATH
     parts = path.split("/")
     if len(parts) != 2 or not all(parts) or path.startswith((".", "~")):
         return None
