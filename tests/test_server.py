@@ -12,8 +12,6 @@ generation is not thread-safe).
 import importlib.util
 import json
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +24,8 @@ for _name in ("starlette", "uvicorn", "openai", "httpx"):
 import httpx  # noqa: E402
 import openai  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
+
+from serve_process import serving, stop  # noqa: E402
 
 from mlx_spec import generate, load_default_pair  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
@@ -396,20 +396,9 @@ def test_serve_cli_help_bad_flag_and_missing_extra(monkeypatch):
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
 def test_signal_shuts_the_server_down_cleanly(sig, status):
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec", "serve", "--port", "0"],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-        assert line.startswith("Serving "), line
-        url = line.split(" at ")[1].split(";")[0]
+    with serving() as (proc, _, url):
         assert httpx.get(url.replace("/v1", "/health"), timeout=30).status_code == 200
-        proc.send_signal(sig)
-        assert proc.wait(30) == status
-        rest = proc.stderr.read()
-        assert "Traceback" not in rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc, sig, status)
 
 
 def test_oversized_bodies_get_413_before_they_are_read(served):

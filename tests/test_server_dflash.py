@@ -9,10 +9,7 @@ turn reuses the stored prompt cache with the drafter's context of the first.
 References are computed in this process only while the server is idle.
 """
 
-import re
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -23,6 +20,8 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 
 from dflash_tiny import dflash_config, write_dflash_dir  # noqa: E402
+
+from serve_process import serving, stop  # noqa: E402
 
 from mlx_spec import generate, load, stream_generate  # noqa: E402
 from mlx_spec.dflash import load_dflash  # noqa: E402
@@ -127,22 +126,12 @@ def test_a_second_turn_reuses_the_cache_and_the_drafters_context(served):
 def test_the_serve_command_takes_a_dflash_directory(model_dirs, drafter_dir):
     """`mlx-spec serve --draft-model DIR` loads the drafter, picks the one-at-a-time worker by
     itself (batching is on by default) and answers as generate does."""
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec", "serve", "--port", "0",
-                             "--model", str(model_dirs["chat"]), "--draft-model", str(drafter_dir)],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-        assert line.startswith("Serving ") and "one request at a time" in line, line
-        url = re.search(r"(http://\S+/v1);", line).group(1)
+    with serving("--model", model_dirs["chat"], "--draft-model", drafter_dir) as (proc, line, url):
+        assert "one request at a time" in line, line
         body = {"model": "default", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
         answer = httpx.post(url + "/completions", json=body, timeout=120).json()
         assert "dflash" in answer["speculation"]["accepted_by_source"], answer
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 130
-        assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc, signal.SIGINT, 130)
     target, tokenizer = load(str(model_dirs["chat"]))
     ids = completion_prompt_ids(tokenizer, PROMPT, target.args.vocab_size)
     assert answer["choices"][0]["text"] == generate(target, tokenizer, ids, max_tokens=MAX_TOKENS)

@@ -9,10 +9,7 @@ References are computed in this process only while the server is idle.
 """
 
 import json
-import re
 import signal
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +19,8 @@ for _name in ("starlette", "uvicorn", "openai", "httpx"):
     pytest.importorskip(_name, reason="the server tests need the 'dev' extra (pip install -e '.[dev]')")
 
 import httpx  # noqa: E402
+
+from serve_process import serving, stop  # noqa: E402
 
 from mlx_spec import generate, load  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
@@ -130,19 +129,10 @@ def test_mtp_weights_without_a_head_are_one_sentence(tmp_path):
 
 @pytest.mark.parametrize("batching", ["--batching", "--no-batching"])
 def test_the_command_serves_with_the_head(target, batching):
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec", "serve", "--mtp", "--port", "0",
-                             batching], stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
+    with serving("--mtp", batching) as (proc, line, url):
         kind = "batched" if batching == "--batching" else "one request at a time"
         assert line.startswith("Serving mlx-spec-default (the target's MTP head, " + kind), line
-        url = re.search(r"(http://\S+)/v1;", line).group(1)
-        answer = ask(url, PROMPTS[1], num_draft_tokens=3)
+        answer = ask(url.removesuffix("/v1"), PROMPTS[1], num_draft_tokens=3)
         assert answer["choices"][0]["text"] == reference(*target, PROMPTS[1])
         assert answer["speculation"]["drafted"] > 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc, signal.SIGTERM, 0)

@@ -15,8 +15,6 @@ that request.
 
 import hashlib
 import signal
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -25,6 +23,8 @@ for _name in ("starlette", "uvicorn", "httpx"):
     pytest.importorskip(_name, reason="the server tests need the 'dev' extra (pip install -e '.[dev]')")
 
 import httpx  # noqa: E402
+
+from serve_process import serving, stop  # noqa: E402
 
 from mlx_spec import generate, load_default_pair  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
@@ -183,21 +183,11 @@ def test_the_cli_refuses_a_corrupt_or_foreign_file_and_bad_flags_in_one_sentence
 
 def test_sigterm_saves_the_index_of_the_real_command(tmp_path):
     path = tmp_path / "suffix.npz"
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec", "serve", "--port", "0", "--suffix",
-                             "--suffix-scope", "all", "--suffix-file", str(path)],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-        assert line.startswith("Serving "), line
-        url = line.split(" at ")[1].split(";")[0]
+    with serving("--suffix", "--suffix-scope", "all", "--suffix-file", path) as (proc, _, url):
         response = httpx.post(url + "/completions", timeout=60,
                               json={"prompt": PROMPT, "max_tokens": 8})
         assert response.status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0 and "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc, signal.SIGTERM, 0)
     index = load_indexes(path)["*"]
     assert index.num_sequences == 1 and len(index) >= 8
 
