@@ -345,7 +345,7 @@ def test_drafters_it_cannot_batch_are_refused_in_one_sentence(pair):
     from mlx_spec.batch.api import batch_generate
 
     target, _ = pair
-    with pytest.raises(ValueError, match="DFlash drafters decode one request at a time"):
+    with pytest.raises(ValueError, match="Batched decoding takes loaded models"):
         BatchEngine(target, "a-directory-name")
     with pytest.raises(ValueError, match="MTP drafting supports"):  # a llama has no MTP head
         BatchEngine(target, "mtp")

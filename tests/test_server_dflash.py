@@ -1,11 +1,11 @@
 """`mlx-spec serve` with a DFlash block drafter: the real server on a free local port.
 
 A tiny target with a chat template and a tiny drafter written in the published
-layout. The batched worker does not take a block drafter, so the server runs
-one request at a time (`can_batch` says no, and `mlx-spec serve --draft-model
-DIR` picks that worker by itself). Greedy answers equal `mlx_spec.generate`,
-streamed or not; the speculation summary names the drafter ("dflash"); a second
-turn reuses the stored prompt cache with the drafter's context of the first.
+layout, served one request at a time (`GenerationWorker`, `mlx-spec serve
+--no-batching`; the batched worker: test_batch_dflash.py). Greedy answers equal
+`mlx_spec.generate`, streamed or not; the speculation summary names the drafter
+("dflash"); a second turn reuses the stored prompt cache with the drafter's
+context of the first.
 References are computed in this process only while the server is idle.
 """
 
@@ -26,7 +26,6 @@ from serve_process import serving, stop  # noqa: E402
 from mlx_spec import generate, load, stream_generate  # noqa: E402
 from mlx_spec.dflash import load_dflash  # noqa: E402
 from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
-from mlx_spec.server.batch_worker import can_batch  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.prompts import chat_prompt_ids, completion_prompt_ids  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
@@ -60,11 +59,6 @@ def served(model_dirs, drafter_dir):
 
 def client(url):
     return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-
-
-def test_a_block_drafter_is_served_one_request_at_a_time(served):
-    _, _, target, _, drafter = served
-    assert not can_batch(target, drafter)
 
 
 def test_answers_equal_generate_streamed_or_not(served):
@@ -124,9 +118,10 @@ def test_a_second_turn_reuses_the_cache_and_the_drafters_context(served):
 
 
 def test_the_serve_command_takes_a_dflash_directory(model_dirs, drafter_dir):
-    """`mlx-spec serve --draft-model DIR` loads the drafter, picks the one-at-a-time worker by
-    itself (batching is on by default) and answers as generate does."""
-    with serving("--model", model_dirs["chat"], "--draft-model", drafter_dir) as (proc, line, url):
+    """`mlx-spec serve --draft-model DIR --no-batching` loads the drafter, serves one request
+    at a time and answers as generate does."""
+    with serving("--model", model_dirs["chat"], "--draft-model", drafter_dir,
+                 "--no-batching") as (proc, line, url):
         assert "one request at a time" in line, line
         body = {"model": "default", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
         answer = httpx.post(url + "/completions", json=body, timeout=120).json()

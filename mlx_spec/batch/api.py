@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence, Union
 from ..arguments import check_arguments
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS
+from ..dflash import is_dflash_model
 from ..sampling import SamplingConfig
 from .engine import BatchEngine, check_batchable
 from .rows import RowRequest
@@ -47,9 +48,9 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
                    verbose: bool = False) -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
-    loaded model, or "mtp": the target's own MTP head, from `mtp_weights` or the model's
-    directory) and/or prompt lookup; `num_draft_tokens` pins k (0: plain batched decoding),
-    None lets the batch policy choose it. `seed` gives row i the seed `seed + i`."""
+    loaded model, a loaded DFlash drafter, or "mtp": the target's own MTP head, from
+    `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
+    (0: plain batched decoding), None lets the batch policy choose it. `seed` gives row i the seed `seed + i`."""
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
     budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
@@ -64,7 +65,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
     check_batchable(model, draft_model)
-    if draft_model is not None and draft_model != "mtp":
+    if draft_model is not None and draft_model != "mtp" and not is_dflash_model(draft_model):
         from ..loading import check_pair
 
         check_pair(model, draft_model, tokenizer)

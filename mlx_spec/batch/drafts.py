@@ -24,12 +24,17 @@ from .rows import Row
 
 
 class BatchDraft:
+    source = "draft"
+
     def __init__(self, draft_model, target_vocab_size: int):
         self.cache = BatchCache(draft_model)
         self.model = draft_model
         self.target_vocab_size = target_vocab_size
         self.fed = 0  # positions the last proposal fed after the pending ones (k - 1)
         self.trunk, self.head = split_target(draft_model)  # head(trunk(x)) == draft_model(x)
+
+    def ready(self, row: Row) -> bool:
+        return True  # its cache holds the prompt from the start
 
     def propose(self, rows: Sequence[Row], k: int,
                 drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:

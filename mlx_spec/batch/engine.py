@@ -9,12 +9,14 @@
 `step()` first prefills up to `prefill_step_size` prompt tokens of the
 waiting rows, oldest first, each on its own one-row cache, so a long prompt
 never stalls the rows already decoding for more than a chunk; a prompt fully
-prefilled joins the batch (several short ones join in one step). Then one round for every row: proposals (prompt lookup per row,
-the draft model for all rows that have none, in one batched pass per draft
-position), the batched verify (verify.py), per-row acceptance and rewind
-(kv.py). A row that ends (a stop token, its budget, `cancel`) leaves the
-batch at once; with `keep_cache` its cache is handed back holding exactly its
-prompt and output, for the prompt-cache store.
+prefilled joins the batch (several short ones join in one step). Then one
+round for every row: proposals (prompt lookup per row, then for all rows that
+have none the draft model (one batched pass per draft position), the target's
+MTP head, or a DFlash block drafter (one pass for every row's block, reading
+the taps the verify pass captured)), the batched verify (verify.py), per-row
+acceptance and rewind (kv.py). A row that ends (a stop token, its budget,
+`cancel`) leaves the batch at once; with `keep_cache` its cache is handed
+back holding exactly its prompt and output, for the prompt-cache store.
 
 Not thread-safe: one thread calls insert, step and cancel (the server's
 generation thread).
@@ -33,12 +35,13 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
-from ..dflash import is_dflash_model
+from ..dflash import check_fits, is_dflash_model
 from ..loading import vocab_size
 from ..policy import AdaptivePolicy
 from ..sampling import model_logprobs
-from .drafts import BatchDraft
 from ..mtp import load_mtp, split_target
+from .dflash import BatchDFlash
+from .drafts import BatchDraft
 from .kv import BatchCache, arrays, batchable, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
@@ -50,9 +53,9 @@ class Joining:
     """A row whose prompt is being prefilled on one-row caches of its own."""
 
     def __init__(self, row: Row, target_layers: list, draft_layers: Optional[list], done: int,
-                 mtp_layers: Optional[list] = None):
+                 head_layers: Optional[list] = None):
         self.row, self.target_layers, self.draft_layers = row, target_layers, draft_layers
-        self.mtp_layers = mtp_layers  # the MTP head's one-row cache
+        self.head_layers = head_layers  # the MTP head's or the DFlash drafter's one-row cache
         self.done = done  # prompt tokens the caches hold
 
 
@@ -60,11 +63,14 @@ def check_batchable(target_model, draft_model=None) -> None:
     """ValueError, in one sentence, unless these models can decode in a batch."""
     if draft_model == "mtp":
         draft_model = None  # the target's own head: the target's check is the one
-    elif draft_model is not None and (isinstance(draft_model, str)
-                                      or is_dflash_model(draft_model)):
-        raise ValueError("Batched decoding drafts with a draft model, the target's MTP head "
-                         "(\"mtp\"), prompt lookup or suffix drafting; DFlash drafters decode "
-                         "one request at a time.")
+    elif isinstance(draft_model, str):
+        raise ValueError("Batched decoding takes loaded models: a draft model, a DFlash drafter "
+                         "(mlx_spec.dflash.load_dflash) or the target's MTP head (\"mtp\").")
+    elif draft_model is not None and is_dflash_model(draft_model):
+        if draft_model.dflash_config.dflash2 is not None:
+            raise ValueError("DFlash2 drafters (their candidate selector walks each block "
+                             "alone) decode one request at a time.")
+        draft_model = None  # it reads the target's hidden states: no cache kinds of its own
     if not batchable(target_model):
         raise ValueError("The target's cache layers are not plain KVCache layers beside "
                          "Gated DeltaNet, short-convolution or Mamba-2 state, which batched "
@@ -84,17 +90,25 @@ class BatchEngine:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)
         self.target = BatchCache(target_model)
-        self.mtp = None
+        self.mtp = self.dflash = None
         if draft_model == "mtp":  # the target drafts with its own MTP head
             self.mtp = BatchMTP(load_mtp(target_model, mtp_weights))
             self.target.split = split_target(target_model)
             draft_model = None
+        elif draft_model is not None and is_dflash_model(draft_model):  # a block drafter
+            check_fits(draft_model, target_model)
+            self.dflash = BatchDFlash(draft_model, target_model)
+            self.target.capture = self.dflash.capture  # the verify pass keeps its taps
+            draft_model = None
         self.target_model, self.draft_model = target_model, draft_model
         self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
+        self.head = self.mtp or self.dflash  # a drafter with one-row caches beside the target's
+        self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
         # source, with its automatic off switch) chooses, as `generate` does.
-        self.single = AdaptivePolicy(max_draft_tokens)
+        self.single = AdaptivePolicy(max_draft_tokens, block_tokens={
+            "dflash": self.dflash.max_draft_tokens} if self.dflash is not None else None)
         self.prefill_step_size = prefill_step_size
         self.stop_tokens = frozenset(stop_tokens)
         self.accept = accept
@@ -123,7 +137,7 @@ class BatchEngine:
         if not 0 <= cached < len(request.prompt):
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
-                       self.draft is not None)
+                       self.draft is not None or self.dflash is not None)
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (
@@ -133,8 +147,8 @@ class BatchEngine:
                              "recurrent state): one the batch made (RowOutput.cache), or "
                              "mlx_spec.batch.kv.row_cache(model)'s.")
         draft_layers = cache[n_target:] if self.draft is not None else None
-        mtp_layers = self.mtp.new_row_cache() if self.mtp is not None else None
-        self.joining.append(Joining(row, cache[:n_target], draft_layers, cached, mtp_layers))
+        head_layers = self.head.new_row_cache() if self.head is not None else None
+        self.joining.append(Joining(row, cache[:n_target], draft_layers, cached, head_layers))
         return row.uid
 
     def cancel(self, uid: int) -> Optional[RowOutput]:
@@ -158,14 +172,14 @@ class BatchEngine:
         start = time.perf_counter()
         alone = len(self.rows) == 1 and self.policy.fixed is None
         if alone:  # the single-stream case: the single-stream policy, a k per source
-            sources = [s.source for s in self.rows[0].searchers] + ["draft"] * bool(
-                self.draft) + ["mtp"] * bool(self.mtp)
+            sources = [s.source for s in self.rows[0].searchers] + (
+                [self.model_drafter.source] if self.model_drafter is not None else [])
             lengths = {s: self.single.proposal_length(s) if s in sources else 0
-                       for s in ("draft", "mtp", "lookup", "suffix")}
+                       for s in ("draft", "mtp", "dflash", "lookup", "suffix")}
             k = max(lengths.values())
         else:
             k = self.policy.choose(len(self.rows))
-            lengths = {"draft": k, "mtp": k, "lookup": k, "suffix": k}
+            lengths = {"draft": k, "mtp": k, "dflash": k, "lookup": k, "suffix": k}
         outputs = self._round(lengths)
         seconds = time.perf_counter() - start
         if alone:
@@ -188,14 +202,17 @@ class BatchEngine:
         chunk = prompt[j.done:min(j.done + budget, len(prompt) - 1)]
         if chunk:
             x = mx.array(chunk, mx.uint32)[None]
-            if self.mtp is None:
-                self.target_model(x, cache=j.target_layers)
-            else:  # the head's pairs: each position's hidden state, the token after it
+            if self.mtp is not None:  # the head's pairs: a position's hidden state, the next token
                 trunk, _ = self.target.split
                 last = j.done + len(chunk) == len(prompt) - 1
-                self.mtp.prefill(j.row, j.mtp_layers, prompt[j.done + 1:j.done + 1 + len(chunk)],
+                self.mtp.prefill(j.row, j.head_layers, prompt[j.done + 1:j.done + 1 + len(chunk)],
                                  trunk(x, cache=j.target_layers), last)
-            states = arrays(j.target_layers) + arrays(j.mtp_layers or [])
+            elif self.dflash is not None:  # the drafter's context: the taps at these positions
+                _, taps = self.dflash.capture(x, j.target_layers)
+                self.dflash.prefill(j.row, j.head_layers, taps, j.done)
+            else:
+                self.target_model(x, cache=j.target_layers)
+            states = arrays(j.target_layers) + arrays(j.head_layers or [])
             if self.draft is not None:
                 self.draft_model(x, cache=j.draft_layers)
                 states += arrays(j.draft_layers)
@@ -208,8 +225,8 @@ class BatchEngine:
         if self.draft is not None:
             self.draft.cache.join(j.draft_layers)
             j.row.draft_pending = [prompt[-1]]
-        if self.mtp is not None:
-            self.mtp.cache.join(j.mtp_layers)
+        if self.head is not None:
+            self.head.cache.join(j.head_layers)
         self.rows.append(j.row)
         return max(1, len(chunk))
 
@@ -228,6 +245,8 @@ class BatchEngine:
             self.draft.settle(rows, ran, from_draft, [tokens for tokens, _ in emitted])
         if self.mtp is not None:
             self.mtp.settle(rows, ran, self.target.hidden, [tokens for tokens, _ in emitted])
+        if self.dflash is not None:
+            self.dflash.settle(rows, self.target.hidden, [tokens for tokens, _ in emitted])
         outputs = [self._emit(row, p, v, tokens, finish)
                    for row, p, v, (tokens, finish) in zip(rows, proposals, verdicts, emitted)]
         ended = [i for i, (_, finish) in enumerate(emitted) if finish is not None]
@@ -239,8 +258,9 @@ class BatchEngine:
         return outputs
 
     def _propose(self, lengths: Dict[str, int]):
-        """(each row's proposal or None, whether the draft model ran): the host searches
-        first, row by row; then the draft model for every row that has none, in one batch."""
+        """(each row's proposal or None, whether the model drafter ran): the host searches
+        first, row by row; then the draft model, MTP head or DFlash drafter for every row
+        that has none, in one batch."""
         rows = self.rows
         proposals: List[Optional[RowProposal]] = [None] * len(rows)
         for i, row in enumerate(rows):
@@ -250,16 +270,20 @@ class BatchEngine:
                 if found is not None:
                     proposals[i] = RowProposal(found.tokens, found.probs, found.source, searcher)
                     break
-        model, source = (self.draft, "draft") if self.mtp is None else (self.mtp, "mtp")
-        wants = [row.wants(lengths[source]) if p is None and (model is self.draft or row.mtp_ready)
-                 else 0 for row, p in zip(rows, proposals)]
-        if model is None or max(wants) == 0:
+        model = self.model_drafter
+        if model is None:
+            return proposals, False
+        wants = [row.wants(lengths[model.source]) if p is None and model.ready(row) else 0
+                 for row, p in zip(rows, proposals)]
+        if model is self.dflash:  # never past its block (a row's pinned k may ask more)
+            wants = [min(n, model.max_draft_tokens) for n in wants]
+        if max(wants) == 0:
             return proposals, False
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
         for i, n in enumerate(wants):
             if n:
                 proposals[i] = RowProposal(tokens[i, :n], None if probs[i] is None
-                                           else probs[i][:n], source)
+                                           else probs[i][:n], model.source)
         return proposals, True
 
     @staticmethod
@@ -296,5 +320,5 @@ class BatchEngine:
         self.target.drop(keep)
         if self.draft is not None:
             self.draft.cache.drop(keep)
-        if self.mtp is not None:
-            self.mtp.cache.drop(keep)
+        if self.head is not None:
+            self.head.cache.drop(keep)

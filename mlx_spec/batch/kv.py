@@ -98,6 +98,8 @@ class BatchCache:
         self._mixers: Optional[MixerReplay] = None
         self.split = None  # (trunk, head) when an MTP head needs the hidden states
         self.hidden: Optional[mx.array] = None  # (B, T, H) of the last forward, with `split`
+        # (x, layers) -> (logits, hidden): a DFlash drafter's taps, as `hidden` (B, T, taps * H)
+        self.capture = None
 
     @property
     def attention(self) -> List[BatchKVCache]:
@@ -119,6 +121,9 @@ class BatchCache:
             return self._run(x)
 
     def _run(self, x: mx.array) -> mx.array:
+        if self.capture is not None:
+            logits, self.hidden = self.capture(x, self.layers)
+            return logits
         if self.split is None:
             return self.model(x, cache=self.layers)
         trunk, head = self.split

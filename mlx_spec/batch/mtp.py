@@ -24,6 +24,8 @@ from .rows import Row
 
 
 class BatchMTP:
+    source = "mtp"
+
     def __init__(self, head):
         self.head = head
         self.cache = BatchCache(None)
@@ -31,6 +33,10 @@ class BatchMTP:
 
     def new_row_cache(self) -> list:
         return self.head.make_cache()
+
+    def ready(self, row: Row) -> bool:
+        """Whether the row has a pair to draft from (a one-token prompt has none at first)."""
+        return row.mtp_ready
 
     def prefill(self, row: Row, layers: list, tokens: List[int], hidden: mx.array,
                 last_chunk: bool) -> None:

@@ -52,6 +52,10 @@ class Row:
     # the row has had any pair (a one-token prompt has none before its first round)
     mtp_pending: list = field(default_factory=list)
     mtp_ready: bool = False
+    # DFlash: the target's taps (n, taps * H) at kept positions the drafter has not read; whether
+    # it has read any (as the MTP head's)
+    dflash_pending: list = field(default_factory=list)
+    dflash_ready: bool = False
 
     @property
     def room(self) -> int:

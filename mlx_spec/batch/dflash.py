@@ -1,0 +1,160 @@
+"""A DFlash block drafter for every row of a batch: one drafter pass per round drafts all blocks.
+
+As alone (drafters/dflash.py), a row's context holds one row of keys/values
+per target position it keeps, made from the target's hidden states at the
+tap layers: a joining row's prompt taps are turned into context on its own
+one-row cache during its prefill (`prefill`); after that the taps of each
+round's kept positions wait per row (`Row.dflash_pending`) and are turned
+into context at the next proposal in one pass, right-padded to the longest
+and rolled into place (the MTP head's catch-up, batch/mtp.py). Rejected
+drafts never enter the context, so nothing is ever trimmed.
+
+The block of row i is [its last token] + [mask] * (size - 1) at positions
+len(history) - 1.., one RoPE offset per row; its queries see the row's own
+context (the left padding masked out) and the block (causally or not, and
+within a sliding window, as the drafter's config says). A causal drafter
+runs k + 1 rows per round, another its whole block. Each row draws its
+drafts with its own sampling transform and random key (`draw_rows`), so q is
+the distribution its drafts were drawn from.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from ..attention import round_attention
+from ..dflash.model import DFlashModel
+from ..dflash.taps import embedding, output_head, tapped
+from ..drafters.dflash import _embedding_scale
+from .drafts import draw_rows
+from .kv import BatchCache
+from .rows import Row
+
+
+def batch_taps(model, ids: Sequence[int]) -> Callable:
+    """(x (B, T), cache) -> (the target's logits, its taps (B, T, len(ids) * H)), one forward."""
+    def capture(x: mx.array, cache) -> Tuple[mx.array, mx.array]:
+        with tapped(model, ids) as outputs:
+            logits = model(x, cache=cache)
+        return logits, mx.concatenate([outputs[i] for i in ids], axis=-1)
+    return capture
+
+
+class BatchDFlash:
+    source = "dflash"
+
+    def __init__(self, drafter: DFlashModel, target_model):
+        self.drafter = drafter
+        self.config = drafter.dflash_config
+        self.capture = batch_taps(target_model, self.config.target_layer_ids)
+        self.embed = embedding(target_model)
+        self.head = output_head(target_model)
+        self.embed_scale = _embedding_scale(target_model)
+        self.dtype = drafter.fc.weight.dtype
+        self.cache = BatchCache(None)  # one KVCache of context per drafter layer
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.config.block_size - 1
+
+    @property
+    def cuttable(self) -> bool:
+        """Causal inside the block: rows after k never reach rows 0..k (as alone)."""
+        return bool(self.config.is_causal)
+
+    def new_row_cache(self) -> list:
+        return [KVCache() for _ in self.drafter.layers]
+
+    def ready(self, row: Row) -> bool:
+        """Whether the row has read anything (a one-token prompt has not before its first
+        round)."""
+        return row.dflash_ready
+
+    def prefill(self, row: Row, layers: list, taps: mx.array, start: int) -> None:
+        """The taps (1, m, taps * H) of a prefill chunk at positions start.. become context."""
+        self._extend(layers, taps, mx.array([start]))
+        row.dflash_ready = True
+
+    def _extend(self, layers: list, taps: mx.array, offsets: mx.array) -> None:
+        rows = self.drafter.hidden_norm(self.drafter.fc(taps.astype(self.dtype)))  # (B, m, H)
+        for layer, cache in zip(self.drafter.layers, layers):
+            cache.update_and_fetch(*layer.self_attn.keys_values(rows, offsets))
+
+    def propose(self, rows: Sequence[Row], k: int,
+                drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
+        """Drafts (B, k) and, per sampled row, q (drawn[i], V); lazy (as BatchDraft.propose)."""
+        with round_attention():
+            self._catch_up(rows)
+            size = k + 1 if self.cuttable else self.config.block_size
+            hidden = self._block(rows, size)[:, 1:k + 1]  # (B, k, H)
+            logits = self.head(hidden)  # (B, k, V)
+            tokens, probs = [], [[] for _ in rows]
+            for i in range(k):  # one draw per block row, each independent of the others
+                tokens.append(draw_rows(rows, logits[:, i], probs, [i < n for n in drawn]))
+        return mx.stack(tokens, axis=1), [mx.stack(p) if p else None for p in probs]
+
+    def _catch_up(self, rows: Sequence[Row]) -> None:
+        """Every row's waiting taps into its context, in one pass right-padded to the longest."""
+        pending = [_joined(row.dflash_pending) for row in rows]
+        lengths = [0 if p is None else p.shape[0] for p in pending]
+        width = max(lengths)
+        if width == 0:
+            return
+        some = next(p for p in pending if p is not None)
+        taps = mx.stack([mx.pad(p, [(0, width - p.shape[0]), (0, 0)]) if p is not None
+                         else mx.zeros((width, some.shape[-1]), some.dtype)
+                         for p in pending])  # (B, P, taps * H)
+        # Row i's waiting taps sit just before its block: at len(history) - 1 - lengths[i]..
+        offsets = mx.array([len(row.history) - 1 - n for row, n in zip(rows, lengths)])
+        self._extend(self.cache.layers, taps, offsets)
+        self.cache.align(lengths)
+        for row in rows:
+            row.dflash_pending = []
+
+    def _block(self, rows: Sequence[Row], size: int) -> mx.array:
+        """The drafter's normed block rows (B, size, H), each row after its own context."""
+        block = mx.array([[row.history[-1]] + [self.config.mask_token_id] * (size - 1)
+                          for row in rows], mx.uint32)  # (B, size)
+        x = (self.embed(block) * self.embed_scale).astype(self.dtype)  # (B, size, H)
+        offsets = mx.array([len(row.history) - 1 for row in rows])
+        layers = self.cache.layers
+        count = layers[0]._idx  # context entries per row, left padding included
+        keys = [layer.keys[..., :count, :] for layer in layers]
+        values = [layer.values[..., :count, :] for layer in layers]
+        masks = [self._mask(i, count, size) for i in range(len(layers))]
+        return self.drafter.block(x, keys, values, offsets, masks)
+
+    def _mask(self, layer: int, count: int, size: int) -> mx.array:
+        """Which keys each block query sees: (B, 1, size, count + size) booleans. Row i's
+        context entry j sits count - j positions before its block (right-aligned), so the
+        distances are the same for every row; only the left padding differs."""
+        window, causal = self.config.window(layer), self.config.causal(layer)
+        query = mx.arange(size)[:, None]  # (size, 1) place in the block
+        context = mx.arange(-count, 0)[None, :]  # (1, count) place relative to the block
+        block = mx.arange(size)[None, :]
+        see_context = mx.ones((size, count), mx.bool_)
+        see_block = block <= query if causal else mx.ones((size, size), mx.bool_)
+        if window is not None:
+            see_context = see_context & (query - context < window)
+            see_block = see_block & (query - block < window)
+        padding = mx.arange(count)[None, :] >= mx.array(self.cache.padding)[:, None]  # (B, count)
+        see_context = see_context[None] & padding[:, None, :]  # (B, size, count)
+        see_block = mx.broadcast_to(see_block[None], (padding.shape[0], size, size))
+        return mx.concatenate([see_context, see_block], axis=-1)[:, None]
+
+    def settle(self, rows: Sequence[Row], taps: mx.array, emitted: Sequence[List[int]]) -> None:
+        """After verification: each row's kept positions (the target's taps (B, W + 1, .)
+        there) wait for the next catch-up."""
+        for i, (row, tokens) in enumerate(zip(rows, emitted)):
+            row.dflash_pending = row.dflash_pending + [taps[i, :len(tokens)]]
+            row.dflash_ready = True
+
+
+def _joined(pending: List[mx.array]) -> Optional[mx.array]:
+    """A row's waiting taps as one (n, taps * H) block (None: none)."""
+    if not pending:
+        return None
+    return pending[0] if len(pending) == 1 else mx.concatenate(pending)

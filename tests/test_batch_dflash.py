@@ -1,0 +1,272 @@
+"""Batched decoding with a DFlash block drafter (mlx_spec.batch.dflash): every row as if alone.
+
+- Greedy: batches of 1, 2 and 5 ragged rows (a one-token prompt among them), k = 1, 3 and
+  the block's 5, a bidirectional and a causal drafter: every row equals mlx-lm's own greedy
+  decoding of its prompt, token for token.
+- The drafts are the drafter's: each row's q (sampled rows) and drafts (greedy rows) equal a
+  dense from-scratch forward over that row's kept context (test_dflash's reference), in
+  full, sliding-window and causal layouts, over rounds with rejections.
+- Rows joining and cancelled mid-batch change nobody else; the caches drain; a kept cache
+  reused for a second turn (the drafter starts blind from it) stays exact.
+- T = 1: test_batch's chi-square of tokens 3 and 4 in a continuously refilled batch, with a
+  DFlash drafter; the broken rule (resampling from p) must fail it.
+- DFlash2 drafters are refused in one sentence (the server then serves one at a time).
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from dflash_tiny import dflash2_config, dflash_config, make_dflash, write_dflash_dir
+from families import plain_greedy
+from test_batch import ALPHA, PROMPT, SAMPLES, SMALL_VOCAB, ragged_prompts, run, sample_rows
+from test_dflash import from_scratch_block_logits
+from test_exactness import exact_third_and_fourth
+from tiny import make_llama
+
+from mlx_spec.acceptance import keyed_rule
+from mlx_spec.batch import BatchEngine, RowRequest
+from mlx_spec.dflash import load_dflash
+from mlx_spec.exactness import chi_square
+from mlx_spec.sampling import SamplingConfig
+
+MAX_TOKENS = 24
+LAYOUTS = {"full": {}, "sliding": dict(layer_types=["sliding_attention", "full_attention"],
+                                       sliding_window=3),
+           "causal": dict(is_causal=True)}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_llama(layers=4, seed=2)
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dflash")
+    return {name: make_dflash(root / name, 48, [0, 2], block_size=6, seed=5, **kwargs)
+            for name, kwargs in LAYOUTS.items()}
+
+
+@pytest.mark.parametrize("layout", ["sliding", "causal"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_every_row_equals_its_own_greedy_decoding(target, drafters, layout, k, rows):
+    prompts = ragged_prompts(rows)
+    engine = BatchEngine(target, drafters[layout], num_draft_tokens=k)
+    got = run(engine, [RowRequest(p, MAX_TOKENS, prompt_lookup=False) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, MAX_TOKENS)
+    assert engine.rounds.get(k, 0) > 0  # it really drafted
+    assert engine.target.layers is None and engine.dflash.cache.layers is None  # drained
+
+
+def record_proposals(engine):
+    """Wrap the engine's drafter: each call's (histories, drawn, drafts, q) noted."""
+    calls, propose = [], engine.dflash.propose
+
+    def recording(rows, k, drawn):
+        tokens, probs = propose(rows, k, drawn)
+        calls.append(([list(r.history) for r in rows], list(drawn), tokens, probs))
+        return tokens, probs
+    engine.dflash.propose = recording
+    return calls
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_rows_block_equals_a_from_scratch_forward(target, drafters, layout):
+    """Mixed greedy and sampled rows of ragged lengths, with rejections: row by row, every
+    q equals softmax of the dense forward's logits over the row's kept context, and every
+    greedy draft is their argmax (a tap, position, padding or mask off by one fails)."""
+    drafter = drafters[layout]
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, drafter, num_draft_tokens=3)
+    calls = record_proposals(engine)
+    sampled = SamplingConfig(temp=1.0)
+    requests = [RowRequest(p, 16, sampled if i % 2 else SamplingConfig(), seed=i,
+                           prompt_lookup=False) for i, p in enumerate(prompts)]
+    run(engine, requests)
+    checked = {"greedy": 0, "sampled": 0}
+    for histories, drawn, tokens, probs in calls:
+        for i, (history, n) in enumerate(zip(histories, drawn)):
+            if n == 0:
+                continue
+            logits = from_scratch_block_logits(target, drafter, history, n)  # (n, V)
+            if probs[i] is None:
+                assert np.array(tokens[i, :n]).tolist() == logits.argmax(-1).tolist()
+                checked["greedy"] += 1
+            else:
+                expected = np.exp(logits - logits.max(-1, keepdims=True))
+                expected /= expected.sum(-1, keepdims=True)
+                assert np.allclose(np.array(probs[i]), expected, atol=2e-4), (layout, i)
+                checked["sampled"] += 1
+    assert min(checked.values()) >= 10, checked
+
+
+def test_rows_joining_and_cancelled_mid_batch_change_nobody_else(target, drafters):
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, drafters["full"], num_draft_tokens=3)
+    late = RowRequest([7, 7, 1, 2], MAX_TOKENS, prompt_lookup=False)
+    got = run(engine, [RowRequest(p, MAX_TOKENS, prompt_lookup=False) for p in prompts],
+              joins=[(4, late)], cancels=[(6, 1), (2, 3)])
+    for i, prompt in enumerate(prompts):
+        if i not in (1, 3):
+            assert got[i] == plain_greedy(target, prompt, MAX_TOKENS)
+    assert 0 < len(got[1]) < MAX_TOKENS and 0 < len(got[3]) < MAX_TOKENS  # cancelled mid-way
+    assert got[5] == plain_greedy(target, late.prompt, MAX_TOKENS)
+    assert engine.target.layers is None and engine.dflash.cache.layers is None  # drained
+
+
+def test_a_kept_cache_serves_a_second_turn(target, drafters):
+    """The first turn's cache (target layers only) comes back for the second: its drafter
+    starts blind from what the cache holds, and the rows stay exact."""
+    engine = BatchEngine(target, drafters["causal"], num_draft_tokens=3)
+    prompts = ragged_prompts(3)
+    firsts = [engine.insert(RowRequest(p, 8, prompt_lookup=False, keep_cache=True))
+              for p in prompts]
+    tokens, caches = {u: [] for u in firsts}, {}
+    while engine.busy:
+        for o in engine.step():
+            tokens[o.uid] += o.tokens
+            if o.finish_reason:
+                caches[o.uid] = o.cache
+    turns = [p + tokens[u] + [5, 6] for u, p in zip(firsts, prompts)]
+    seconds = [engine.insert(RowRequest(t, 12, prompt_lookup=False), caches[u],
+                             len(t) - 2) for u, t in zip(firsts, turns)]
+    got = {u: [] for u in seconds}
+    while engine.busy:
+        for o in engine.step():
+            got[o.uid] += o.tokens
+    for uid, turn in zip(seconds, turns):
+        assert got[uid] == plain_greedy(target, turn, 12)
+
+
+@pytest.fixture(scope="module")
+def small_target_and_drafter(tmp_path_factory):
+    target = make_llama(vocab_size=SMALL_VOCAB, seed=0)
+    drafter = make_dflash(tmp_path_factory.mktemp("dflash8") / "d", 48, [0, 1], block_size=4,
+                          mask_token_id=SMALL_VOCAB - 1)
+    return target, drafter
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_rows_after_a_rejection_are_distributed_as_the_target(small_target_and_drafter,
+                                                              residual, exact):
+    target, drafter = small_target_and_drafter
+    mx.random.seed(0)
+    counts, rewound = sample_rows(target, drafter, keyed_rule(residual), SAMPLES)
+    assert sum(counts.values()) == SAMPLES
+    assert rewound > SAMPLES // 4, rewound  # tokens 3 and 4 often came after a rewind
+    statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
+        target, PROMPT, SamplingConfig(temp=1.0)))
+    assert (p_value > ALPHA) == exact, (statistic, dof, p_value)
+
+
+def test_dflash2_drafters_are_refused_in_one_sentence(target, tmp_path):
+    drafter = load_dflash(write_dflash_dir(tmp_path / "d2", dflash2_config(48, [0, 2])))
+    with pytest.raises(ValueError, match="DFlash2 drafters .* decode one request at a time"):
+        BatchEngine(target, drafter)
+
+
+# --- the server: `mlx-spec serve --draft-model DIR` batches a DFlash drafter ---------------
+
+SERVED_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, x):",
+                  "import os\n\ndef main():", "x"]
+
+
+def needs_the_server():
+    for name in ("starlette", "uvicorn", "httpx"):
+        pytest.importorskip(name, reason="the server tests need the 'dev' extra")
+
+
+@pytest.fixture(scope="module")
+def chat_drafter(model_dirs, tmp_path_factory):
+    """The chat target of conftest and a causal drafter for it (its directory, loaded)."""
+    from mlx_spec import load
+
+    target, tokenizer = load(str(model_dirs["chat"]))
+    path = write_dflash_dir(tmp_path_factory.mktemp("served") / "d", dflash_config(
+        48, [0, 1], block_size=6, mask_token_id=target.args.vocab_size - 1, is_causal=True))
+    return target, tokenizer, path, load_dflash(path)
+
+
+def ask(url, prompt, max_tokens=16, **fields):
+    import httpx
+
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **fields}
+    return httpx.post(url + "/completions", json=body, timeout=120).json()
+
+
+def reference(target, tokenizer, prompt, max_tokens=16):
+    from mlx_spec import generate
+    from mlx_spec.server.prompts import completion_prompt_ids
+
+    ids = completion_prompt_ids(tokenizer, prompt, target.args.vocab_size)
+    return generate(target, tokenizer, ids, max_tokens=max_tokens)  # the target alone
+
+
+def test_batch_generate_takes_a_dflash_drafter(chat_drafter):
+    from mlx_spec import batch_generate, generate
+
+    target, tokenizer, _, drafter = chat_drafter
+    result = batch_generate(target, tokenizer, SERVED_PROMPTS, draft_model=drafter,
+                            max_tokens=16, num_draft_tokens=3, prompt_lookup=False)
+    for prompt, text in zip(SERVED_PROMPTS, result.texts):
+        assert text == generate(target, tokenizer, prompt, max_tokens=16)
+
+
+def test_concurrent_clients_of_the_batched_worker_get_the_targets_own_text(chat_drafter):
+    """4 clients at once (pinned k, policy's k, a one-token prompt), then a second turn from
+    the prompt-cache store: each answer is the target's greedy text, the drafter drafted."""
+    needs_the_server()
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_spec import generate, stream_generate
+    from mlx_spec.server.app import create_app, serve_in_background
+    from mlx_spec.server.batch_worker import BatchWorker, can_batch
+    from mlx_spec.server.cache_store import PromptCacheStore
+
+    target, tokenizer, _, drafter = chat_drafter
+    assert can_batch(target, drafter)
+    worker = BatchWorker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
+                         max_concurrency=8)
+    server, thread, url = serve_in_background(create_app(worker, "default"))
+    try:
+        fields = [{"num_draft_tokens": 3, "prompt_lookup": False}, {},
+                  {"num_draft_tokens": 5, "prompt_lookup": False}, {"num_draft_tokens": 2}]
+        with ThreadPoolExecutor(len(SERVED_PROMPTS)) as pool:
+            answers = list(pool.map(lambda pf: ask(url + "/v1", pf[0], **pf[1]),
+                                    zip(SERVED_PROMPTS, fields)))
+        first_ids = tokenizer.encode("def f(x):\n")
+        ask(url + "/v1", first_ids, num_draft_tokens=3)
+        answer_ids = [r.token for r in stream_generate(target, tokenizer, first_ids,
+                                                       max_tokens=16)]
+        second_ids = first_ids + answer_ids + tokenizer.encode("\ndef g(y):")  # token ids: no
+        second = ask(url + "/v1", second_ids, num_draft_tokens=3)  # re-tokenizing of the answer
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert not thread.is_alive() and not worker._thread.is_alive()
+    for prompt, answer in zip(SERVED_PROMPTS, answers):
+        assert answer["choices"][0]["text"] == reference(target, tokenizer, prompt)
+    pinned = [answers[0]["speculation"], answers[2]["speculation"]]
+    assert all(s["drafted"] > 0 and set(s["accepted_by_source"]) <= {"dflash"} for s in pinned)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == len(first_ids) + 16
+    assert second["choices"][0]["text"] == generate(target, tokenizer, second_ids, max_tokens=16)
+    assert second["speculation"]["drafted"] > 0
+
+
+def test_the_serve_command_batches_a_dflash_directory(model_dirs, chat_drafter):
+    needs_the_server()
+    import signal
+
+    from serve_process import serving, stop
+
+    target, tokenizer, path, _ = chat_drafter
+    with serving("--model", model_dirs["chat"], "--draft-model", path) as (proc, line, url):
+        assert "batched" in line, line
+        answer = ask(url, SERVED_PROMPTS[1], num_draft_tokens=3)
+        stop(proc, signal.SIGTERM, 0)
+    assert answer["choices"][0]["text"] == reference(target, tokenizer, SERVED_PROMPTS[1])
+    assert "dflash" in answer["speculation"]["accepted_by_source"], answer
