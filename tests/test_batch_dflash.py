@@ -6,6 +6,7 @@
 - The drafts are the drafter's: each row's q (sampled rows) and drafts (greedy rows) equal a
   dense from-scratch forward over that row's kept context (test_dflash's reference), in
   full, sliding-window and causal layouts, over rounds with rejections.
+- Hybrid (Gated DeltaNet, Mamba-2) and sliding-window targets stay exact too.
 - Rows joining and cancelled mid-batch change nobody else; the caches drain; a kept cache
   reused for a second turn (the drafter starts blind from it) stays exact.
 - T = 1: test_batch's chi-square of tokens 3 and 4 in a continuously refilled batch, with a
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from dflash_tiny import dflash2_config, dflash_config, make_dflash, write_dflash_dir
-from families import plain_greedy
+from families import make_family, plain_greedy
 from test_batch import ALPHA, PROMPT, SAMPLES, SMALL_VOCAB, ragged_prompts, run, sample_rows
 from test_dflash import from_scratch_block_logits
 from test_exactness import exact_third_and_fourth
@@ -61,6 +62,19 @@ def test_every_row_equals_its_own_greedy_decoding(target, drafters, layout, k, r
     assert engine.target.layers is None and engine.dflash.cache.layers is None  # drained
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3_text", "nemotron_h"])
+def test_hybrid_and_sliding_window_rows_equal_their_own_greedy_decoding(tmp_path, family):
+    """Taps from a Gated DeltaNet or Mamba-2 hybrid's verify pass (its recurrent state
+    replayed per row after it) and a sliding-window target's (Gemma: scaled embeddings)."""
+    target = make_family(family, seed=2)
+    drafter = make_dflash(tmp_path / "d", 32, [0, 1], block_size=6, seed=5, is_causal=True)
+    prompts = ragged_prompts(3)
+    engine = BatchEngine(target, drafter, num_draft_tokens=3)
+    got = run(engine, [RowRequest(p, 20, prompt_lookup=False) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, 20)
+
+
 def record_proposals(engine):
     """Wrap the engine's drafter: each call's (histories, drawn, drafts, q) noted."""
     calls, propose = [], engine.dflash.propose
@@ -75,12 +89,13 @@ def record_proposals(engine):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_each_rows_block_equals_a_from_scratch_forward(target, drafters, layout):
-    """Mixed greedy and sampled rows of ragged lengths, with rejections: row by row, every
-    q equals softmax of the dense forward's logits over the row's kept context, and every
-    greedy draft is their argmax (a tap, position, padding or mask off by one fails)."""
+    """Mixed greedy and sampled rows of ragged lengths, prompts prefilled in chunks of 4,
+    with rejections: row by row, every q equals softmax of the dense forward's logits over
+    the row's kept context, and every greedy draft is their argmax (a tap, position,
+    padding or mask off by one fails)."""
     drafter = drafters[layout]
     prompts = ragged_prompts(5)
-    engine = BatchEngine(target, drafter, num_draft_tokens=3)
+    engine = BatchEngine(target, drafter, num_draft_tokens=3, prefill_step_size=4)
     calls = record_proposals(engine)
     sampled = SamplingConfig(temp=1.0)
     requests = [RowRequest(p, 16, sampled if i % 2 else SamplingConfig(), seed=i,
