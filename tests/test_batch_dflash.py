@@ -9,9 +9,12 @@
 - Hybrid (Gated DeltaNet, Mamba-2) and sliding-window targets stay exact too.
 - Rows joining and cancelled mid-batch change nobody else; the caches drain; a kept cache
   reused for a second turn (the drafter starts blind from it) stays exact.
+- A seeded sampled row gives the same text alone and in a crowd.
 - T = 1: test_batch's chi-square of tokens 3 and 4 in a continuously refilled batch, with a
   DFlash drafter; the broken rule (resampling from p) must fail it.
 - DFlash2 drafters are refused in one sentence (the server then serves one at a time).
+- Served: batch_generate, the BatchWorker to 4 clients at once then a second turn from its
+  store, and `mlx-spec serve --draft-model DIR` (batched by itself): the target's own text.
 """
 
 import mlx.core as mx
@@ -132,10 +135,16 @@ def test_rows_joining_and_cancelled_mid_batch_change_nobody_else(target, drafter
     assert engine.target.layers is None and engine.dflash.cache.layers is None  # drained
 
 
-def test_a_kept_cache_serves_a_second_turn(target, drafters):
-    """The first turn's cache (target layers only) comes back for the second: its drafter
-    starts blind from what the cache holds, and the rows stay exact."""
-    engine = BatchEngine(target, drafters["causal"], num_draft_tokens=3)
+@pytest.mark.parametrize("context", ["kept", "blind"])
+def test_a_kept_cache_serves_a_second_turn(target, drafters, context):
+    """The first turn's cache comes back for the second with the drafter's context of all it
+    holds (from position 0): the second turn's drafts equal the from-scratch forward's over
+    the whole history. Without it (`blind`: a cache from elsewhere) the drafter starts from
+    what the cache holds. Either way every row stays exact."""
+    from mlx_spec.session import CONTEXT
+
+    drafter = drafters["causal"]
+    engine = BatchEngine(target, drafter, num_draft_tokens=3)
     prompts = ragged_prompts(3)
     firsts = [engine.insert(RowRequest(p, 8, prompt_lookup=False, keep_cache=True))
               for p in prompts]
@@ -145,6 +154,12 @@ def test_a_kept_cache_serves_a_second_turn(target, drafters):
             tokens[o.uid] += o.tokens
             if o.finish_reason:
                 caches[o.uid] = o.cache
+    for uid, prompt in zip(firsts, prompts):
+        held = getattr(caches[uid][0], CONTEXT)
+        assert held.drafter is drafter and (held.start, held.end) == (0, len(prompt) + 8)
+        if context == "blind":
+            setattr(caches[uid][0], CONTEXT, None)
+    calls = record_proposals(engine)
     turns = [p + tokens[u] + [5, 6] for u, p in zip(firsts, prompts)]
     seconds = [engine.insert(RowRequest(t, 12, prompt_lookup=False), caches[u],
                              len(t) - 2) for u, t in zip(firsts, turns)]
@@ -154,6 +169,23 @@ def test_a_kept_cache_serves_a_second_turn(target, drafters):
             got[o.uid] += o.tokens
     for uid, turn in zip(seconds, turns):
         assert got[uid] == plain_greedy(target, turn, 12)
+    matches = [np.array(tokens[i, :n]).tolist()
+               == from_scratch_block_logits(target, drafter, history, n).argmax(-1).tolist()
+               for histories, drawn, tokens, _ in calls
+               for i, (history, n) in enumerate(zip(histories, drawn)) if n]
+    assert len(matches) >= 10 and all(matches) == (context == "kept"), matches
+
+
+def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(target, drafters):
+    """Its drafts are drawn with its own key: the other rows change nothing of its text."""
+    sampling = SamplingConfig(temp=1.0)
+    prompt = [5, 9, 2]
+    alone = run(BatchEngine(target, drafters["causal"]),
+                [RowRequest(prompt, 16, sampling, seed=11)])[0]
+    crowd = run(BatchEngine(target, drafters["causal"]),
+                [RowRequest(p, 16, sampling, seed=i) for i, p in enumerate(ragged_prompts(4))]
+                + [RowRequest(prompt, 16, sampling, seed=11)])[-1]
+    assert alone == crowd
 
 
 @pytest.fixture(scope="module")

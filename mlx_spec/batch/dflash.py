@@ -16,6 +16,11 @@ within a sliding window, as the drafter's config says). A causal drafter
 runs k + 1 rows per round, another its whole block. Each row draws its
 drafts with its own sampling transform and random key (`draw_rows`), so q is
 the distribution its drafts were drawn from.
+
+A row that leaves with its cache (the prompt-cache store) takes its context
+along as a `DFlashContext` on the cache's first layer, as a single-stream
+call leaves it (session.py); a row that joins from such a cache starts from
+that context when it covers what the cache holds, else blind from there.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from mlx_lm.models.cache import KVCache
 from ..attention import round_attention
 from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head, tapped
-from ..drafters.dflash import _embedding_scale
+from ..drafters.dflash import DFlashContext, embedding_scale
 from .drafts import draw_rows
 from .kv import BatchCache
 from .rows import Row
@@ -52,7 +57,7 @@ class BatchDFlash:
         self.capture = batch_taps(target_model, self.config.target_layer_ids)
         self.embed = embedding(target_model)
         self.head = output_head(target_model)
-        self.embed_scale = _embedding_scale(target_model)
+        self.embed_scale = embedding_scale(target_model)
         self.dtype = drafter.fc.weight.dtype
         self.cache = BatchCache(None)  # one KVCache of context per drafter layer
 
@@ -72,6 +77,29 @@ class BatchDFlash:
         """Whether the row has read anything (a one-token prompt has not before its first
         round)."""
         return row.dflash_ready
+
+    def held_row_cache(self, row: Row, held: Optional[DFlashContext], cached: int) -> list:
+        """A joining row's one-row context: what a reused cache kept (`held`, left on it by
+        `kept_context`), when it is this drafter's and covers the `cached` tokens the row
+        starts from; else an empty one (the drafter starts blind from there)."""
+        if held is None or held.drafter is not self.drafter or \
+                not held.start <= cached <= held.end:
+            return self.new_row_cache()
+        held.truncate(cached)
+        if held.queued:  # into keys/values first: the prefill appends after them
+            taps = held.queued[0] if len(held.queued) == 1 else mx.concatenate(held.queued)
+            self._extend(held.cache, taps[None], mx.array([held.start + held.cache[0].offset]))
+            held.queued = []
+        row.dflash_ready = held.cache[0].offset > 0
+        return held.cache
+
+    def kept_context(self, row: Row, cache: List[KVCache], last_taps: mx.array) -> DFlashContext:
+        """A leaving row's context (`cache`: its keys/values, BatchCache.extract) as one
+        `DFlashContext` covering its whole history, for the prompt-cache store: its waiting
+        taps and `last_taps` (1, taps * H), the last token's (read as the row leaves), queued."""
+        waiting = sum(taps.shape[0] for taps in row.dflash_pending)
+        start = len(row.history) - 1 - waiting - cache[0].offset
+        return DFlashContext(self.drafter, start, cache, row.dflash_pending + [last_taps])
 
     def prefill(self, row: Row, layers: list, taps: mx.array, start: int) -> None:
         """The taps (1, m, taps * H) of a prefill chunk at positions start.. become context."""

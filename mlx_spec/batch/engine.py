@@ -39,6 +39,7 @@ from ..dflash import check_fits, is_dflash_model
 from ..loading import vocab_size
 from ..policy import AdaptivePolicy
 from ..sampling import model_logprobs
+from ..session import CONTEXT, held_context
 from ..mtp import load_mtp, split_target
 from .dflash import BatchDFlash
 from .drafts import BatchDraft
@@ -147,7 +148,10 @@ class BatchEngine:
                              "recurrent state): one the batch made (RowOutput.cache), or "
                              "mlx_spec.batch.kv.row_cache(model)'s.")
         draft_layers = cache[n_target:] if self.draft is not None else None
-        head_layers = self.head.new_row_cache() if self.head is not None else None
+        if self.dflash is not None:  # with the context a reused cache kept, if any
+            head_layers = self.dflash.held_row_cache(row, held_context(cache), cached)
+        else:
+            head_layers = self.head.new_row_cache() if self.head is not None else None
         self.joining.append(Joining(row, cache[:n_target], draft_layers, cached, head_layers))
         return row.uid
 
@@ -299,7 +303,8 @@ class BatchEngine:
                          proposal.source if proposal is not None else "target", logprobs)
 
     def _row_cache(self, i: int) -> list:
-        """Row i's caches as one-row lists holding exactly its history (target, then draft).
+        """Row i's caches as one-row lists holding exactly its history (target, then draft;
+        a DFlash drafter's context rides on the first layer, as session.py leaves it).
 
         The row's entries are copied out now (cheap, and nothing then holds on to the batch's
         buffers); the forward that feeds the tokens the caches have not seen (the target's
@@ -308,8 +313,14 @@ class BatchEngine:
         row = self.rows[i]
         target = self.target.extract(i)
         draft = self.draft.cache.extract(i) if self.draft is not None else []
-        mx.eval(arrays(target + draft))
-        self.target_model(mx.array(row.history[-1:], mx.uint32)[None], cache=target)
+        context = self.dflash.cache.extract(i) if self.dflash is not None else []
+        mx.eval(arrays(target + draft + context))
+        last = mx.array(row.history[-1:], mx.uint32)[None]
+        if self.dflash is None:
+            self.target_model(last, cache=target)
+        else:  # the drafter's context goes with the cache (for the next turn's row)
+            _, taps = self.dflash.capture(last, target)
+            setattr(target[0], CONTEXT, self.dflash.kept_context(row, context, taps[0]))
         if draft and row.draft_pending:
             self.draft_model(mx.array(row.draft_pending, mx.uint32)[None], cache=draft)
         return target + draft

@@ -80,7 +80,7 @@ class DFlashDrafter:
         self.block_size = self.config.block_size
         self.embed = embedding(target_model)
         self.head = output_head(target_model)
-        self.embed_scale = _embedding_scale(target_model)
+        self.embed_scale = embedding_scale(target_model)
         self.call_start = start
         if context is not None and context.drafter is drafter and \
                 context.start <= start <= context.end:
@@ -197,7 +197,7 @@ def block_mask(config, layer: int, context_start: int, offset: int,
     return mx.concatenate([see_context, see_block], axis=1)
 
 
-def _embedding_scale(target_model) -> float:
+def embedding_scale(target_model) -> float:
     """What the target's own forward multiplies its embeddings by (Gemma: sqrt(hidden))."""
     if model_type(target_model).startswith("gemma"):
         hidden = text_model(target_model).args.hidden_size
