@@ -28,14 +28,38 @@ LONG_OFF_STEPS = 128  # the off period when a source loses and could win little 
 # and can win little.
 SMALL_GAIN = 1.1
 # With no calibration a source is judged after its first rounds, of these fractions of
-# its initial k: two different k give the cost fit a slope. Short first: on a machine
-# where drafting loses, each of these rounds costs more than the tokens it brings.
-FIRST_FRACTIONS = (0.5, 0.25)
+# its initial k. The first is not timed (below); the other two give the cost fit a
+# slope. Short first: on a machine where drafting loses, each of these rounds costs
+# more than the tokens it brings.
+FIRST_FRACTIONS = (0.25, 0.25, 0.75)  # a host search (lookup) skips the untimed first
 FIRST_ROUNDS = len(FIRST_FRACTIONS)
-PROBE_ROUNDS = 3  # rounds tried after an off period before the source is judged again
+# A draft model's round after it sat out this many tokens (or its very first round)
+# also feeds it every token it missed: a one-off catch-up that measured +25% on a k = 2
+# round, which made a slope from two rounds nearly twice the steady one and switched
+# winning drafts off (docs/benchmarks.md). Such a round counts for acceptance, not cost.
+CATCH_UP_TOKENS = 16
+UNTIMED_CATCH_UP = True  # False: fit such rounds too (the negative control of a test)
+PROBE_ROUNDS = 2  # rounds tried after an off period before the source is judged again (the first
+# catches a draft model up: its acceptance counts, its time does not)
 PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
+# A source must have lost a verdict before, have this many rounds behind it, or lose
+# clearly (CLEAR_LOSS) before its off period may be LONG_OFF_STEPS: three rounds at
+# T > 0 are mostly the prior.
+LONG_OFF_EVIDENCE = 8
 PLAIN_BLOCK = 16  # plain steps queued back to back while no source proposes
 OFF_MARGIN = 0.05  # switch off only when predicted >5% slower: estimates are noisy, ties cost little
+# ... in two verdicts in a row, unless it is predicted this much slower: one rejected
+# round at T > 0 moves the estimate by more than OFF_MARGIN, and switching a winning
+# source off costs a whole off period, keeping a losing one a round costs little.
+CLEAR_LOSS = 0.15
+HOPELESS = 0.7  # predicted this much of plain's speed: off without the remaining first rounds
+# After its first off period a source is probed again (a hard opening must not keep a
+# good draft off); after later ones only while speculation's net loss against plain
+# decoding (round seconds - tokens x a plain step, over every speculative round; wins
+# count as negative loss) stays under this fraction of the time decoded. A source that
+# keeps losing then costs little more than its first verdict and one probe, and one
+# that wins its probes is probed whenever its off period ends.
+PROBE_BUDGET = 0.02
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
@@ -84,7 +108,7 @@ class SourceEstimate:
     """
 
     def __init__(self, k_max: int, k_initial: int, decay: float, acceptance: float = 0.75,
-                 weight: float = 4.0):
+                 weight: float = 4.0, first: tuple = FIRST_FRACTIONS):
         self.k_max, self.k_initial, self.decay = k_max, min(k_initial, k_max), decay
         self.k = self.k_initial
         self.prior_acceptance = acceptance  # measured by a calibration, or a guess
@@ -96,9 +120,12 @@ class SourceEstimate:
         self.prior_judged = False  # whether the calibration alone was asked if it loses
         self.off_left = 0
         self.off_steps = FIRST_OFF_STEPS
-        self.probe_left = FIRST_ROUNDS - 1
+        self.first = first  # the fractions of k_initial its first rounds draft
+        self.probe_left = len(first) - 1
         self.since = 0  # tokens decoded without it since its last round
         self.switched_off = 0
+        self.losing = False  # the last verdict found it slower than plain (by OFF_MARGIN)
+        self.probing = False  # switched off, and not yet probed again
 
     @property
     def acceptance(self) -> float:
@@ -140,9 +167,10 @@ class SourceEstimate:
         return self._best
 
     def length(self) -> int:
-        """The next round's k: FIRST_FRACTIONS of k first (so the fit has a slope), then the best."""
-        if not self.warm and self.rounds < FIRST_ROUNDS:
-            return min(max(1, int(self.k_initial * FIRST_FRACTIONS[self.rounds])), self.k_max)
+        """The next round's k: its first fractions of k first (the fit gets a slope), then the
+        best."""
+        if not self.warm and self.rounds < len(self.first):
+            return min(max(1, int(self.k_initial * self.first[self.rounds])), self.k_max)
         k = self.best_k()
         if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             step = max(1, k // 4)
@@ -150,7 +178,13 @@ class SourceEstimate:
         self.k = min(max(k, 1), self.k_max)
         return self.k
 
-    def observe(self, k: int, accepted: int, seconds: Optional[float]) -> None:
+    def observe(self, k: int, accepted: int, seconds: Optional[float],
+                catches_up: bool = False) -> None:
+        """One round of k drafts, `accepted` of them kept, in `seconds`. With `catches_up`
+        (a draft model's first round, or its first after sitting out CATCH_UP_TOKENS) the
+        round also fed the tokens it missed: its time is not its k's."""
+        if UNTIMED_CATCH_UP and catches_up and (self.rounds == 0 or self.since >= CATCH_UP_TOKENS):
+            seconds = None
         self._forget(k)
         self.rounds += 1
         d = self.decay
@@ -186,6 +220,8 @@ class SourceEstimate:
         self.off_steps = min(2 * self.off_steps, MAX_OFF_STEPS)
         self.probe_left = PROBE_ROUNDS - 1
         self.switched_off += 1
+        self.losing = False
+        self.probing = True
 
 
 class AdaptivePolicy:
@@ -231,11 +267,13 @@ class AdaptivePolicy:
         self.acceptance_prior = acceptance_prior
         # Timed plain steps only: a calibrated plain step may be from another load on
         # the machine; the fits' t(0) (seeded by it, then today's rounds) follows the load.
-        self.plain_time = [0.0, 0.0]  # decayed sums of 1 and seconds over timed plain steps
+        self.plain_time = [0.0, 0.0]  # sums of 1 and seconds over timed plain steps
         # Plain steps still to time before speculating or judging. With no calibration the
         # first tokens are decoded plainly: every later verdict compares against a timed
         # plain step, not the round-time fit's t(0), which carries the round's overhead.
         self.plain_trial = PLAIN_TRIAL_STEPS if prior is None and auto_off else 0
+        self.elapsed = 0.0  # seconds of every timed round and plain step
+        self.lost = 0.0  # speculative rounds' seconds beyond plain decoding's for their tokens
 
     def source(self, name: str) -> SourceEstimate:
         if name not in self.sources:
@@ -245,7 +283,9 @@ class AdaptivePolicy:
                 self.block_tokens.get(name, self.k_initial)
             prior = self.prior
             a = prior.acceptance.get(name) if prior is not None else None
-            estimate = SourceEstimate(k_max, k0, self.decay, self.acceptance_prior if a is None else a)
+            estimate = SourceEstimate(k_max, k0, self.decay,
+                                      self.acceptance_prior if a is None else a,
+                                      first=FIRST_FRACTIONS[1:] if lookup else FIRST_FRACTIONS)
             if prior is not None and prior.knows(name):
                 for k in sorted({1, (1 + k_max) // 2, k_max}):
                     estimate.add(k, prior.round_seconds(name, k), PRIOR_ROUNDS)
@@ -294,11 +334,14 @@ class AdaptivePolicy:
     # --- the policy protocol ---
     def proposal_length(self, source: str) -> int:
         estimate = self.source(source)
+        if (estimate.probing and estimate.off_left == 0 and estimate.switched_off > 1
+                and self.lost > PROBE_BUDGET * self.elapsed):
+            estimate.off_left = PLAIN_BLOCK  # the probes' budget is spent: not yet
         if self.plain_trial > 0 or estimate.off_left > 0:
             return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
-            if self._loses(estimate):  # the calibration already says it loses: start without it
+            if self._loses(estimate, at_once=True):  # the calibration says it loses: start off
                 self._switch_off(estimate)
                 return 0
         return estimate.length()
@@ -314,17 +357,23 @@ class AdaptivePolicy:
 
     def observe(self, round_, seconds: Optional[float]) -> None:
         tokens = len(round_.tokens)
+        if seconds is not None:
+            self.elapsed += seconds
+            if round_.num_drafted and self.plain_seconds:
+                self.lost += seconds - tokens * self.plain_seconds
         for name, estimate in self.sources.items():
             if name != round_.source:
                 estimate.passed(tokens)
         if round_.num_drafted == 0:
             self.plain_trial = max(self.plain_trial - 1, 0)
-            if seconds is not None:
-                d = self.decay
-                self.plain_time = [d * s + x for s, x in zip(self.plain_time, (1.0, seconds))]
+            if seconds is not None:  # equal weights: a block's first step carries the
+                # pipeline's fill and its last is short (4 steps timed 32, 17, 17, 4 ms)
+                self.plain_time = [s + x for s, x in zip(self.plain_time, (1.0, seconds))]
             return
         estimate = self.source(round_.source)
-        estimate.observe(round_.num_drafted, round_.num_accepted, seconds)
+        estimate.probing = False
+        estimate.observe(round_.num_drafted, round_.num_accepted, seconds,
+                         catches_up=round_.source not in FREE_SOURCES)
         self._judge(estimate)
 
     def _predicted_ratio(self, estimate: SourceEstimate,
@@ -347,19 +396,29 @@ class AdaptivePolicy:
         token decoded meanwhile, for little to gain."""
         optimistic = max(estimate.acceptance, estimate.prior_acceptance)
         ratio = self._predicted_ratio(estimate, optimistic)
-        if ratio is not None and ratio < SMALL_GAIN:
+        now = self._predicted_ratio(estimate)
+        evidence = (estimate.switched_off > 0 or estimate.rounds >= LONG_OFF_EVIDENCE
+                    or estimate.warm or (now is not None and now < 1.0 - CLEAR_LOSS))
+        if ratio is not None and ratio < SMALL_GAIN and evidence:
             estimate.off_steps = max(estimate.off_steps, LONG_OFF_STEPS)
         estimate.switch_off()
 
-    def _loses(self, estimate: SourceEstimate) -> bool:
+    def _loses(self, estimate: SourceEstimate, at_once: bool = False) -> bool:
+        """Predicted slower than plain by CLEAR_LOSS, or by OFF_MARGIN twice in a row (or
+        once, `at_once`: a calibration's verdict before any round)."""
         ratio = self._predicted_ratio(estimate)
-        return ratio is not None and ratio < 1.0 - OFF_MARGIN
+        losing = ratio is not None and ratio < 1.0 - OFF_MARGIN
+        twice, estimate.losing = estimate.losing and losing, losing
+        return losing and (twice or at_once or ratio < 1.0 - CLEAR_LOSS)
 
     def _judge(self, estimate: SourceEstimate) -> None:
         if not self.auto_off or not self.plain_seconds:
             return
         if estimate.probe_left > 0:
             estimate.probe_left -= 1
+            ratio = self._predicted_ratio(estimate)
+            if ratio is not None and ratio < HOPELESS and self.measured_plain_seconds:
+                self._switch_off(estimate)  # no need to see the remaining first rounds
             return
         if not self._loses(estimate):
             estimate.off_steps = FIRST_OFF_STEPS

@@ -8,17 +8,21 @@ import json
 import math
 import random
 
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
-from mlx_spec.bench.studies.never_behind import (DEFAULTS, DEFAULTS_CAL, LM_AT_K, LOOKUP,
-                                                 PLAIN, SPEC_AT_K, NeverBehind,
-                                                 NeverBehindConfig, measure, paired_ratio,
-                                                 render_markdown, row_ratios)
+from mlx_spec.bench.studies.never_behind import (BEST_FIXED, DEFAULTS, DEFAULTS_CAL, LM_AT_K,
+                                                 LOOKUP, PLAIN, NeverBehind, NeverBehindConfig,
+                                                 best_of, lm_at, measure, paired_ratio,
+                                                 render_markdown, row_ratios, spec_at)
 from mlx_spec.bench.serialize import from_dict
 from mlx_spec.bench.timing import median_interval
-from mlx_spec.bench.zoo import ZOO_NAMES, Pair, build_zoo
-from mlx_spec.loading import load
+from mlx_spec.bench.zoo import (HELD_OUT_NAMES, NOISY_F32_NOISE, SKIP_LAYERS, TUNED_NAMES,
+                                ZOO_NAMES, Pair, build_zoo)
+from mlx_spec.cache import make_cache
+from mlx_spec.loading import default_draft_path, load
 
 
 def _method(*runs):
@@ -59,12 +63,20 @@ def test_interleave_reverses_the_order_every_other_repeat():
     assert "".join(order) == "abccbaabccba"
 
 
-def test_row_ratios_pick_the_faster_fixed_k():
+def test_the_best_fixed_setting_is_never_mlx_lm():
+    sweep = {PLAIN: 10.0, LOOKUP: 11.0, spec_at(1): 9.0, spec_at(2): 12.0, lm_at(2): 30.0}
+    candidates = [PLAIN, LOOKUP, spec_at(1), spec_at(2), spec_at(4)]  # k = 4 not swept
+    assert best_of(sweep, candidates) == spec_at(2)
+    assert best_of({PLAIN: 10.0, spec_at(1): 9.0}, candidates) == PLAIN  # plain can be the bar
+    assert best_of(sweep, [lm_at(1), lm_at(2)]) == lm_at(2)
+    assert best_of(sweep, [lm_at(3)]) is None  # mlx-lm not run: no column
+
+
+def test_row_ratios_against_the_best_fixed_setting():
     methods = {PLAIN: _method(10.0, 10.0, 10.0), LM_AT_K: _method(12.0, 12.0, 12.0),
-               SPEC_AT_K: _method(15.0, 14.0, 16.0), DEFAULTS: _method(18.0, 14.0, 21.0)}
-    ratios, best_fixed = row_ratios(methods)
-    assert best_fixed == SPEC_AT_K
-    assert ratios["mlx-spec@k / mlx-lm@k"].value == pytest.approx(15.0 / 12.0)
+               BEST_FIXED: _method(15.0, 14.0, 16.0), DEFAULTS: _method(18.0, 14.0, 21.0)}
+    ratios = row_ratios(methods)
+    assert ratios["best fixed / mlx-lm@k"].value == pytest.approx(15.0 / 12.0)
     assert ratios["defaults / plain"].value == pytest.approx(1.8)
     assert (ratios["defaults / plain"].low, ratios["defaults / plain"].high) == \
         pytest.approx((1.4, 2.1))
@@ -72,6 +84,8 @@ def test_row_ratios_pick_the_faster_fixed_k():
     assert ratios["defaults / best fixed"].low == pytest.approx(1.0)  # 14 / 14
     assert ratios["defaults+cal / plain"] is None  # no calibration: n/a, not a number
     assert ratios["defaults+cal / best fixed"] is None
+    del methods[LM_AT_K]  # a pair mlx-lm cannot run
+    assert row_ratios(methods)["best fixed / mlx-lm@k"] is None
 
 
 def test_zoo_rejects_unknown_names():
@@ -79,13 +93,46 @@ def test_zoo_rejects_unknown_names():
         build_zoo(["shipped-f16", "nope"])
 
 
-def test_zoo_builds_every_pair_from_the_shipped_models():
+def test_zoo_builds_every_pair_and_splits_tuned_from_held_out():
     pairs = build_zoo()
     assert [p.name for p in pairs] == list(ZOO_NAMES)
+    assert set(TUNED_NAMES) | set(HELD_OUT_NAMES) == set(ZOO_NAMES)
+    assert not set(TUNED_NAMES) & set(HELD_OUT_NAMES)
     by_name = {p.name: p for p in pairs}
+    assert [p.name for p in pairs if p.held_out] == list(HELD_OUT_NAMES)
     assert by_name["shipped-f32"].target_model.model.norm.weight.dtype.size == 4
     assert hasattr(by_name["strong"].draft_model.lm_head, "scales")  # quantized
     assert by_name["weak"].target_model.model.norm.weight.dtype.size == 2  # float16 target
+    # The held-out half is unlike the shipped pair: a hybrid, a sliding window, an MTP head.
+    kinds = {type(c).__name__ for c in make_cache(by_name["hybrid-f32"].target_model)}
+    assert {"ArraysCache", "KVCache"} <= kinds
+    assert "RotatingKVCache" in {type(c).__name__
+                                 for c in make_cache(by_name["sliding-f32"].target_model)}
+    assert by_name["mtp-f32"].draft_model == "mtp"
+    assert len(by_name["skip-f32"].draft_model.layers) == SKIP_LAYERS
+
+
+def test_the_early_exit_draft_is_the_target_cut_short():
+    pair, = build_zoo(["skip-f32"])
+    target, draft = pair.target_model, pair.draft_model
+    x = mx.array([[5, 17, 300, 42]])
+    h = target.model.embed_tokens(x)
+    mask = "causal"
+    for layer in target.model.layers[:SKIP_LAYERS]:
+        h = layer(h, mask, None)
+    expected = target.lm_head(target.model.norm(h))
+    assert mx.allclose(draft(x), expected, atol=1e-4).item()
+
+
+def test_a_noisy_copy_moves_every_matrix_by_its_noise():
+    pair, = build_zoo(["noisy-f32"])
+    shipped, _ = load(str(default_draft_path()))
+    shipped.set_dtype(mx.float32)
+    before = dict(tree_flatten(shipped.parameters()))
+    for name, w in tree_flatten(pair.draft_model.parameters()):
+        if w.size > 1:
+            moved = (mx.std(w - before[name]) / mx.std(before[name])).item()
+            assert moved == pytest.approx(NOISY_F32_NOISE, rel=0.2), name
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +140,7 @@ def tiny_table(model_dirs):
     target_model, tokenizer = load(str(model_dirs["target"]))
     draft_model, _ = load(str(model_dirs["draft"]))
     pair = Pair("tiny", target_model, draft_model, tokenizer, "random tiny llamas")
-    config = NeverBehindConfig(temps=(0.0, 1.0), ks=(1, 2), max_tokens=12, repeats=2,
+    config = NeverBehindConfig(temps=(0.0, 1.0), ks=(1, 2), lm_ks=(1, 2), max_tokens=12, repeats=2,
                                sweep_repeats=1, prompts=("fibonacci", "rename"))
     return measure([pair], config), config
 
@@ -102,9 +149,13 @@ def test_measure_gives_a_row_per_pair_and_temperature(tiny_table):
     result, config = tiny_table
     assert [(row.pair, row.temp) for row in result.rows] == [("tiny", 0.0), ("tiny", 1.0)]
     with_cal = result.calibration == "used"
+    fixed = [PLAIN, LOOKUP] + [spec_at(k) for k in config.ks]
     for row in result.rows:
-        assert set(row.mlx_lm_by_k) == set(config.ks) and row.best_k in config.ks
-        assert row.mlx_lm_by_k[row.best_k] == max(row.mlx_lm_by_k.values())
+        assert set(row.sweep) == set(fixed + [lm_at(k) for k in config.lm_ks])
+        assert row.best_fixed in fixed
+        assert row.sweep[row.best_fixed] == max(row.sweep[name] for name in fixed)
+        assert row.best_k in config.lm_ks
+        assert row.sweep[lm_at(row.best_k)] == max(row.sweep[lm_at(k)] for k in config.lm_ks)
         assert (DEFAULTS_CAL in row.methods) == with_cal
         for m in row.methods.values():
             assert m.tokens_per_s > 0 and len(m.runs_tokens_per_s) == config.repeats
@@ -122,9 +173,9 @@ def test_table_renders_and_survives_json(tiny_table):
     result, _ = tiny_table
     markdown = render_markdown(result)
     header = next(line for line in markdown.splitlines() if line.startswith("| pair | T |"))
-    for column in ("plain tok/s", "mlx-lm best k", "mlx-lm@k tok/s", "mlx-spec@k tok/s",
-                   "defaults tok/s (no cal / cal)", "defaults ÷ plain", "defaults ÷ best fixed",
-                   "acceptance"):
+    for column in ("plain tok/s", "best fixed: tok/s", "mlx-lm best k: tok/s",
+                   "best fixed ÷ mlx-lm", "defaults tok/s (no cal / cal)", "defaults ÷ plain",
+                   "defaults ÷ best fixed", "acceptance"):
         assert column in header
     rows = [line for line in markdown.splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 4  # the pair, 2 T, the copy task

@@ -13,6 +13,25 @@ behind" is checked where a draft pays, where it cannot, and in between:
   scales measured 37x slower than the dense float16 product (a draft ten
   times dearer than its target), with float32 scales it is fast.
 
+The policy was tuned on those four and on noisy-f32, a float32 pair with a
+weak-but-not-useless draft like the one a user reported. The held-out pairs
+are only measured, never tuned on (docs/benchmarks.md), and are unlike the
+shipped pair:
+
+- skip-f32: the shipped target in float32, drafting with its own first two
+  layers, norm and head (an early exit: a third of a target step per draft);
+- noisy-f16: the slow float16 target with a noisier copy of the shipped draft;
+- hybrid-f32: a random Gated-DeltaNet hybrid target (mlx-lm's qwen3_5 class,
+  recurrent and attention layers; nothing to trim, so mlx-lm refuses it),
+  its 8-bit copy as the draft;
+- sliding-f32: a random sliding-window target (gemma3_text, window 16, so
+  the caches rotate within a run) with its 4-bit copy as the draft;
+- mtp-f32: the shipped target in float32 with its shipped MTP head.
+
+The random targets use the shipped tokenizer's vocabulary, untied output
+heads and weights scaled up (as the tests' tiny models) so their text depends
+on the context.
+
 Every pair gets freshly loaded models, so casting or quantizing one pair
 never touches another's weights.
 """
@@ -25,13 +44,18 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import llama
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models import gemma3_text, llama, qwen3_5
 
 from ..loading import default_draft_path, default_target_path, load
 
 WEAK_DRAFT_SEED = 3
 STRONG_DRAFT_GROUP_SIZE, STRONG_DRAFT_BITS = 32, 4
 STRONG_DRAFT_DTYPE = mx.float32  # of the scales and activations; see the module docstring
+NOISY_F32_NOISE, NOISY_F16_NOISE = 0.25, 0.35  # Gaussian noise on the draft, in each weight's std
+SKIP_LAYERS = 2  # the early-exit draft's layers
+RANDOM_TARGET = dict(hidden=256, layers=6, seed=11, scale=3.0, window=16)
+HYBRID_DRAFT_BITS, SLIDING_DRAFT_BITS = 8, 4
 
 
 @dataclass(frozen=True)
@@ -41,6 +65,8 @@ class Pair:
     draft_model: object
     tokenizer: object
     note: str
+    held_out: bool = False  # only measured: the policy is never tuned on it
+    draft_options: Dict[str, object] = dataclasses.field(default_factory=dict)
 
 
 def _shipped():
@@ -101,13 +127,145 @@ def _strong() -> Pair:
                 f"bits (group {STRONG_DRAFT_GROUP_SIZE}, float32 scales) as the draft")
 
 
+def noisy_copy(model, noise: float, seed: int = 1):
+    """`model` plus Gaussian noise of `noise` times each weight's standard deviation, in place."""
+    key = mx.random.key(seed)
+    flat = tree_flatten(model.parameters())
+    keys = mx.random.split(key, len(flat))
+    noisy = [(name, w + (noise * mx.std(w.astype(mx.float32)).item()
+                         * mx.random.normal(w.shape, key=keys[i])).astype(w.dtype))
+             if w.size > 1 else (name, w) for i, (name, w) in enumerate(flat)]
+    model.load_weights(noisy)
+    mx.eval(model.parameters())
+    return model
+
+
+def _as_f32(*models):
+    for model in models:
+        model.set_dtype(mx.float32)
+    mx.eval([m.parameters() for m in models])
+
+
+def _noisy_f32() -> Pair:
+    target_model, draft_model, tokenizer = _shipped()
+    _as_f32(target_model, draft_model)
+    return Pair("noisy-f32", target_model, noisy_copy(draft_model, NOISY_F32_NOISE), tokenizer,
+                f"the shipped pair in float32, the draft's weights plus Gaussian noise "
+                f"({NOISY_F32_NOISE} std): a weak draft for a fast target")
+
+
+def early_exit(target_model, layers: int):
+    """A llama of the target's first `layers` layers, then its final norm and output head."""
+    args = target_model.args
+    draft_model = llama.Model(dataclasses.replace(
+        args, num_hidden_layers=layers,
+        layer_types=args.layer_types[:layers] if args.layer_types else None))
+    kept = [(name, w) for name, w in tree_flatten(target_model.parameters())
+            if not name.startswith("model.layers.") or int(name.split(".")[2]) < layers]
+    draft_model.load_weights(kept)
+    mx.eval(draft_model.parameters())
+    return draft_model
+
+
+def _skip_f32() -> Pair:
+    target_model, _, tokenizer = _shipped()
+    _as_f32(target_model)
+    draft_model = early_exit(target_model, SKIP_LAYERS)
+    return Pair("skip-f32", target_model, draft_model, tokenizer,
+                f"the shipped target in float32; its first {SKIP_LAYERS} layers, norm and head "
+                f"as the draft (an early exit)", held_out=True)
+
+
+def _noisy_f16() -> Pair:
+    target_model, draft_model, tokenizer = _shipped()
+    return Pair("noisy-f16", target_model, noisy_copy(draft_model, NOISY_F16_NOISE), tokenizer,
+                f"the shipped float16 pair, the draft's weights plus Gaussian noise "
+                f"({NOISY_F16_NOISE} std): a weak draft for a slow target", held_out=True)
+
+
+def _scaled(model):
+    """Float32, every matrix scaled up (so a random model's text depends on its context)."""
+    model.set_dtype(mx.float32)
+    model.update(tree_map(lambda w: w * RANDOM_TARGET["scale"] if w.ndim >= 2 else w,
+                          model.parameters()))
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+def _random_hybrid(vocab_size: int):
+    h = RANDOM_TARGET["hidden"]
+    mx.random.seed(RANDOM_TARGET["seed"])
+    return _scaled(qwen3_5.Model(qwen3_5.ModelArgs.from_dict({
+        "model_type": "qwen3_5", "hidden_size": h, "intermediate_size": 3 * h,
+        "num_hidden_layers": RANDOM_TARGET["layers"], "full_attention_interval": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+        "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.25}})))
+
+
+def _random_sliding(vocab_size: int):
+    h = RANDOM_TARGET["hidden"]
+    mx.random.seed(RANDOM_TARGET["seed"])
+    return _scaled(gemma3_text.Model(gemma3_text.ModelArgs.from_dict({
+        "model_type": "gemma3_text", "hidden_size": h, "num_hidden_layers": RANDOM_TARGET["layers"],
+        "intermediate_size": 3 * h, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+        "sliding_window": RANDOM_TARGET["window"], "sliding_window_pattern": 3,
+        "max_position_embeddings": 4096})))
+
+
+def _random_pair(name: str, build, bits: int, note: str) -> Pair:
+    _, _, tokenizer = _shipped()
+    vocab_size = len(tokenizer.get_vocab())
+    target_model, draft_model = build(vocab_size), build(vocab_size)  # the same seed: one model
+    nn.quantize(draft_model, group_size=32, bits=bits)
+    mx.eval(draft_model.parameters())
+    return Pair(name, target_model, draft_model, tokenizer,
+                f"{note}; its {bits}-bit copy as the draft", held_out=True)
+
+
+def _hybrid_f32() -> Pair:
+    return _random_pair("hybrid-f32", _random_hybrid, HYBRID_DRAFT_BITS,
+                        "a random Gated-DeltaNet hybrid target (qwen3_5 class, "
+                        f"{RANDOM_TARGET['layers']} layers, 1 in 3 full attention), float32")
+
+
+def _sliding_f32() -> Pair:
+    return _random_pair("sliding-f32", _random_sliding, SLIDING_DRAFT_BITS,
+                        "a random sliding-window target (gemma3_text class, "
+                        f"{RANDOM_TARGET['layers']} layers, window {RANDOM_TARGET['window']}), "
+                        "float32")
+
+
+def _mtp_f32() -> Pair:
+    target_model, _, tokenizer = _shipped()
+    _as_f32(target_model)
+    return Pair("mtp-f32", target_model, "mtp", tokenizer,
+                "the shipped target in float32 with its shipped MTP head (draft_model=\"mtp\")",
+                held_out=True)
+
+
 BUILDERS: Dict[str, Callable[[], Pair]] = {
     "shipped-f16": _shipped_f16,
     "shipped-f32": _shipped_f32,
     "weak": _weak,
     "strong": _strong,
+    "noisy-f32": _noisy_f32,
+    "skip-f32": _skip_f32,
+    "noisy-f16": _noisy_f16,
+    "hybrid-f32": _hybrid_f32,
+    "sliding-f32": _sliding_f32,
+    "mtp-f32": _mtp_f32,
 }
 ZOO_NAMES = tuple(BUILDERS)
+TUNED_NAMES = ("shipped-f16", "shipped-f32", "weak", "strong", "noisy-f32")
+HELD_OUT_NAMES = tuple(name for name in ZOO_NAMES if name not in TUNED_NAMES)
 
 
 def build_zoo(names: Optional[Sequence[str]] = None) -> List[Pair]:

@@ -20,25 +20,28 @@ took 30 minutes; --quick (one repeat) a few minutes.
 What is measured, and how: for each pair and temperature T, two interleaved
 phases in one process:
 
-1. sweep: mlx-lm's speculative_generate_step at each fixed k; its best k is
-   the one with the highest median tokens/s;
-2. table: plain decoding (mlx-lm's generate_step, the target alone), mlx-lm
-   at that k, mlx-spec at that k with the same kind of policy (fixed k, no
-   prompt lookup), and mlx-spec's defaults without and with a calibration.
+1. sweep: every fixed setting a user could pick instead of the defaults:
+   plain decoding, prompt lookup alone, and mlx-spec at each fixed k with the
+   pair's drafter and no lookup; beside them (reported, never the bar)
+   mlx-lm's speculative_generate_step at each k, where mlx-lm can run the
+   pair. The best fixed setting is the fastest of the first three kinds;
+2. table: plain decoding, the best fixed setting, mlx-lm at its best k, and
+   mlx-spec's defaults without and with a calibration, measured again.
 
-Every compared figure comes from phase 2: mlx-lm@k is measured again rather
-than taken from the sweep, whose best median is the luckiest of several
-noisy ones. "Best fixed" is the faster of mlx-lm@k and mlx-spec@k (mlx-spec
-at the other k is not measured). A ratio is the median of the per-repeat
+Every compared figure comes from phase 2: the best fixed setting is
+measured again rather than taken from the sweep, whose best median is the
+luckiest of several noisy ones. A ratio is the median of the per-repeat
 ratios (both methods ran on the same prompt in the same repeat), with a
 distribution-free confidence interval for it beside it (order statistics,
-~93% with 8 repeats), so a reader sees whether 0.97x is noise. The sweep only
-picks k, so it runs fewer repeats than the table.
+~93% with 8 repeats), so a reader sees whether 0.97x is noise.
 
-Timing: plain, mlx-lm@k and mlx-spec@k decode from caches prefilled untimed
-(endtoend.py). The defaults get the whole prompt, since prompt lookup reads
-it, and are timed from the end of their first round, which carries the
-prefill (as sources.py). A copy task per pair at T = 0 (the target's own
+Pairs are tuned (the policy's constants were chosen looking at them) or
+held out (only measured; mlx_spec/bench/zoo.py); the table marks which.
+
+Timing: plain and mlx-lm decode from caches prefilled untimed
+(endtoend.py). Every mlx-spec method gets the whole prompt, since prompt
+lookup reads it, and is timed from the end of its first round, which carries
+the prefill (as sources.py). A copy task per pair at T = 0 (the target's own
 greedy continuation, then its opening again) measures prompt lookup alone
 and the defaults against plain decoding, with tokens per round.
 """
@@ -63,18 +66,19 @@ from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from ...generate import speculative_generate_step
 from ...memory import wired_limit
 from ...sampling import SamplingConfig
-from ..endtoend import (MethodResult, RunResult, interleave, run_mlx_lm, run_mlx_spec,
+from ..endtoend import (MethodResult, RunResult, interleave, mlx_lm_can_speculate, run_mlx_lm,
                         run_target_alone)
 from ..machine import MachineInfo, machine_info
 from ..prompts import PROMPTS, Prompt, encode_prompts
 from ..serialize import from_dict
 from ..timing import DEFAULT_WARMUP, median, median_interval, ratio, time_after_prefill
-from ..zoo import ZOO_NAMES, Pair, build_zoo
+from ..zoo import HELD_OUT_NAMES, TUNED_NAMES, ZOO_NAMES, Pair, build_zoo
 from . import RESULTS_DIR
 
-PLAIN, LM_AT_K, SPEC_AT_K = "plain", "mlx-lm@k", "mlx-spec@k"
+PLAIN, LM_AT_K, BEST_FIXED = "plain", "mlx-lm@k", "best fixed"
 DEFAULTS, DEFAULTS_CAL, LOOKUP = "defaults", "defaults+cal", "lookup"
-DEFAULT_KS = (1, 2, 3, 4, 5, 6)
+DEFAULT_KS = (1, 2, 3, 4, 6, 8)  # mlx-spec's fixed k (the policy's cap is 8)
+DEFAULT_LM_KS = (1, 2, 3, 4)  # mlx-lm's, beside (its best k was <= 4 on every row before)
 DEFAULT_TEMPS = (0.0, 0.7, 1.0)
 DEFAULT_PROMPTS = ("class_init", "parse_args", "rename")
 COPY_SOURCE_PROMPT, COPY_CONTINUATION_TOKENS = "fibonacci", 96
@@ -84,7 +88,8 @@ COPY_SOURCE_PROMPT, COPY_CONTINUATION_TOKENS = "fibonacci", 96
 class NeverBehindConfig:
     temps: Tuple[float, ...] = DEFAULT_TEMPS
     ks: Tuple[int, ...] = DEFAULT_KS
-    max_tokens: int = 64
+    lm_ks: Tuple[int, ...] = DEFAULT_LM_KS
+    max_tokens: int = 96
     repeats: int = 8  # the table's; its ratios' intervals need several (8: ~93%)
     sweep_repeats: int = 3  # mlx-lm's sweep over k only picks the k the table re-measures
     warmup: int = DEFAULT_WARMUP
@@ -102,15 +107,24 @@ class Ratio:
     coverage: float = 0.0  # the interval's confidence (0.0 in results from before it was kept)
 
 
+def spec_at(k: int) -> str:
+    return f"mlx-spec k={k}"
+
+
+def lm_at(k: int) -> str:
+    return f"mlx-lm k={k}"
+
+
 @dataclass(frozen=True)
 class Row:
     pair: str
     temp: float
-    mlx_lm_by_k: Dict[int, float]  # the sweep's median tokens/s per k
-    best_k: int
-    best_fixed: str  # LM_AT_K or SPEC_AT_K, whichever is faster
-    methods: Dict[str, MethodResult]  # DEFAULTS_CAL absent when no calibration
+    sweep: Dict[str, float]  # the sweep's median tokens/s per setting (spec_at, lm_at, ...)
+    best_fixed: str  # the sweep's fastest of PLAIN, LOOKUP and spec_at(k), measured again
+    best_k: Optional[int]  # mlx-lm's best k (None: mlx-lm cannot run the pair)
+    methods: Dict[str, MethodResult]  # LM_AT_K and DEFAULTS_CAL absent when not measured
     ratios: Dict[str, Optional[Ratio]]
+    held_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,7 @@ class NeverBehind:
     config: NeverBehindConfig
     machine: MachineInfo
     pairs: Dict[str, str]  # name -> note
+    held_out: List[str]  # the pairs the policy was never tuned on
     calibration: str  # "used", or why the with-calibration column is n/a
     calibration_s: Dict[str, float]  # pair -> seconds calibrate() took
     rows: List[Row]
@@ -150,14 +165,38 @@ def paired_ratio(a: Optional[MethodResult], b: Optional[MethodResult]) -> Option
     return Ratio(median(per_repeat), low, high, coverage)
 
 
-def row_ratios(methods: Dict[str, MethodResult]) -> Tuple[Dict[str, Optional[Ratio]], str]:
-    """The table's ratios, and which fixed-k method is the best fixed one."""
-    best_fixed = max((LM_AT_K, SPEC_AT_K), key=lambda name: methods[name].tokens_per_s)
-    ratios = {"mlx-spec@k / mlx-lm@k": paired_ratio(methods[SPEC_AT_K], methods[LM_AT_K])}
+def row_ratios(methods: Dict[str, MethodResult]) -> Dict[str, Optional[Ratio]]:
+    """The table's ratios: the defaults against plain and the best fixed setting, and the
+    best fixed setting against mlx-lm at its best k (None where a method was not run)."""
+    ratios = {"best fixed / mlx-lm@k": paired_ratio(methods[BEST_FIXED], methods.get(LM_AT_K))}
     for name in (DEFAULTS, DEFAULTS_CAL):
         ratios[f"{name} / plain"] = paired_ratio(methods.get(name), methods[PLAIN])
-        ratios[f"{name} / best fixed"] = paired_ratio(methods.get(name), methods[best_fixed])
-    return ratios, best_fixed
+        ratios[f"{name} / best fixed"] = paired_ratio(methods.get(name), methods[BEST_FIXED])
+    return ratios
+
+
+def fixed_settings(pair: Pair, temp: float, ks: Sequence[int], max_tokens: int,
+                   lm_ks: Sequence[int] = ()) -> Dict[str, Callable]:
+    """Every fixed setting the sweep times: plain, lookup alone, mlx-spec at each k (the
+    pair's drafter, no lookup) and mlx-lm at each of `lm_ks`."""
+    target_model, draft_model, n = pair.target_model, pair.draft_model, max_tokens
+    settings = {
+        PLAIN: lambda ids: run_target_alone(target_model, ids, temp, n),
+        LOOKUP: lambda ids: run_defaults(target_model, None, ids, temp, n, prompt_lookup=True),
+    }
+    for k in ks:
+        settings[spec_at(k)] = (lambda ids, k=k: run_defaults(
+            target_model, draft_model, ids, temp, n, num_draft_tokens=k, prompt_lookup=False,
+            **pair.draft_options))
+    for k in lm_ks:
+        settings[lm_at(k)] = (lambda ids, k=k: run_mlx_lm(target_model, draft_model, ids,
+                                                          temp, k, n))
+    return settings
+
+
+def best_of(sweep: Dict[str, float], names) -> Optional[str]:
+    names = [name for name in names if name in sweep]
+    return max(names, key=sweep.get) if names else None
 
 
 def calibration_unavailable() -> Optional[str]:
@@ -194,7 +233,8 @@ def _defaults_methods(pair: Pair, temp: float, max_tokens: int, calibration,
     if calibration is not None:
         variants[DEFAULTS_CAL] = {"calibration": calibration}
     return {name: (lambda ids, options=options, name=name: run_defaults(
-        pair.target_model, pair.draft_model, ids, temp, max_tokens, logs.get(name), **options))
+        pair.target_model, pair.draft_model, ids, temp, max_tokens, logs.get(name),
+        **pair.draft_options, **options))
         for name, options in variants.items()}
 
 
@@ -204,26 +244,29 @@ def _labelled(progress, label: str):
 
 def measure_row(pair: Pair, prompts, temp: float, config: NeverBehindConfig, calibration,
                 takes_calibration: bool, progress=None) -> Row:
-    """Phase 1 (mlx-lm's sweep over k), then phase 2 (the table's methods) for one pair and T."""
-    target_model, draft_model, n = pair.target_model, pair.draft_model, config.max_tokens
+    """Phase 1 (the sweep over fixed settings), then phase 2 (the table) for one pair and T."""
     timing = dict(repeats=config.repeats, warmup=config.warmup, seed=config.seed)
     label = f"{pair.name}, T={temp:g}"
-    sweep = {k: (lambda ids, k=k: run_mlx_lm(target_model, draft_model, ids, temp, k, n))
-             for k in config.ks}
-    swept = interleave(sweep, prompts, progress=_labelled(progress, f"{label}, mlx-lm sweep"),
+    mlx_lm = not isinstance(pair.draft_model, str) and mlx_lm_can_speculate(
+        pair.target_model, pair.draft_model)
+    settings = fixed_settings(pair, temp, config.ks, config.max_tokens,
+                              config.lm_ks if mlx_lm else ())
+    swept = interleave(settings, prompts, progress=_labelled(progress, f"{label}, sweep"),
                        **{**timing, "repeats": config.sweep_repeats})
-    best_k = max(config.ks, key=lambda k: swept[k].tokens_per_s)
-    methods = {
-        PLAIN: lambda ids: run_target_alone(target_model, ids, temp, n),
-        LM_AT_K: lambda ids: run_mlx_lm(target_model, draft_model, ids, temp, best_k, n),
-        SPEC_AT_K: lambda ids: run_mlx_spec(target_model, draft_model, ids, temp, best_k, n),
-        **_defaults_methods(pair, temp, n, calibration, takes_calibration),
-    }
-    results = interleave(methods, prompts, progress=_labelled(progress, f"{label}, k={best_k}"),
+    sweep = {name: r.tokens_per_s for name, r in swept.items()}
+    best_fixed = best_of(sweep, [PLAIN, LOOKUP] + [spec_at(k) for k in config.ks])
+    best_lm = best_of(sweep, [lm_at(k) for k in config.lm_ks])
+    methods = {PLAIN: settings[PLAIN], BEST_FIXED: settings[best_fixed]}
+    if best_lm is not None:
+        methods[LM_AT_K] = settings[best_lm]
+    methods.update(_defaults_methods(pair, temp, config.max_tokens, calibration,
+                                     takes_calibration))
+    results = interleave(methods, prompts,
+                         progress=_labelled(progress, f"{label}, best fixed {best_fixed}"),
                          **timing)
-    ratios, best_fixed = row_ratios(results)
-    return Row(pair.name, temp, {k: r.tokens_per_s for k, r in swept.items()}, best_k,
-               best_fixed, results, ratios)
+    best_k = int(best_lm.split("=")[1]) if best_lm else None
+    return Row(pair.name, temp, sweep, best_fixed, best_k, results, row_ratios(results),
+               pair.held_out)
 
 
 def copy_prompt(pair: Pair, source: Prompt, continuation_tokens: int = COPY_CONTINUATION_TOKENS):
@@ -283,14 +326,17 @@ def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig
     rows, copy_rows, calibration_s = [], [], {}
     for pair in pairs:
         prompts = encode_prompts(pair.tokenizer, chosen)
+        mtp = pair.draft_model == "mtp"
         calibration = None
         if missing is None:
             say(f"{pair.name}: calibrating")
             began = time.perf_counter()
             from ..calibrate import calibrate
-            calibration = calibrate(pair.target_model, pair.draft_model, pair.tokenizer)
+            calibration = calibrate(pair.target_model, None if mtp else pair.draft_model,
+                                    pair.tokenizer, mtp=mtp,
+                                    mtp_weights=pair.draft_options.get("mtp_weights"))
             calibration_s[pair.name] = time.perf_counter() - began
-        with wired_limit(pair.target_model, pair.draft_model):
+        with wired_limit(pair.target_model, *([] if mtp else [pair.draft_model])):
             for temp in config.temps:
                 rows.append(measure_row(pair, prompts, temp, config, calibration,
                                         takes_calibration, progress))
@@ -298,7 +344,8 @@ def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig
                 copy_rows.append(measure_copy(pair, config, calibration, takes_calibration,
                                               progress))
     return NeverBehind(config, machine_info(), {p.name: p.note for p in pairs},
-                       missing or "used", calibration_s, rows, copy_rows,
+                       [p.name for p in pairs if p.held_out], missing or "used", calibration_s,
+                       rows, copy_rows,
                        time.perf_counter() - start)
 
 
@@ -325,34 +372,64 @@ def _behind(result: NeverBehind) -> List[str]:
             for name, r in row.ratios.items() if r is not None and r.high < 1.0]
 
 
+def _main_table(rows: Sequence[Row]) -> List[str]:
+    lines = []
+    for row in rows:
+        ms, rs = row.methods, row.ratios
+        lm = "-" if row.best_k is None else f"{row.best_k}: {_tps(ms.get(LM_AT_K))}"
+        lines.append([row.pair, f"{row.temp:g}", _tps(ms[PLAIN]),
+                      f"{row.best_fixed}: {_tps(ms[BEST_FIXED])}", lm,
+                      _x(rs["best fixed / mlx-lm@k"]),
+                      f"{_tps(ms[DEFAULTS])} / {_tps(ms.get(DEFAULTS_CAL))}",
+                      f"{_x(rs['defaults / plain'])} / {_x(rs['defaults+cal / plain'])}",
+                      f"{_x(rs['defaults / best fixed'])} / "
+                      f"{_x(rs['defaults+cal / best fixed'])}",
+                      " / ".join(_pct(ms.get(name)) for name in
+                                 (BEST_FIXED, DEFAULTS, DEFAULTS_CAL))])
+    return _table(("pair", "T", "plain tok/s", "best fixed: tok/s", "mlx-lm best k: tok/s",
+                   "best fixed ÷ mlx-lm", "defaults tok/s (no cal / cal)",
+                   "defaults ÷ plain (no cal / cal)", "defaults ÷ best fixed (no cal / cal)",
+                   "acceptance (best fixed / defaults / +cal)"), lines)
+
+
+def _worst(rows: Sequence[Row], name: str) -> str:
+    values = [(row.ratios[name], row) for row in rows if row.ratios.get(name)]
+    if not values:
+        return "n/a"
+    r, row = min(values, key=lambda v: v[0].value)
+    return f"{_x(r)} ({row.pair}, T={row.temp:g})"
+
+
 def render_markdown(result: NeverBehind) -> str:
     m, c = result.machine, result.config
-    out = ["# Never behind: mlx-spec against plain decoding and mlx-lm's best fixed k", "",
+    out = ["# Never behind: mlx-spec's defaults against plain decoding and the best fixed setting",
+           "",
            f"- Machine: {m.chip}, {m.cpu_count} cores, MLX device {m.mlx_device}, BLAS {m.blas}, "
            f"MLX {m.mlx_version}, mlx-lm {m.mlx_lm_version}.",
            f"- {c.max_tokens} tokens per run, median of {c.repeats} interleaved repeats after "
            f"{c.warmup} warm-up (the order reversed every other repeat), prompts "
-           f"{', '.join(c.prompts)} (one per repeat, in turn); mlx-lm's k swept over "
-           f"{', '.join(map(str, c.ks))} ({c.sweep_repeats} repeats).",
+           f"{', '.join(c.prompts)} (one per repeat, in turn); the sweep of fixed settings "
+           f"(plain, lookup alone, mlx-spec at k = {', '.join(map(str, c.ks))}; beside them "
+           f"mlx-lm at k = {', '.join(map(str, c.lm_ks))}) ran {c.sweep_repeats} repeats.",
            f"- Calibration: {result.calibration}"
            + "".join(f"; {name} {s:.1f} s" for name, s in result.calibration_s.items()) + ".",
            ""]
-    out += _table(("pair", "what"), [[name, note] for name, note in result.pairs.items()])
-    rows = []
-    for row in result.rows:
-        ms, rs = row.methods, row.ratios
-        rows.append([row.pair, f"{row.temp:g}", _tps(ms[PLAIN]), str(row.best_k),
-                     _tps(ms[LM_AT_K]), _tps(ms[SPEC_AT_K]), _x(rs["mlx-spec@k / mlx-lm@k"]),
-                     f"{_tps(ms[DEFAULTS])} / {_tps(ms.get(DEFAULTS_CAL))}",
-                     f"{_x(rs['defaults / plain'])} / {_x(rs['defaults+cal / plain'])}",
-                     f"{_x(rs['defaults / best fixed'])} / {_x(rs['defaults+cal / best fixed'])}",
-                     " / ".join(_pct(ms.get(name)) for name in
-                                (LM_AT_K, SPEC_AT_K, DEFAULTS, DEFAULTS_CAL))])
-    out += _table(("pair", "T", "plain tok/s", "mlx-lm best k", "mlx-lm@k tok/s",
-                   "mlx-spec@k tok/s", "mlx-spec@k ÷ mlx-lm@k",
-                   "defaults tok/s (no cal / cal)", "defaults ÷ plain (no cal / cal)",
-                   "defaults ÷ best fixed (no cal / cal)",
-                   "acceptance (mlx-lm@k / mlx-spec@k / defaults / +cal)"), rows)
+    held_out = set(result.held_out)
+    out += _table(("pair", "half", "what"),
+                  [[name, "held out" if name in held_out else "tuned", note]
+                   for name, note in result.pairs.items()])
+    halves = [("Tuned pairs (the policy's constants were chosen looking at these)",
+               [row for row in result.rows if row.pair not in held_out]),
+              ("Held-out pairs (only measured, never tuned on)",
+               [row for row in result.rows if row.pair in held_out])]
+    for title, rows in halves:
+        if not rows:
+            continue
+        out += [f"## {title}", ""] + _main_table(rows)
+        out += [f"Worst: defaults ÷ best fixed {_worst(rows, 'defaults / best fixed')} "
+                f"uncalibrated, {_worst(rows, 'defaults+cal / best fixed')} calibrated; "
+                f"defaults ÷ plain {_worst(rows, 'defaults / plain')} uncalibrated, "
+                f"{_worst(rows, 'defaults+cal / plain')} calibrated.", ""]
     coverage = max((r.coverage for row in result.rows for r in row.ratios.values() if r),
                    default=0.0)
     interval = (f"a {coverage:.0%} confidence interval for that median (order statistics, "
@@ -361,8 +438,11 @@ def render_markdown(result: NeverBehind) -> str:
              f"decode the same prompt, one after the other); in brackets {interval}."
              if coverage else "- A ratio is one of medians; in brackets the smallest and largest "
              "per-repeat ratio."),
-            "- Best fixed: the faster of mlx-lm@k and mlx-spec@k at mlx-lm's best k.",
-            "- mlx-lm's acceptance counts its from_draft tokens (token matching at T > 0).", ""]
+            "- Best fixed: the sweep's fastest of plain decoding, prompt lookup alone and "
+            "mlx-spec at a fixed k with the pair's drafter (no lookup), measured again in the "
+            "table. mlx-lm at its best k is beside it, not the bar ('-': mlx-lm cannot run "
+            "the pair: an MTP head, or caches it cannot trim).",
+            "- Acceptance: accepted drafts over drafted ones in the timed rounds.", ""]
     behind = _behind(result)
     caveat = (" (one repeat: no spread, so this cannot tell noise from a loss)"
               if c.repeats < 2 else "")
@@ -382,11 +462,15 @@ def render_markdown(result: NeverBehind) -> str:
               " / ".join(f"{r.tokens_per_round[name]:.2f}" if name in r.tokens_per_round
                          else "n/a" for name in (LOOKUP, DEFAULTS, DEFAULTS_CAL))]
              for r in result.copy_rows])
+    if result.copy_rows:
+        out += ["Sweep medians (tokens/s) per row: in the JSON file (rows[].sweep).", ""]
     out.append(f"Took {result.elapsed_s:.0f} s; seed {c.seed}; every figure is in the JSON file.")
     return "\n".join(out) + "\n"
 
 
-QUICK = dict(temps=(0.0, 1.0), ks=(1, 2, 4), repeats=1, sweep_repeats=1, max_tokens=48)
+QUICK = dict(temps=(0.0, 1.0), ks=(1, 2, 4), lm_ks=(1, 2, 4), repeats=1, sweep_repeats=1,
+             max_tokens=48)
+HALVES = {"tuned": TUNED_NAMES, "held-out": HELD_OUT_NAMES, "all": ZOO_NAMES}
 
 
 def _floats(text):
@@ -399,13 +483,16 @@ def _names(text):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=_names, default=ZOO_NAMES,
-                        help=f"comma-separated, from {', '.join(ZOO_NAMES)} (default: all)")
+    parser.add_argument("--pairs", type=lambda t: HALVES.get(t) or _names(t), default=ZOO_NAMES,
+                        help=f"comma-separated, from {', '.join(ZOO_NAMES)}; or tuned, "
+                             f"held-out, all (default: all)")
     parser.add_argument("--temps", type=_floats, default=DEFAULT_TEMPS,
                         help="comma-separated temperatures (default: 0,0.7,1)")
     parser.add_argument("--ks", type=lambda t: tuple(int(v) for v in t.split(",")),
-                        default=None, help="mlx-lm's fixed k to sweep (default: 1..6)")
-    parser.add_argument("--max-tokens", type=int, default=64)
+                        default=None, help="mlx-spec's fixed k to sweep (default: 1,2,3,4,6,8)")
+    parser.add_argument("--lm-ks", type=lambda t: tuple(int(v) for v in t.split(",")),
+                        default=None, help="mlx-lm's fixed k, beside (default: 1,2,3,4)")
+    parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=8,
                         help="the table's repeats (default 8: ~93%% intervals for its ratios)")
     parser.add_argument("--sweep-repeats", type=int, default=3,
@@ -440,7 +527,8 @@ def default_out(blas: str) -> Path:
 
 
 def config_from(args):
-    chosen = dict(temps=args.temps, ks=args.ks or DEFAULT_KS, repeats=args.repeats,
+    chosen = dict(temps=args.temps, ks=args.ks or DEFAULT_KS, lm_ks=args.lm_ks or DEFAULT_LM_KS,
+                  repeats=args.repeats,
                   sweep_repeats=args.sweep_repeats, max_tokens=args.max_tokens)
     if args.quick:
         chosen.update(QUICK)
