@@ -15,7 +15,8 @@ from mlx.utils import tree_flatten
 from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
 from mlx_spec.bench.studies.never_behind import (BEST_FIXED, DEFAULTS, DEFAULTS_CAL, LM_AT_K,
                                                  LOOKUP, PLAIN, NeverBehind, NeverBehindConfig,
-                                                 best_of, lm_at, measure, paired_ratio,
+                                                 best_of, lm_at, measure, mlx_lm_runs,
+                                                 paired_ratio,
                                                  render_markdown, row_ratios, spec_at)
 from mlx_spec.bench.serialize import from_dict
 from mlx_spec.bench.timing import median_interval
@@ -110,6 +111,9 @@ def test_zoo_builds_every_pair_and_splits_tuned_from_held_out():
                                  for c in make_cache(by_name["sliding-f32"].target_model)}
     assert by_name["mtp-f32"].draft_model == "mtp"
     assert len(by_name["skip-f32"].draft_model.layers) == SKIP_LAYERS
+    # mlx-lm runs only what it can trim: a sliding window fills up, an MTP head is not a model
+    assert [name for name in ZOO_NAMES if mlx_lm_runs(by_name[name])] == [
+        "shipped-f16", "shipped-f32", "weak", "strong", "noisy-f32", "skip-f32", "noisy-f16"]
 
 
 def test_the_early_exit_draft_is_the_target_cut_short():

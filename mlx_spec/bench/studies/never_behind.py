@@ -63,6 +63,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 
+from ...cache import make_cache
 from ...generate import speculative_generate_step
 from ...memory import wired_limit
 from ...sampling import SamplingConfig
@@ -194,6 +195,16 @@ def fixed_settings(pair: Pair, temp: float, ks: Sequence[int], max_tokens: int,
     return settings
 
 
+def mlx_lm_runs(pair: Pair) -> bool:
+    """Whether mlx-lm's speculative mode can decode the pair: not an MTP head, and caches it
+    can trim; a sliding window cannot be trimmed once the prompt fills it, so never."""
+    if isinstance(pair.draft_model, str):
+        return False
+    caches = make_cache(pair.target_model) + make_cache(pair.draft_model)
+    return (mlx_lm_can_speculate(pair.target_model, pair.draft_model)
+            and not any(type(c).__name__ == "RotatingKVCache" for c in caches))
+
+
 def best_of(sweep: Dict[str, float], names) -> Optional[str]:
     names = [name for name in names if name in sweep]
     return max(names, key=sweep.get) if names else None
@@ -247,8 +258,7 @@ def measure_row(pair: Pair, prompts, temp: float, config: NeverBehindConfig, cal
     """Phase 1 (the sweep over fixed settings), then phase 2 (the table) for one pair and T."""
     timing = dict(repeats=config.repeats, warmup=config.warmup, seed=config.seed)
     label = f"{pair.name}, T={temp:g}"
-    mlx_lm = not isinstance(pair.draft_model, str) and mlx_lm_can_speculate(
-        pair.target_model, pair.draft_model)
+    mlx_lm = mlx_lm_runs(pair)
     settings = fixed_settings(pair, temp, config.ks, config.max_tokens,
                               config.lm_ks if mlx_lm else ())
     swept = interleave(settings, prompts, progress=_labelled(progress, f"{label}, sweep"),
@@ -310,8 +320,10 @@ def measure_copy(pair: Pair, config: NeverBehindConfig, calibration, takes_calib
 
 
 def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig(),
-            progress: Optional[Callable[[str], None]] = None) -> NeverBehind:
-    """Every row of the table (and the copy task) for every pair, in one process."""
+            progress: Optional[Callable[[str], None]] = None,
+            checkpoint: Optional[Callable[[NeverBehind], None]] = None) -> NeverBehind:
+    """Every row of the table (and the copy task) for every pair, in one process;
+    `checkpoint(result so far)` after each pair (a long run keeps what it measured)."""
     say = progress or (lambda message: None)
     start = time.perf_counter()
     missing = calibration_unavailable()
@@ -343,6 +355,12 @@ def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig
             if config.copy_task:
                 copy_rows.append(measure_copy(pair, config, calibration, takes_calibration,
                                               progress))
+        if checkpoint is not None:
+            done = pairs[:pairs.index(pair) + 1]
+            checkpoint(NeverBehind(config, machine_info(), {p.name: p.note for p in done},
+                                   [p.name for p in done if p.held_out], missing or "used",
+                                   calibration_s, list(rows), list(copy_rows),
+                                   time.perf_counter() - start))
     return NeverBehind(config, machine_info(), {p.name: p.note for p in pairs},
                        [p.name for p in pairs if p.held_out], missing or "used", calibration_s,
                        rows, copy_rows,
@@ -555,10 +573,14 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     progress(f"built {', '.join(p.name for p in pairs)}")
-    result = measure(pairs, config_from(args), progress)
-    out = args.out or default_out(result.machine.blas)
+    out = args.out or default_out(machine_info().blas)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result.as_dict(), indent=1))
+
+    def save(result: NeverBehind) -> None:
+        out.with_suffix(".json").write_text(json.dumps(result.as_dict(), indent=1))
+
+    result = measure(pairs, config_from(args), progress, checkpoint=save)
+    save(result)
     markdown = render_markdown(result)
     out.with_suffix(".md").write_text(markdown)
     print(markdown)
