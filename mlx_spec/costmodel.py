@@ -10,6 +10,11 @@ target decoding step:
 `verify_cost(T)` is the measured time of one target forward over T tokens
 relative to T = 1; on a GPU it stays near 1 for small T, on a reference CPU
 BLAS it grows like T, which erases any gain.
+
+A block drafter (DFlash) drafts all k in ONE pass over its block, so its round
+costs that pass plus the same verify, roughly constant in k:
+
+    block speed-up(k) = E[tokens per round] / (pass_cost(k) + verify_cost(k + 1))
 """
 
 from __future__ import annotations
@@ -60,6 +65,22 @@ def predicted_speedup(acceptance: float, k: int, draft_cost: float,
         return 1.0
     cost = k * draft_cost + interpolate(verify_cost, k + 1) / interpolate(verify_cost, 1)
     return expected_tokens_per_round(acceptance, k) / cost
+
+
+def block_round_cost(pass_cost: float, k: int, verify_cost: Mapping[int, float]) -> float:
+    """One block-drafter round in plain target steps: the drafter's pass drafting k (one pass,
+    whatever k), then the target's verify over k + 1 tokens."""
+    return pass_cost + interpolate(verify_cost, k + 1) / interpolate(verify_cost, 1)
+
+
+def predicted_block_speedup(acceptance: float, k: int, pass_cost: Mapping[int, float],
+                            verify_cost: Mapping[int, float]) -> float:
+    """Speed-up over plain decoding for a block drafter proposing k per round (k = 0: 1.0);
+    `pass_cost[k]`: its pass drafting k, in target steps (interpolated between measured k)."""
+    if k == 0:
+        return 1.0
+    return (expected_tokens_per_round(acceptance, k)
+            / block_round_cost(interpolate(pass_cost, k), k, verify_cost))
 
 
 def best_k(acceptance: float, draft_cost: float, verify_cost: Mapping[int, float],

@@ -32,3 +32,17 @@ def test_best_k_is_zero_when_verification_is_linear():
     flat = {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.1}
     k, speedup = costmodel.best_k(0.8, 0.05, flat)
     assert k >= 3 and speedup > 2
+
+
+def test_a_block_drafter_round_costs_one_pass_whatever_k():
+    flat = {1: 1.0, 2: 1.0, 4: 1.1, 8: 1.2, 16: 1.5}
+    pass_cost = {3: 0.30, 7: 0.32, 15: 0.36}  # k -> one drafter pass drafting k
+    assert costmodel.block_round_cost(0.3, 3, flat) == pytest.approx(0.3 + 1.1)
+    assert costmodel.predicted_block_speedup(0.8, 7, pass_cost, flat) == pytest.approx(
+        costmodel.expected_tokens_per_round(0.8, 7) / (0.32 + 1.2))
+    assert costmodel.predicted_block_speedup(0.8, 5, pass_cost, flat) == pytest.approx(
+        costmodel.expected_tokens_per_round(0.8, 5) / (0.31 + 1.15))  # both interpolated
+    assert costmodel.predicted_block_speedup(0.8, 0, pass_cost, flat) == 1.0
+    # The same 0.3 paid per drafted token (a draft model) loses at k = 15; one pass gains.
+    assert costmodel.predicted_speedup(0.8, 15, 0.3, flat) < 1.0
+    assert costmodel.predicted_block_speedup(0.8, 15, pass_cost, flat) > 2.5
