@@ -138,3 +138,27 @@ def test_cost_model_acceptance_counts_only_the_timed_prompts():
     names = [p.name for p in PROMPTS]
     assert timed_prompts(PROMPTS, repeats=3, warmup=1) == names[1:4]
     assert timed_prompts(PROMPTS, repeats=8, warmup=0) == names + names[:1]
+
+
+def test_block_verdict_names_the_k_whose_own_acceptance_pays_best():
+    """A block drafter's acceptance falls along its block: the verdict predicts each k with
+    that k's own rate and the pass it measured, and names the best one (or why none pays)."""
+    from mlx_spec.bench.acceptance import AcceptancePoint
+    from mlx_spec.bench.forward import ModelCost
+    from mlx_spec.bench.recommend import block_verdict
+
+    def point(k, rounds, accepted, full):
+        return AcceptancePoint(k=k, temp=0.0, rule="exact", rounds=rounds, drafted=rounds * k,
+                               accepted=accepted, acceptance_rate=accepted / (rounds * k),
+                               mean_accepted=accepted / rounds,
+                               accepted_histogram=tuple([rounds - full] + [0] * (k - 1) + [full]))
+
+    points = [point(3, 10, 27, 7), point(7, 10, 30, 0)]  # a = 0.9 at k=3, 0.75 at k=7
+    target = ModelCost("target", 1, 8, 1e-3, 0.5, verify_cost={1: 1.0, 4: 1.1, 8: 1.3})
+    v = block_verdict(points, target, {3: 0.2, 7: 0.25}, 0.0, [3, 7])
+    assert v.pays and v.best_k == 3 and "k=3" in v.reason and "block drafter" in v.reason
+    assert v.predicted_by_k[3] == pytest.approx((1 - 0.9 ** 4) / 0.1 / (0.2 + 1.1))
+    assert v.predicted_by_k[7] == pytest.approx((1 - 0.75 ** 8) / 0.25 / (0.25 + 1.3))
+    slow = block_verdict(points, target, {3: 3.0, 7: 3.0}, 0.0, [3, 7])
+    assert not slow.pays and slow.best_k == 0
+    assert "pass is too slow" in slow.reason and "k=3" in slow.reason

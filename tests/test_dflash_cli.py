@@ -3,9 +3,11 @@ written by the tests; the drafter in the published layout).
 
 tune measures it (real rounds and acceptance; a block drafter has no per-token
 step) and stores it under `dflash_key`, and generate's adaptive policy then
-starts from it; bench, whose cost model is per-token draft steps, refuses it in
-one sentence.
+starts from it; bench measures its pass per round instead of a draft step and
+writes the block drafter's figures.
 """
+
+import json
 
 import pytest
 from click.testing import CliRunner
@@ -66,11 +68,43 @@ def test_tune_measures_the_drafter_and_generate_starts_from_it(model_dirs, targe
     assert rounds.policy.source("dflash").warm  # its round-cost fit started from the calibration
 
 
-@pytest.mark.parametrize("extra", [["--quick"], ["--smoke", "--tune"]])
-def test_bench_refuses_the_drafter_in_one_sentence(model_dirs, drafter_dir, tmp_path, extra):
+def test_bench_measures_the_drafter_as_a_block_drafter(model_dirs, drafter_dir, tmp_path):
+    out = tmp_path / "bench.json"
     result = run("bench", "--model", model_dirs["target"], "--draft-model", drafter_dir,
-                 "--no-plots", "--json", tmp_path / "bench.json", *extra)
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "DFlash drafter" in errors[0] and "mlx-spec tune" in errors[0]
-    assert not (tmp_path / "bench.json").exists()
+                 "--smoke", "--no-plots", "--json", out)
+    assert result.exit_code == 0, result.output
+    d = json.loads(out.read_text())
+    assert d["draft"] is None  # no per-token draft step: the drafter's pass instead
+    block = d["block_drafter"]
+    assert block["kind"] == "DFlash block drafter" and block["block_size"] == 6
+    ks = sorted(int(k) for k in block["pass_cost"])
+    assert ks == sorted({1, 2, 5})  # the smoke k's and the whole block (k + 1 = 6)
+    assert all(v > 0 for v in block["pass_s"].values())
+    assert all(v > 0 for v in block["pass_cost"].values())
+    assert block["rows_by_k"]["5"] == 6
+    assert {p["k"] for p in d["acceptance"]} == set(ks)
+    for p in d["acceptance"]:
+        assert 0 <= p["acceptance_rate"] <= 1 and sum(p["accepted_histogram"]) == p["rounds"]
+    assert all(p["rounds"] > 0 for p in d["acceptance"] if p["rule"] == "exact")
+    for c in d["end_to_end"]:
+        methods = c["methods"]
+        assert methods["mlx-spec"]["tokens_per_s"] > 0
+        assert methods["mlx-spec defaults"]["tokens_per_s"] > 0
+        assert methods["mlx-lm speculative"]["tokens_per_s"] == 0  # n/a, said in `skipped`
+        assert c["ratios"]["mlx-spec defaults / target alone"] > 0
+    for v in d["verdicts"]:
+        assert v["best_k"] in (0, *ks) and v["reason"]
+        assert set(int(k) for k in v["predicted_by_k"]) == set(ks)
+        if v["pays"]:
+            assert f"k={v['best_k']}" in v["reason"] and "DFlash block drafter" in v["reason"]
+    assert d["size_scaling"] == [] and "size scaling" in d["skipped"]
+    assert "mlx-lm speculative" in d["skipped"]
+    assert [p["context_length"] for p in d["context_scaling"]] == d["config"]["context_lengths"]
+    assert all(p["draft_cost"] > 0 for p in d["context_scaling"])
+    assert "draft k=5" in {r["method"] for r in d["sources"]["results"]}
+    report = out.with_suffix(".md").read_text()
+    assert "DFlash block drafter: one pass per round" in report
+    assert "size scaling: not run:" in report
+    rerendered = run("bench", "--rerender", out, "--no-plots")
+    assert rerendered.exit_code == 0, rerendered.output
+    assert json.loads(out.read_text())["verdicts"] == d["verdicts"]

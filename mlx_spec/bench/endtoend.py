@@ -27,6 +27,7 @@ from .prompts import Prompt
 from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, median, ratio
 
 TARGET, MLX_LM, MLX_SPEC = "target alone", "mlx-lm speculative", "mlx-spec"
+MLX_SPEC_DEFAULTS = "mlx-spec defaults"  # a block drafter's runs with the default policy
 DEFAULT_E2E_TEMPS = (0.0, 1.0)
 
 
@@ -152,17 +153,26 @@ def interleave(methods: Dict[str, Callable[[List[int]], RunResult]], prompts,
 
 def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens: int,
             repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
-            progress=None) -> Comparison:
-    """Target alone vs mlx-lm speculative vs mlx-spec at one (k, temp)."""
+            progress=None, speculative=None) -> Comparison:
+    """Target alone vs mlx-lm speculative vs mlx-spec at one (k, temp); `speculative`, when
+    given, {name: run(ids)} replaces the last two (a block drafter's: block_drafter.compare)."""
     methods = {
         TARGET: lambda ids: run_target_alone(target_model, ids, temp, max_tokens),
-        MLX_LM: lambda ids: run_mlx_lm(target_model, draft_model, ids, temp, k, max_tokens),
-        MLX_SPEC: lambda ids: run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens),
+        **(speculative or {
+            MLX_LM: lambda ids: run_mlx_lm(target_model, draft_model, ids, temp, k, max_tokens),
+            MLX_SPEC: lambda ids: run_mlx_spec(target_model, draft_model, ids, temp, k,
+                                               max_tokens)}),
     }
-    if not mlx_lm_can_speculate(target_model, draft_model):
+    if MLX_LM in methods and not mlx_lm_can_speculate(target_model, draft_model):
         del methods[MLX_LM]  # recurrent or sliding-window caches: mlx-lm refuses the pair
     with wired_limit(target_model, draft_model):
         results = interleave(methods, prompts, repeats, warmup, seed, progress)
+    return comparison(temp, k, max_tokens, results)
+
+
+def comparison(temp: float, k: int, max_tokens: int,
+               results: Dict[str, MethodResult]) -> Comparison:
+    """The methods' results and their ratios; a method that did not run reads 0 (n/a)."""
     results.setdefault(MLX_LM, MethodResult(0.0, (), None))
     tps = {name: r.tokens_per_s for name, r in results.items()}
     ratios = {
@@ -170,17 +180,20 @@ def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens:
         "mlx-spec / mlx-lm speculative": ratio(tps[MLX_SPEC], tps[MLX_LM]) or None,
         "mlx-lm speculative / target alone": ratio(tps[MLX_LM], tps[TARGET]) or None,
     }
+    if MLX_SPEC_DEFAULTS in tps:
+        ratios["mlx-spec defaults / target alone"] = ratio(tps[MLX_SPEC_DEFAULTS], tps[TARGET])
     return Comparison(temp, k, max_tokens, results, ratios)
 
 
 def speedup_vs_k(target_model, draft_model, prompts, ks: Sequence[int], temp: float,
                  max_tokens: int, repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                 seed: int = 0, progress=None) -> Dict[int, float]:
-    """Measured mlx-spec / target-alone tokens/s for every k, all interleaved."""
+                 seed: int = 0, progress=None, run_spec=run_mlx_spec) -> Dict[int, float]:
+    """Measured mlx-spec / target-alone tokens/s for every k, all interleaved; `run_spec` runs
+    mlx-spec once (block_drafter.run_block for a block drafter)."""
     methods = {TARGET: lambda ids: run_target_alone(target_model, ids, temp, max_tokens)}
     for k in ks:
-        methods[f"k={k}"] = (lambda ids, k=k: run_mlx_spec(target_model, draft_model, ids,
-                                                            temp, k, max_tokens))
+        methods[f"k={k}"] = (lambda ids, k=k: run_spec(target_model, draft_model, ids,
+                                                        temp, k, max_tokens))
     with wired_limit(target_model, draft_model):
         results = interleave(methods, prompts, repeats, warmup, seed, progress)
     base = results[TARGET].tokens_per_s

@@ -33,7 +33,7 @@ def _speedup_vs_k(ax, r: BenchResult):
 
 
 def _verify_cost(ax, r: BenchResult):
-    for cost in (r.target, r.draft):
+    for cost in filter(None, (r.target, r.draft)):  # no draft curve for a block drafter
         ts = sorted(cost.verify_cost)
         ax.plot(ts, [cost.verify_cost[t] for t in ts], "-o", label=cost.role)
     ts = sorted(r.target.verify_cost)

@@ -2,7 +2,9 @@
 
 `sections(result)` turns a `BenchResult` into titled tables once; `render_text`
 and `render_markdown` only lay them out. Headlines are ratios and medians;
-absolute times appear only inside tables.
+absolute times appear only inside tables. A DFlash block drafter's result
+gets its own tables where its figures differ (its pass per round, its runs
+with the defaults) and says which phases did not run and why.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
+from .. import costmodel
 from .acceptance import lookup
-from .endtoend import MLX_LM, MLX_SPEC, TARGET
+from .endtoend import MLX_LM, MLX_SPEC, MLX_SPEC_DEFAULTS, TARGET
 from .runner import BenchResult
 
 
@@ -41,6 +44,12 @@ def _verdict_section(r: BenchResult) -> Section:
             notes.append(f"T={v.temp:g}: the measurement disagrees with the cost model; trust "
                          "the measured figure, and rerun with more --repeats on an idle machine.")
     for c in r.end_to_end:
+        if r.block_drafter is not None:
+            notes.append(f"Measured at T={c.temp:g}: mlx-spec with the {r.block_drafter.kind} "
+                         f"is {_x(c.ratios['mlx-spec / target alone'])} the target alone at "
+                         f"k={c.k} and {_x(c.ratios.get('mlx-spec defaults / target alone'))} "
+                         "with the defaults.")
+            continue
         notes.append(f"Measured at T={c.temp:g}, k={c.k}: mlx-spec is "
                      f"{_x(c.ratios['mlx-spec / target alone'])} the target alone and "
                      f"{_x(c.ratios['mlx-spec / mlx-lm speculative'])} mlx-lm speculative.")
@@ -54,31 +63,52 @@ def _machine_section(r: BenchResult) -> Section:
             ["BLAS", m.blas], ["MLX / mlx-lm", f"{m.mlx_version} / {m.mlx_lm_version}"],
             ["bandwidth (read / copy)", f"{b.read_gbs:.1f} / {b.copy_gbs:.1f} GB/s "
                                         f"({b.size_mb} MB array)"]]
-    rows += [[f"{role} model", path] for role, path in r.models.items()]
+    rows += [[f"{role} model" if role != "draft" or r.block_drafter is None
+              else f"draft ({r.block_drafter.kind})", path] for role, path in r.models.items()]
     return Section("Machine", ("", ""), rows)
 
 
 def _models_section(r: BenchResult) -> Section:
     rows = []
-    for cost in (r.target, r.draft):
+    for cost in filter(None, (r.target, r.draft)):
         rows.append([cost.role, f"{cost.weight_bytes / 1e6:.1f} MB",
                      f"{cost.decode_s * 1e3:.2f} ms", f"{1 / cost.decode_s:.0f}",
                      _pct(cost.bandwidth_share), cost.cache_kinds or "-", cost.rewind or "-"])
-    draft_cost = r.draft.decode_s / r.target.decode_s
+    notes = [] if r.draft is None else [
+        f"One draft step costs {r.draft.decode_s / r.target.decode_s:.2f} target steps."]
     return Section("Per model (one decoding step after a "
                    f"{r.target.context_length}-token prefix)",
                    ("model", "weights", "step", "steps/s", "of read bandwidth", "cache layers",
-                    "rewind"), rows,
-                   [f"One draft step costs {draft_cost:.2f} target steps."])
+                    "rewind"), rows, notes)
+
+
+def _block_drafter_sections(r: BenchResult) -> List[Section]:
+    d = r.block_drafter
+    if d is None:
+        return []
+    curve = r.target.verify_cost
+    rows = [[str(k), str(d.rows_by_k[k]), f"{d.pass_s[k] * 1e3:.2f} ms",
+             f"{d.block_s[k] * 1e3:.2f} ms", f"{d.pass_cost[k]:.2f}",
+             f"{costmodel.block_round_cost(d.pass_cost[k], k, curve):.2f}"]
+            for k in sorted(d.pass_s)]
+    return [Section(
+        f"{d.kind}: one pass per round (after a {d.context_length}-token context)",
+        ("k", "rows in the pass", "pass + catch-up", "proposal alone", "in target steps",
+         "round in target steps"), rows,
+        [f"{d.kind}, {d.weight_bytes / 1e6:.1f} MB, block of {d.block_size}: one pass drafts "
+         "all k, so a round costs that pass (with the catch-up of the k + 1 rows a fully "
+         "accepted round hands over) plus the target's verify of k + 1 tokens, not k draft "
+         "steps."])]
 
 
 def _verify_section(r: BenchResult) -> Section:
-    rows = [[str(t), f"{r.target.verify_cost[t]:.2f}", f"{r.draft.verify_cost.get(t, 0):.2f}"]
+    models = list(filter(None, (r.target, r.draft)))
+    rows = [[str(t)] + [f"{c.verify_cost.get(t, 0):.2f}" for c in models]
             for t in sorted(r.target.verify_cost)]
     notes = [f"{c.role}: compute-bound from T={c.compute_bound_at}" if c.compute_bound_at
-             else f"{c.role}: memory-bound over the whole range" for c in (r.target, r.draft)]
+             else f"{c.role}: memory-bound over the whole range" for c in models]
     return Section("Verify-cost curve: time of one forward over T tokens / time of T=1",
-                   ("T", "target", "draft"), rows, notes)
+                   ("T", *(c.role for c in models)), rows, notes)
 
 
 def _acceptance_section(r: BenchResult) -> Section:
@@ -91,7 +121,32 @@ def _acceptance_section(r: BenchResult) -> Section:
                    rows)
 
 
+def _block_end_to_end_section(r: BenchResult) -> Section:
+    rows = []
+    for c in r.end_to_end:
+        m = c.methods
+        token_match = lookup(r.acceptance, c.k, c.temp, "token-match")
+        rows.append([f"{c.temp:g}", str(c.k)]
+                    + [f"{m[name].tokens_per_s:.1f}" for name in (TARGET, MLX_SPEC,
+                                                                  MLX_SPEC_DEFAULTS)]
+                    + [_x(c.ratios["mlx-spec / target alone"]),
+                       _x(c.ratios.get("mlx-spec defaults / target alone")),
+                       _pct(m[MLX_SPEC].acceptance_rate),
+                       _pct(m[MLX_SPEC_DEFAULTS].acceptance_rate),
+                       _pct(token_match.acceptance_rate) if token_match else "-"])
+    return Section(
+        f"End to end with the {r.block_drafter.kind}: decode tokens/s, median of "
+        f"{r.config.repeats} interleaved repeats of {r.config.max_tokens} tokens",
+        ("T", "k", "target", "mlx-spec at k", "mlx-spec defaults", "spec/target",
+         "defaults/target", "acc. at k", "acc. defaults", "acc. token-match"), rows,
+        ["Defaults: the drafter's block and the adaptive policy, no prompt lookup. mlx-spec runs "
+         "are timed after their first round (the prefill, which feeds the drafter the prompt's "
+         "hidden states); acc. token-match is mlx-lm's rule inside mlx-spec's loop."])
+
+
 def _end_to_end_section(r: BenchResult) -> Section:
+    if r.block_drafter is not None:
+        return _block_end_to_end_section(r)
     rows = []
     for c in r.end_to_end:
         m = c.methods
@@ -127,7 +182,8 @@ def _scaling_sections(r: BenchResult) -> List[Section]:
     k = r.config.num_draft_tokens
     context = Section(
         f"Scaling with context length (k={k}, T=0)",
-        ("context", "target step", f"verify {k + 1} / 1", "draft cost", "predicted"),
+        ("context", "target step", f"verify {k + 1} / 1",
+         "draft cost" if r.block_drafter is None else "pass cost", "predicted"),
         [[str(p.context_length), f"{p.target_decode_s * 1e3:.2f} ms", f"{p.verify_cost:.2f}",
           f"{p.draft_cost:.2f}", _x(p.predicted_speedup)] for p in r.context_scaling])
     size = Section(
@@ -136,7 +192,8 @@ def _scaling_sections(r: BenchResult) -> List[Section]:
          "draft cost", "predicted"),
         [[f"{p.hidden_size} x {p.num_layers}", f"{p.weight_bytes / 1e6:.0f} MB",
           f"{p.decode_s * 1e3:.2f} ms", _pct(p.bandwidth_share), f"{p.verify_cost:.2f}",
-          f"{p.draft_cost:.2f}", _x(p.predicted_speedup)] for p in r.size_scaling])
+          f"{p.draft_cost:.2f}", _x(p.predicted_speedup)] for p in r.size_scaling],
+        [f"Not run: {r.skipped['size scaling']}."] if "size scaling" in r.skipped else [])
     b = r.batch_scaling
     batch = Section(
         f"Scaling with batch size (B rows of {b.tokens_per_row} tokens in one target forward)",
@@ -161,13 +218,23 @@ def _sources_section(r: BenchResult) -> List[Section]:
         "over plain decoding, geometric mean over prompts)",
         ["method"] + kinds + ["all", "acceptance", "from lookup", "mean k"], rows,
         [f"Adaptive k vs the best fixed k ({race.best_fixed}): "
-         f"{_x(race.adaptive_vs_best_fixed)} over the whole prompt set."])]
+         f"{_x(race.adaptive_vs_best_fixed)} over the whole prompt set."]
+        + ([f"Every draft row here is the {r.block_drafter.kind}."] if r.block_drafter else []))]
+
+
+def _skipped_section(r: BenchResult) -> List[Section]:
+    if not (r.skipped or r.notes):
+        return []
+    return [Section("Not run for this draft, and notes",
+                    notes=[f"{phase}: not run: {why}." for phase, why in r.skipped.items()]
+                    + list(r.notes))]
 
 
 def sections(r: BenchResult) -> List[Section]:
-    return [_verdict_section(r), _machine_section(r), _models_section(r), _verify_section(r),
-            _acceptance_section(r), _end_to_end_section(r), _speedup_section(r),
-            *_scaling_sections(r), *_sources_section(r)]
+    return [_verdict_section(r), *_skipped_section(r), _machine_section(r), _models_section(r),
+            *_block_drafter_sections(r), _verify_section(r), _acceptance_section(r),
+            _end_to_end_section(r), _speedup_section(r), *_scaling_sections(r),
+            *_sources_section(r)]
 
 
 def render_text(r: BenchResult) -> str:

@@ -6,6 +6,11 @@
 Phases: machine, bandwidth, per-model cost, acceptance sweep, end-to-end
 comparison, speed-up vs k, cost-model verdict, scaling. `progress(message)`
 is called as they go (the CLI prints it to stderr).
+
+A DFlash block drafter as the draft takes `block_drafter`'s path through the
+same phases: its pass per round instead of a draft step per token, its runs
+at k and with the defaults, its whole block added to the k sweeps; what does
+not apply to it is listed in `skipped` with the reason.
 """
 
 from __future__ import annotations
@@ -15,14 +20,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..dflash import is_dflash_model
 from ..policy import DEFAULT_NUM_DRAFT_TOKENS
 from . import acceptance as acc
-from . import endtoend, scaling, sources
+from . import block_drafter, endtoend, scaling, sources
 from .bandwidth import DEFAULT_BANDWIDTH_MB, Bandwidth, measure_bandwidth
 from .forward import DEFAULT_CONTEXT_LENGTH, DEFAULT_VERIFY_LENGTHS, ModelCost, measure_model
 from .machine import MachineInfo, machine_info
 from .prompts import PROMPTS, QUICK_PROMPTS, Prompt, encode_prompts
-from .recommend import Verdict, verdict
+from .recommend import Verdict, block_verdict, verdict
 from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 
 DEFAULT_MAX_TOKENS = 128
@@ -86,7 +92,7 @@ class BenchResult:
     machine: MachineInfo
     bandwidth: Bandwidth
     target: ModelCost
-    draft: ModelCost
+    draft: Optional[ModelCost]  # None for a block drafter: see block_drafter
     acceptance: List[acc.AcceptancePoint]
     end_to_end: List[endtoend.Comparison]
     speedup_vs_k: Dict[int, float]  # measured mlx-spec / target alone at T = 0
@@ -97,6 +103,8 @@ class BenchResult:
     sources: Optional[sources.SourcesRace] = None
     elapsed_s: float = 0.0
     notes: List[str] = field(default_factory=list)
+    block_drafter: Optional[block_drafter.BlockDrafterCost] = None  # a DFlash drafter's pass
+    skipped: Dict[str, str] = field(default_factory=dict)  # phase -> why it did not run
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -107,6 +115,12 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
               progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     say = progress or (lambda message: None)
     start = time.perf_counter()
+    block = is_dflash_model(draft_model)
+    notes, skipped = [], {}
+    if block:
+        config, notes = block_config(config, draft_model.dflash_config.block_size)
+        skipped = {"size scaling": block_drafter.SIZE_SCALING_SKIPPED,
+                   "mlx-lm speculative": block_drafter.MLX_LM_SKIPPED}
     prompts = encode_prompts(tokenizer, config.prompts)
     k, seed, repeats = config.num_draft_tokens, config.seed, config.repeats
 
@@ -114,34 +128,47 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     machine = machine_info()
     say("[2/9] memory bandwidth")
     bandwidth = measure_bandwidth(config.bandwidth_mb, repeats)
-    say("[3/9] per-model cost and verify-cost curve")
+    say("[3/9] per-model cost and verify-cost curve"
+        + (" (the drafter: its pass per round at each k)" if block else ""))
     costs = {
         role: measure_model(role, model, bandwidth.read_gbs, config.verify_lengths,
                             config.context_length, repeats, seed)
         for role, model in (("target", target_model), ("draft", draft_model))
+        if role == "target" or not block
     }
+    drafter = block_drafter.measure_drafter(
+        draft_model, target_model, costs["target"].decode_s, sorted(verdict_ks(config) | {k}),
+        config.context_length, repeats, seed) if block else None
     say("[4/9] acceptance sweep")
     points = acc.measure_acceptance(target_model, draft_model, prompts, config.ks, config.temps,
                                     config.max_tokens, seed, config.token_match, say)
-    say("[5/9] end to end: target alone vs mlx-lm speculative vs mlx-spec")
+    say("[5/9] end to end: target alone vs "
+        + ("mlx-spec at k and with the defaults" if block else "mlx-lm speculative vs mlx-spec"))
+    compare = block_drafter.compare if block else endtoend.compare
     comparisons = [
-        endtoend.compare(target_model, draft_model, prompts, k, temp, config.max_tokens,
-                         repeats, config.warmup, seed, lambda m, t=temp: say(f"T={t}: {m}"))
+        compare(target_model, draft_model, prompts, k, temp, config.max_tokens,
+                repeats, config.warmup, seed, lambda m, t=temp: say(f"T={t}: {m}"))
         for temp in config.e2e_temps
     ]
     say("[6/9] measured speed-up vs k (T=0)")
     by_k = endtoend.speedup_vs_k(target_model, draft_model, prompts, config.speedup_ks, 0.0,
-                                 config.max_tokens, repeats, config.warmup, seed, say)
+                                 config.max_tokens, repeats, config.warmup, seed, say,
+                                 block_drafter.run_block if block else endtoend.run_mlx_spec)
     say("[7/9] cost model")
-    verdicts = cost_model_verdicts(config, points, costs["target"], costs["draft"], comparisons,
-                                   by_k)
+    verdicts = cost_model_verdicts(config, points, costs["target"], costs.get("draft"),
+                                   comparisons, by_k, drafter)
     say("[8/9] scaling: context length, target size, batch size")
     acceptance0 = scaling_acceptance(config, points)
-    context = scaling.context_scaling(target_model, draft_model, acceptance0, k,
-                                      config.context_lengths, repeats, seed, say)
-    sizes = scaling.size_scaling(draft_model, target_model, costs["draft"].decode_s, acceptance0,
-                                 k, bandwidth.read_gbs, config.context_length,
-                                 config.target_sizes, repeats, seed, say)
+    if block:
+        context = block_drafter.context_scaling(target_model, draft_model, acceptance0, k,
+                                                config.context_lengths, repeats, seed, say)
+        sizes = []
+    else:
+        context = scaling.context_scaling(target_model, draft_model, acceptance0, k,
+                                          config.context_lengths, repeats, seed, say)
+        sizes = scaling.size_scaling(draft_model, target_model, costs["draft"].decode_s,
+                                     acceptance0, k, bandwidth.read_gbs, config.context_length,
+                                     config.target_sizes, repeats, seed, say)
     batch = scaling.batch_scaling(target_model, k, config.context_length, config.batch_sizes,
                                   repeats, seed)
     say("[9/9] drafting sources: plain, fixed k, adaptive, prompt lookup")
@@ -149,24 +176,52 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
                         config.max_tokens, repeats, config.warmup, seed, say)
     return BenchResult(
         config=config, models=dict(models or {}), machine=machine, bandwidth=bandwidth,
-        target=costs["target"], draft=costs["draft"], acceptance=points,
+        target=costs["target"], draft=costs.get("draft"), acceptance=points,
         end_to_end=comparisons, speedup_vs_k=by_k, verdicts=verdicts,
         context_scaling=context, size_scaling=sizes, batch_scaling=batch, sources=race,
-        elapsed_s=time.perf_counter() - start,
+        elapsed_s=time.perf_counter() - start, notes=notes, block_drafter=drafter,
+        skipped=skipped,
     )
 
 
-def cost_model_verdicts(config: BenchConfig, points, target: ModelCost, draft: ModelCost,
-                        comparisons, by_k) -> List[Verdict]:
-    """One verdict per temperature: predicted speed-up per k next to the measured one."""
+def block_config(config: BenchConfig, block_size: int) -> Tuple[BenchConfig, List[str]]:
+    """A block drafter's config: every k capped at its block (k + 1 <= block_size), the whole
+    block added to the k sweeps; and notes saying so."""
+    top = block_size - 1
+    capped = dataclasses.replace(
+        config, ks=block_drafter.block_ks(config.ks, block_size),
+        speedup_ks=block_drafter.block_ks(config.speedup_ks, block_size),
+        sources_ks=block_drafter.block_ks(config.sources_ks, block_size),
+        num_draft_tokens=min(config.num_draft_tokens, top))
+    notes = [f"The draft is a DFlash block drafter (block of {block_size}): k={top}, its whole "
+             "block, joins the k sweeps, and no k goes beyond it."]
+    if capped.num_draft_tokens != config.num_draft_tokens:
+        notes.append(f"k of the end-to-end comparison capped at {top} (was "
+                     f"{config.num_draft_tokens}): the block holds no more drafts.")
+    return capped, notes
+
+
+def verdict_ks(config: BenchConfig) -> set:
+    """Every k the verdict predicts."""
+    return set(config.ks) | set(config.speedup_ks)
+
+
+def cost_model_verdicts(config: BenchConfig, points, target: ModelCost,
+                        draft: Optional[ModelCost], comparisons, by_k,
+                        drafter: Optional[block_drafter.BlockDrafterCost] = None) -> List[Verdict]:
+    """One verdict per temperature: predicted speed-up per k next to the measured one
+    (`drafter`: a block drafter's pass instead of `draft`'s step)."""
     verdicts = []
     timed = config.timed_prompt_names()
+    ks = sorted(verdict_ks(config))
     for temp in config.temps:
         measured = dict(by_k) if temp == 0 else {
             c.k: c.ratios["mlx-spec / target alone"] for c in comparisons if c.temp == temp}
-        verdicts.append(verdict(points, target, draft, temp,
-                                sorted(set(config.ks) | set(config.speedup_ks)), measured,
-                                timed))
+        if drafter is not None:
+            verdicts.append(block_verdict(points, target, drafter.pass_cost, temp, ks, measured,
+                                          timed))
+        else:
+            verdicts.append(verdict(points, target, draft, temp, ks, measured, timed))
     return verdicts
 
 
@@ -185,6 +240,8 @@ def recompute_predictions(result: BenchResult) -> BenchResult:
     k, a = config.num_draft_tokens, scaling_acceptance(config, result.acceptance)
 
     def predicted(point):
+        if result.block_drafter is not None:
+            return block_drafter.repredict(point, a, k)
         curve = {1: 1.0, k + 1: point.verify_cost}
         return dataclasses.replace(
             point, predicted_speedup=costmodel.predicted_speedup(a, k, point.draft_cost, curve))
@@ -192,7 +249,8 @@ def recompute_predictions(result: BenchResult) -> BenchResult:
     return dataclasses.replace(
         result,
         verdicts=cost_model_verdicts(config, result.acceptance, result.target, result.draft,
-                                     result.end_to_end, result.speedup_vs_k),
+                                     result.end_to_end, result.speedup_vs_k,
+                                     result.block_drafter),
         context_scaling=[predicted(p) for p in result.context_scaling],
         size_scaling=[predicted(p) for p in result.size_scaling],
     )

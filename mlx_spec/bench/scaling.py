@@ -57,7 +57,8 @@ class BatchScaling:
     compute_bound_at: Optional[int]  # first B where doubling B costs >= 1.5x
 
 
-def _step_costs(model, context_length, k, repeats, seed):
+def step_costs(model, context_length, k, repeats, seed):
+    """Median seconds of one forward over 1 and over k + 1 tokens after `context_length`."""
     cache = prefilled_cache(model, context_length, seed=seed)
     seconds = forward_seconds(model, cache, sorted({1, k + 1}), repeats=repeats, seed=seed)
     del cache
@@ -68,17 +69,22 @@ def _step_costs(model, context_length, k, repeats, seed):
 def context_scaling(target_model, draft_model, acceptance: float, k: int,
                     lengths: Sequence[int] = DEFAULT_CONTEXT_LENGTHS,
                     repeats: int = DEFAULT_REPEATS, seed: int = 0,
-                    progress=None) -> List[ContextPoint]:
+                    progress=None, draft_seconds=None, predict=None) -> List[ContextPoint]:
+    """`draft_seconds(length)` and `predict(draft_cost, curve)`, when given, replace the draft
+    model's step and the per-token cost model (a block drafter's pass: block_drafter)."""
+    draft_seconds = draft_seconds or (
+        lambda length: step_costs(draft_model, length, 0, repeats, seed)[0])
+    predict = predict or (
+        lambda cost, curve: costmodel.predicted_speedup(acceptance, k, cost, curve))
     points = []
     for length in lengths:
         if progress:
             progress(f"context {length}")
-        target_one, target_verify = _step_costs(target_model, length, k, repeats, seed)
-        draft_one, _ = _step_costs(draft_model, length, 0, repeats, seed)
+        target_one, target_verify = step_costs(target_model, length, k, repeats, seed)
         curve = {1: 1.0, k + 1: ratio(target_verify, target_one)}
-        draft_cost = ratio(draft_one, target_one)
+        draft_cost = ratio(draft_seconds(length), target_one)
         points.append(ContextPoint(length, target_one, curve[k + 1], draft_cost,
-                                   costmodel.predicted_speedup(acceptance, k, draft_cost, curve)))
+                                   predict(draft_cost, curve)))
     return points
 
 
@@ -110,7 +116,7 @@ def size_scaling(draft_model, reference_model, draft_decode_s: float, acceptance
         if progress:
             progress(f"synthetic target hidden={hidden} layers={layers}")
         model = synthetic_target(hidden, layers, vocab_size(reference_model), dtype, seed)
-        one, verify = _step_costs(model, context_length, k, repeats, seed)
+        one, verify = step_costs(model, context_length, k, repeats, seed)
         nbytes = model_bytes(model)
         curve = {1: 1.0, k + 1: ratio(verify, one)}
         draft_cost = ratio(draft_decode_s, one)

@@ -40,7 +40,7 @@ def _parse_sizes(text: str):
 
 @click.command()
 @click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair).")
-@click.option("--draft-model", "-d", default=None, help="Draft model sharing the target's tokenizer.")
+@click.option("--draft-model", "-d", default=None, help="Draft model sharing the target's tokenizer, or a DFlash drafter's directory.")
 @click.option("--quick", is_flag=True, help="A few minutes: fewer k, temperatures, prompts, sizes and repeats.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=DEFAULT_JSON, show_default=True, help="Where to write every figure as JSON.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Markdown report path [default: next to the JSON, .md].")
@@ -80,10 +80,8 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     say(f"loading {model} and {draft_model}")
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False)
     if is_dflash_model(draft):
-        raise click.UsageError("mlx-spec bench models a draft's cost per drafted token, which a "
-                               "DFlash drafter (one pass per block) does not have; measure it with "
-                               "`mlx-spec tune --draft-model DIR` and compare `mlx-spec generate` "
-                               "with and without --draft-model.")
+        say("the draft is a DFlash block drafter: its pass per round is measured instead of a "
+            "draft step, and the report says which phases do not apply")
     try:
         result = run_bench(target_model, draft, tokenizer, config,
                            models={"target": model, "draft": draft_model}, progress=say)

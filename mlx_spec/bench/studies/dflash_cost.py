@@ -69,16 +69,15 @@ from functools import reduce
 import mlx.core as mx
 
 from mlx_spec import load
+from mlx_spec.bench.block_drafter import drafter_passes
 from mlx_spec.bench.forward import forward_seconds, prefilled_cache
 from mlx_spec.bench.machine import blas_library
 from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.bench.timing import interleaved_medians
-from mlx_spec.costmodel import expected_tokens_per_round, interpolate
+from mlx_spec.costmodel import block_round_cost, expected_tokens_per_round, interpolate
 from mlx_spec.dflash import DFlashModel, load_dflash, parse_config
-from mlx_spec.drafters.dflash import DFlashDrafter
 from mlx_spec.loading import default_target_path
 from mlx_spec.memory import model_bytes
-from mlx_spec.sampling import SamplingConfig
 
 LENGTHS = (1, 2, 4, 8, 16)
 KS = (3, 7, 15)
@@ -136,8 +135,7 @@ def tokens_per_round(rows: list, k: int) -> float:
 
 
 def block_speedup(rows: list, k: int, draft_cost: float, verify_cost: dict) -> float:
-    return tokens_per_round(rows, k) / (draft_cost + interpolate(verify_cost, k + 1) /
-                                        interpolate(verify_cost, 1))
+    return tokens_per_round(rows, k) / block_round_cost(draft_cost, k, verify_cost)
 
 
 # --- measured on this machine ---
@@ -165,40 +163,13 @@ def drafter_for(target, args):
                      f"block {args.block}")
 
 
-def drafter_passes(drafter, target, context: int) -> dict:
-    """{("block" | "round", k): a fn running one drafter pass} after `context` tapped rows."""
-    config = drafter.dflash_config
-    width = len(config.target_layer_ids) * config.hidden_size
-    rows = mx.random.normal((context + max(KS) + 1, width), key=mx.random.key(1)).astype(
-        drafter.fc.weight.dtype)
-    mx.eval(rows)
-    proposer = DFlashDrafter(drafter, target, SamplingConfig())
-    proposer.follow([], rows[:context])
-    mx.eval(proposer.catch_up())
-    history = [1] * context
-
-    def block(k):
-        def run():
-            mx.eval(proposer.propose(history, k).tokens)
-        return run
-
-    def round_(k):  # the kept rows of a fully accepted round, then the proposal
-        def run():
-            proposer.follow([], rows[context:context + k + 1])
-            mx.eval(proposer.propose(history + [1] * (k + 1), k).tokens, proposer.catch_up())
-            proposer.context.truncate(context)
-        return run
-
-    return {**{("block", k): block(k) for k in KS}, **{("round", k): round_(k) for k in KS}}
-
-
 def measure(dtype, args):
     target, _ = load()
     target.set_dtype(dtype)
     drafter, source = drafter_for(target, args)
     drafter.set_dtype(dtype)
     cache = prefilled_cache(target, args.context)
-    passes = drafter_passes(drafter, target, args.context)
+    passes = drafter_passes(drafter, target, args.context, KS)
     target_times = {t: [] for t in LENGTHS}
     drafter_times = {key: [] for key in passes}
     for r in range(1 + args.repeats):  # target and drafter in turn within every repeat
