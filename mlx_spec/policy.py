@@ -42,6 +42,15 @@ UNTIMED_CATCH_UP = True  # False: fit such rounds too (the negative control of a
 PROBE_ROUNDS = 2  # rounds tried after an off period before the source is judged again (the first
 # catches a draft model up: its acceptance counts, its time does not)
 PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
+# With no calibration a paid source (a draft model, an MTP head, a block drafter) drafts its
+# first round inside that trial, after its first step (which carries the prefill), while it
+# is nearly in step with the prompt: a round after the trial would first catch it up on the
+# trial's tokens, which on a draft as costly as its target (a quantized copy on a CPU) took
+# two rounds' time. The trial's other steps are then timed, and a source that cannot win
+# even at its prior's acceptance (HOPELESS) is off before it ever catches up (issue 29:
+# the hybrid and sliding pairs).
+FIRST_LOOK = True  # False: the whole trial first (the negative control of a test)
+FIRST_LOOK_AFTER = 1  # plain steps before the first look
 # A source must have lost a verdict before, have this many rounds behind it, or lose
 # clearly (CLEAR_LOSS) before its off period may be LONG_OFF_STEPS: three rounds at
 # T > 0 are mostly the prior.
@@ -183,7 +192,7 @@ class SourceEstimate:
         """One round of k drafts, `accepted` of them kept, in `seconds`. With `catches_up`
         (a draft model's first round, or its first after sitting out CATCH_UP_TOKENS) the
         round also fed the tokens it missed: its time is not its k's."""
-        if UNTIMED_CATCH_UP and catches_up and (self.rounds == 0 or self.since >= CATCH_UP_TOKENS):
+        if UNTIMED_CATCH_UP and catches_up and self.catching_up():
             seconds = None
         self._forget(k)
         self.rounds += 1
@@ -193,6 +202,12 @@ class SourceEstimate:
         self._best = None
         if seconds is not None:
             self.add(k, seconds)
+
+    def catching_up(self) -> bool:
+        """Whether this round also feeds a backlog: tokens decoded without it before its first
+        rounds were done (the cold start's trial), or CATCH_UP_TOKENS of them since."""
+        return self.since >= CATCH_UP_TOKENS or (self.since > FIRST_LOOK_AFTER
+                                                  and self.rounds < len(self.first))
 
     def _forget(self, k: int) -> None:
         """Age the acceptance memory by the text decoded without this source since its last round.
@@ -337,7 +352,7 @@ class AdaptivePolicy:
         if (estimate.probing and estimate.off_left == 0 and estimate.switched_off > 1
                 and self.lost > PROBE_BUDGET * self.elapsed):
             estimate.off_left = PLAIN_BLOCK  # the probes' budget is spent: not yet
-        if self.plain_trial > 0 or estimate.off_left > 0:
+        if (self.plain_trial > 0 and not self._first_look(source, estimate)) or estimate.off_left > 0:
             return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
@@ -346,11 +361,19 @@ class AdaptivePolicy:
                 return 0
         return estimate.length()
 
+    def _first_look(self, name: str, estimate: SourceEstimate, since: int = FIRST_LOOK_AFTER) -> bool:
+        """Whether a paid source's first round is due in the cold start's trial (FIRST_LOOK),
+        `since` tokens into it."""
+        return (FIRST_LOOK and name not in FREE_SOURCES and estimate.rounds == 0
+                and estimate.since == since and not estimate.warm)
+
     def num_draft_tokens(self) -> int:
         return self.proposal_length("draft")
 
     def plain_steps(self) -> int:
         if self.plain_trial:
+            if any(self._first_look(name, s, since=0) for name, s in self.sources.items()):
+                return FIRST_LOOK_AFTER  # then the first look, then the rest of the trial
             return self.plain_trial
         return min((s.off_left for s in self.sources.values() if s.off_left > 0),
                    default=PLAIN_BLOCK)
@@ -365,10 +388,12 @@ class AdaptivePolicy:
             if name != round_.source:
                 estimate.passed(tokens)
         if round_.num_drafted == 0:
-            self.plain_trial = max(self.plain_trial - 1, 0)
             if seconds is not None:  # equal weights: a block's first step carries the
                 # pipeline's fill and its last is short (4 steps timed 32, 17, 17, 4 ms)
                 self.plain_time = [s + x for s, x in zip(self.plain_time, (1.0, seconds))]
+            if self.plain_trial == 1:
+                self._judge_first_looks()
+            self.plain_trial = max(self.plain_trial - 1, 0)
             return
         estimate = self.source(round_.source)
         estimate.probing = False
@@ -411,13 +436,25 @@ class AdaptivePolicy:
         twice, estimate.losing = estimate.losing and losing, losing
         return losing and (twice or at_once or ratio < 1.0 - CLEAR_LOSS)
 
+    def _judge_first_looks(self) -> None:
+        """At the end of the trial: a source whose first look, against the plain steps just
+        timed, is HOPELESS goes off before it catches up on them."""
+        if not self.auto_off:
+            return
+        for estimate in self.sources.values():
+            if estimate.rounds and estimate.off_left == 0 and not estimate.warm:
+                ratio = self._predicted_ratio(estimate)
+                if ratio is not None and ratio < HOPELESS:
+                    self._switch_off(estimate)
+
     def _judge(self, estimate: SourceEstimate) -> None:
         if not self.auto_off or not self.plain_seconds:
             return
         if estimate.probe_left > 0:
             estimate.probe_left -= 1
             ratio = self._predicted_ratio(estimate)
-            if ratio is not None and ratio < HOPELESS and self.measured_plain_seconds:
+            if (ratio is not None and ratio < HOPELESS and self.measured_plain_seconds
+                    and not self.plain_trial):  # (a first look is judged at the trial's end)
                 self._switch_off(estimate)  # no need to see the remaining first rounds
             return
         if not self._loses(estimate):

@@ -201,8 +201,8 @@ def test_flat_noisy_round_times_keep_speculation_on():
     policy = Timed(AdaptivePolicy(), clock)
     for step in range(300):
         k = policy.num_draft_tokens()
-        if step < PLAIN_TRIAL_STEPS:  # an uncalibrated policy times plain steps first
-            assert k == 0
+        if k == 0:  # an uncalibrated policy times plain steps first (its first look aside)
+            assert step <= PLAIN_TRIAL_STEPS
             clock.now += 0.050
             policy.observe(Round([0], 0, 0, "target", None))
             continue
