@@ -367,19 +367,24 @@ class AdaptivePolicy:
         return (FIRST_LOOK and name not in FREE_SOURCES and estimate.rounds == 0
                 and estimate.since == since and not estimate.warm)
 
+    def _looks_due(self) -> bool:
+        """Whether the trial's first step is next, and a first look after it."""
+        return self.plain_trial > 0 and any(self._first_look(name, s, since=0)
+                                            for name, s in self.sources.items())
+
     def num_draft_tokens(self) -> int:
         return self.proposal_length("draft")
 
     def plain_steps(self) -> int:
         if self.plain_trial:
-            if any(self._first_look(name, s, since=0) for name, s in self.sources.items()):
-                return FIRST_LOOK_AFTER  # then the first look, then the rest of the trial
-            return self.plain_trial
+            return FIRST_LOOK_AFTER if self._looks_due() else self.plain_trial
         return min((s.off_left for s in self.sources.values() if s.off_left > 0),
                    default=PLAIN_BLOCK)
 
     def observe(self, round_, seconds: Optional[float]) -> None:
         tokens = len(round_.tokens)
+        if self._looks_due():  # the step before a first look: a block of one, just after the
+            seconds = None  # prefill freed its buffers (8 ms against 4 on the mtp-f32 pair)
         if seconds is not None:
             self.elapsed += seconds
             if round_.num_drafted and self.plain_seconds:

@@ -180,7 +180,7 @@ def test_one_unlucky_verdict_does_not_switch_a_marginal_winner_off(monkeypatch):
 def probe_spells(budget, monkeypatch):
     monkeypatch.setattr(policy_module, "PROBE_BUDGET", budget)
     policy = AdaptivePolicy()
-    asked = drafts_with_catch_up(policy, lambda k: 0, 200, steady=lambda k: 1.0 + 0.2 * k,
+    asked = drafts_with_catch_up(policy, lambda k: 0, 200, steady=lambda k: 1.0 + 0.5 * k,
                                  catch_up=0.5)
     return policy, sum(1 for before, k in zip(asked, asked[1:]) if before == 0 and k > 0)
 
