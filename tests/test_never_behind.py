@@ -111,9 +111,13 @@ def test_zoo_builds_every_pair_and_splits_tuned_from_held_out():
                                  for c in make_cache(by_name["sliding-f32"].target_model)}
     assert by_name["mtp-f32"].draft_model == "mtp"
     assert len(by_name["skip-f32"].draft_model.layers) == SKIP_LAYERS
+    assert by_name["skip-f16"].draft_model.model.norm.weight.dtype.size == 2
+    hybrid_draft = {type(c).__name__ for c in make_cache(by_name["hybrid-skip-f32"].draft_model)}
+    assert {"ArraysCache", "KVCache"} <= hybrid_draft
     # mlx-lm runs only what it can trim: a sliding window fills up, an MTP head is not a model
     assert [name for name in ZOO_NAMES if mlx_lm_runs(by_name[name])] == [
-        "shipped-f16", "shipped-f32", "weak", "strong", "noisy-f32", "skip-f32", "noisy-f16"]
+        "shipped-f16", "shipped-f32", "weak", "strong", "noisy-f32", "skip-f32", "noisy-f16",
+        "skip-f16"]
 
 
 def test_the_early_exit_draft_is_the_target_cut_short():
@@ -126,6 +130,21 @@ def test_the_early_exit_draft_is_the_target_cut_short():
         h = layer(h, mask, None)
     expected = target.lm_head(target.model.norm(h))
     assert mx.allclose(draft(x), expected, atol=1e-4).item()
+
+
+def test_the_hybrid_early_exit_is_the_hybrid_target_cut_short():
+    """The shallow copy holds the target's own first layers (recurrent ones included): its
+    logits are the target's hidden state after them, through the target's norm and head."""
+    pair, = build_zoo(["hybrid-skip-f32"])
+    target, draft = pair.target_model, pair.draft_model
+    x = mx.array([[5, 17, 300, 42]])
+    inner = target.language_model.model
+    h = inner.embed_tokens(x)
+    for layer, cache in zip(inner.layers[:len(draft.layers)], make_cache(target)):
+        mask = "causal" if not layer.is_linear else None
+        h = layer(h, mask, cache)
+    expected = target.language_model.lm_head(inner.norm(h))
+    assert mx.allclose(draft(x), expected, atol=1e-3).item()
 
 
 def test_a_noisy_copy_moves_every_matrix_by_its_noise():

@@ -28,6 +28,15 @@ shipped pair:
   the caches rotate within a run) with its 4-bit copy as the draft;
 - mtp-f32: the shipped target in float32 with its shipped MTP head.
 
+Two more held-out pairs were added after the policy's first look (2026-12-03),
+which was designed looking at the hybrid, sliding and MTP rows above; these
+two had never been measured when it was made:
+
+- skip-f16: the slow float16 target drafting with its own first two layers;
+- hybrid-skip-f32: the random hybrid target drafting with its own first three
+  layers (two recurrent, one attention): a draft at half a target step whose
+  recurrent state is rewound by checkpoints.
+
 The random targets use the shipped tokenizer's vocabulary, untied output
 heads and weights scaled up (as the tests' tiny models) so their text depends
 on the context.
@@ -56,6 +65,7 @@ NOISY_F32_NOISE, NOISY_F16_NOISE = 0.25, 0.35  # Gaussian noise on the draft, in
 SKIP_LAYERS = 2  # the early-exit draft's layers
 RANDOM_TARGET = dict(hidden=256, layers=6, seed=11, scale=3.0, window=16)
 HYBRID_DRAFT_BITS, SLIDING_DRAFT_BITS = 8, 4
+HYBRID_SKIP_LAYERS = 3  # the hybrid early exit: layers 0-2 (two recurrent, one full attention)
 
 
 @dataclass(frozen=True)
@@ -176,6 +186,13 @@ def _skip_f32() -> Pair:
                 f"as the draft (an early exit)", held_out=True)
 
 
+def _skip_f16() -> Pair:
+    target_model, _, tokenizer = _shipped()
+    return Pair("skip-f16", target_model, early_exit(target_model, SKIP_LAYERS), tokenizer,
+                f"the shipped float16 target; its first {SKIP_LAYERS} layers, norm and head "
+                f"as the draft (an early exit)", held_out=True)
+
+
 def _noisy_f16() -> Pair:
     target_model, draft_model, tokenizer = _shipped()
     return Pair("noisy-f16", target_model, noisy_copy(draft_model, NOISY_F16_NOISE), tokenizer,
@@ -193,12 +210,12 @@ def _scaled(model):
     return model
 
 
-def _random_hybrid(vocab_size: int):
+def _random_hybrid(vocab_size: int, layers: int = RANDOM_TARGET["layers"]):
     h = RANDOM_TARGET["hidden"]
     mx.random.seed(RANDOM_TARGET["seed"])
     return _scaled(qwen3_5.Model(qwen3_5.ModelArgs.from_dict({
         "model_type": "qwen3_5", "hidden_size": h, "intermediate_size": 3 * h,
-        "num_hidden_layers": RANDOM_TARGET["layers"], "full_attention_interval": 3,
+        "num_hidden_layers": layers, "full_attention_interval": 3,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
         "linear_num_value_heads": 4, "linear_num_key_heads": 2,
         "linear_key_head_dim": 64, "linear_value_head_dim": 64,
@@ -243,6 +260,27 @@ def _sliding_f32() -> Pair:
                         "float32")
 
 
+def shallow_copy(target_model, shallow_model, layers: int):
+    """`shallow_model` (the target's class with `layers` layers) given the target's first
+    `layers` layers, embedding, final norm and head: an early exit of any family."""
+    kept = [(name, w) for name, w in tree_flatten(target_model.parameters())
+            if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < layers]
+    shallow_model.load_weights(kept)
+    mx.eval(shallow_model.parameters())
+    return shallow_model
+
+
+def _hybrid_skip_f32() -> Pair:
+    _, _, tokenizer = _shipped()
+    vocab_size = len(tokenizer.get_vocab())
+    target_model = _random_hybrid(vocab_size)
+    draft_model = shallow_copy(target_model, _random_hybrid(vocab_size, HYBRID_SKIP_LAYERS),
+                               HYBRID_SKIP_LAYERS)
+    return Pair("hybrid-skip-f32", target_model, draft_model, tokenizer,
+                f"the random hybrid target of hybrid-f32; its first {HYBRID_SKIP_LAYERS} layers "
+                "(two recurrent, one attention), norm and head as the draft", held_out=True)
+
+
 def _mtp_f32() -> Pair:
     target_model, _, tokenizer = _shipped()
     _as_f32(target_model)
@@ -262,6 +300,8 @@ BUILDERS: Dict[str, Callable[[], Pair]] = {
     "hybrid-f32": _hybrid_f32,
     "sliding-f32": _sliding_f32,
     "mtp-f32": _mtp_f32,
+    "skip-f16": _skip_f16,
+    "hybrid-skip-f32": _hybrid_skip_f32,
 }
 ZOO_NAMES = tuple(BUILDERS)
 TUNED_NAMES = ("shipped-f16", "shipped-f32", "weak", "strong", "noisy-f32")
