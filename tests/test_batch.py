@@ -14,13 +14,11 @@ import random
 import mlx.core as mx
 import pytest
 
+from batch_exactness import SAMPLES, SMALL_VOCAB, check_rows_after_a_rejection
 from families import make_family, plain_greedy
-from test_exactness import exact_third_and_fourth
 from tiny import make_llama, perturbed
 
-from mlx_spec.acceptance import keyed_rule
 from mlx_spec.batch import BatchEngine, RowRequest, batchable
-from mlx_spec.exactness import chi_square
 from mlx_spec.sampling import SamplingConfig
 
 MAX_TOKENS = 40
@@ -223,59 +221,17 @@ def test_bad_rows_are_refused(pair):
 
 # --- T = 1: tokens 3 and 4 of rows in a continuously refilled batch ---
 
-SMALL_VOCAB = 8
-PROMPT = [3, 1, 4]
-SAMPLES = 600
-ALPHA = 1e-3
-
-
 @pytest.fixture(scope="module")
 def small_pair():
     return (make_llama(vocab_size=SMALL_VOCAB, seed=0),
             make_llama(vocab_size=SMALL_VOCAB, seed=7, hidden=32, layers=1))
 
 
-def sample_rows(target, draft, accept, samples, width=6):
-    """Counts of (t3, t4) of `samples` rows of PROMPT, generated 4 tokens each in a batch
-    kept `width` rows wide, half of them other prompts of other lengths."""
-    engine = BatchEngine(target, draft, num_draft_tokens=2, accept=accept)
-    sampling = SamplingConfig(temp=1.0)
-    rng = random.Random(0)
-    ours, counts, started, rewound = set(), {}, 0, 0
-    tokens, rejected_early = {}, set()
-    while started < samples or engine.busy:
-        while started < samples and len(engine.rows) + len(engine.joining) < width:
-            if rng.random() < 0.5:
-                uid = engine.insert(RowRequest(PROMPT, 4, sampling))
-                ours.add(uid)
-                started += 1
-            else:
-                other = [rng.randrange(SMALL_VOCAB) for _ in range(rng.randrange(1, 7))]
-                uid = engine.insert(RowRequest(other, rng.randrange(1, 6), sampling))
-            tokens[uid] = []
-        for o in engine.step():
-            before = len(tokens[o.uid])
-            tokens[o.uid] += o.tokens
-            if o.num_accepted < o.num_drafted and before + len(o.tokens) < 3:
-                rejected_early.add(o.uid)
-            if o.finish_reason and o.uid in ours:
-                t = tokens[o.uid]
-                counts[(t[2], t[3])] = counts.get((t[2], t[3]), 0) + 1
-                rewound += o.uid in rejected_early
-    return counts, rewound
-
-
 @pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
                          ids=["exact-rule", "negative-control"])
 def test_rows_after_a_rejection_are_distributed_as_the_target(small_pair, residual, exact):
-    target, draft = small_pair
-    mx.random.seed(0)
-    counts, rewound = sample_rows(target, draft, keyed_rule(residual), SAMPLES)
-    assert sum(counts.values()) == SAMPLES
-    assert rewound > SAMPLES // 2, rewound  # tokens 3 and 4 mostly came after a rewind
-    statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
-        target, PROMPT, SamplingConfig(temp=1.0)))
-    assert (p_value > ALPHA) == exact, (statistic, dof, p_value)
+    # tokens 3 and 4 mostly came after a rewind
+    check_rows_after_a_rejection(*small_pair, residual, exact, min_rewound=SAMPLES // 2)
 
 
 # --- the batch policy on synthetic rounds: seconds from a cost model, tokens from acceptance ---

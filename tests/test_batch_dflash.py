@@ -17,21 +17,18 @@
   store, and `mlx-spec serve --draft-model DIR` (batched by itself): the target's own text.
 """
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
+from batch_exactness import SAMPLES, SMALL_VOCAB, check_rows_after_a_rejection
 from dflash_tiny import dflash2_config, dflash_config, make_dflash, write_dflash_dir
 from families import make_family, plain_greedy
-from test_batch import ALPHA, PROMPT, SAMPLES, SMALL_VOCAB, ragged_prompts, run, sample_rows
+from test_batch import ragged_prompts, run
 from test_dflash import from_scratch_block_logits
-from test_exactness import exact_third_and_fourth
 from tiny import make_llama
 
-from mlx_spec.acceptance import keyed_rule
 from mlx_spec.batch import BatchEngine, RowRequest
 from mlx_spec.dflash import load_dflash
-from mlx_spec.exactness import chi_square
 from mlx_spec.sampling import SamplingConfig
 
 MAX_TOKENS = 24
@@ -200,14 +197,9 @@ def small_target_and_drafter(tmp_path_factory):
                          ids=["exact-rule", "negative-control"])
 def test_rows_after_a_rejection_are_distributed_as_the_target(small_target_and_drafter,
                                                               residual, exact):
-    target, drafter = small_target_and_drafter
-    mx.random.seed(0)
-    counts, rewound = sample_rows(target, drafter, keyed_rule(residual), SAMPLES)
-    assert sum(counts.values()) == SAMPLES
-    assert rewound > SAMPLES // 4, rewound  # tokens 3 and 4 often came after a rewind
-    statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
-        target, PROMPT, SamplingConfig(temp=1.0)))
-    assert (p_value > ALPHA) == exact, (statistic, dof, p_value)
+    # tokens 3 and 4 often came after a rewind
+    check_rows_after_a_rejection(*small_target_and_drafter, residual, exact,
+                                 min_rewound=SAMPLES // 4)
 
 
 def test_dflash2_drafters_are_refused_in_one_sentence(target, tmp_path):
