@@ -51,6 +51,13 @@ PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit'
 # the hybrid and sliding pairs).
 FIRST_LOOK = True  # False: the whole trial first (the negative control of a test)
 FIRST_LOOK_AFTER = 1  # plain steps before the first look
+# A host search (prompt lookup, suffix drafting) drafts during the trial whenever it has a
+# match: a copy task's answer starts matching at its first token, and the trial's four plain
+# steps were a tenth of a 96-token copy. The trial then goes on while it finds nothing. It
+# waits for the trial once a verdict finds it losing, and after a paid source's first look,
+# whose verdict wants the trial's steps at once (with lookup drafting meanwhile, the
+# early-exit pair's draft waited and the defaults lost 6% at T = 0).
+LOOKUP_IN_TRIAL = True
 # A source must have lost a verdict before, have this many rounds behind it, or lose
 # clearly (CLEAR_LOSS) before its off period may be LONG_OFF_STEPS: three rounds at
 # T > 0 are mostly the prior.
@@ -352,7 +359,12 @@ class AdaptivePolicy:
         if (estimate.probing and estimate.off_left == 0 and estimate.switched_off > 1
                 and self.lost > PROBE_BUDGET * self.elapsed):
             estimate.off_left = PLAIN_BLOCK  # the probes' budget is spent: not yet
-        if (self.plain_trial > 0 and not self._first_look(source, estimate)) or estimate.off_left > 0:
+        in_trial = self._first_look(source, estimate) or (
+            LOOKUP_IN_TRIAL and source in FREE_SOURCES and not estimate.losing
+            and not self._looks_due() and not any(  # nor a paid source's first look or its
+                self._first_look(name, s) or (name not in FREE_SOURCES and s.rounds)  # verdict
+                for name, s in self.sources.items()))
+        if (self.plain_trial > 0 and not in_trial) or estimate.off_left > 0:
             return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True

@@ -26,13 +26,16 @@ def cpu_round(k):
     return PLAIN_STEP + 0.1 * k
 
 
-def run_stream(policy, source, accepted_of, rounds, round_seconds=cpu_round):
+def run_stream(policy, source, accepted_of, rounds, round_seconds=cpu_round, offs=None):
     """Feed `rounds` rounds (plain steps when the policy proposes nothing); each round of k
-    drafts accepts accepted_of(k). Returns the k asked for at each round (0: a plain step)."""
+    drafts accepts accepted_of(k). Returns the k asked for at each round (0: a plain block);
+    `offs`, when given, gets the policy's switch-off count as each round was asked."""
     asked = []
     for _ in range(rounds):
         k = policy.proposal_length(source)
         asked.append(k)
+        if offs is not None:
+            offs.append(policy.switched_off)
         if k == 0:
             for _ in range(policy.plain_steps()):
                 policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
@@ -42,31 +45,29 @@ def run_stream(policy, source, accepted_of, rounds, round_seconds=cpu_round):
     return asked
 
 
-def speculative_rounds_before_off(asked):
-    """How many rounds drafted before the first plain step after the cold start's trial."""
-    drafted = [k for k in asked if k > 0]
-    first = next(i for i, k in enumerate(asked) if k > 0)
-    return next((i - first for i in range(first, len(asked)) if asked[i] == 0), len(drafted))
+def speculative_rounds_before_off(asked, offs):
+    """How many rounds drafted before the source was first switched off."""
+    return sum(1 for k, off in zip(asked, offs) if k > 0 and off == 0)
 
 
 @pytest.mark.parametrize("source,slope,within", [
     ("draft", 0.1, 20), ("draft", 0.5, 4), ("draft", 1.0, 3),
-    ("lookup", 0.1, 20), ("lookup", 0.5, 4), ("lookup", 1.0, 2)])
+    ("lookup", 0.1, 20), ("lookup", 0.5, 4), ("lookup", 1.0, 3)])
 def test_a_source_that_always_fails_is_switched_off_within_n_rounds(source, slope, within):
     """N shrinks as each failed round costs more: a round of k drafts costs 1 + slope * k plain
     steps, and every draft is rejected. At slope 0.1 (a failed k = 1 round loses 9%) the
     prior acceptance (0.75, decaying 0.9 per round) takes 18 rounds to fall far enough;
-    at 1.0 a draft model is off after its three first rounds (the first catches it up and
-    is not timed; the next two, at k 1 and 3, give the cost a slope) and lookup, a host
-    search with nothing to catch up, after its two; at 0.5 one round more, since a loss
+    at 1.0 a draft model is off after its three first rounds (the first look, the catch-up
+    round, not timed, and k = 3, which gives the cost a slope) and lookup, a host search
+    that drafts during the trial, after its two first rounds and one at k = 1 once the
+    trial has timed plain steps (it drafted before them); at 0.5 one round more, since a loss
     of 5-15% must be seen in two verdicts in a row (policy.CLEAR_LOSS)."""
-    policy = AdaptivePolicy()
+    policy, offs = AdaptivePolicy(), []
     asked = run_stream(policy, source, lambda k: 0, rounds=within + 8,
-                       round_seconds=lambda k: PLAIN_STEP + slope * k)
-    assert asked[0] == 0 and policy.plain_trial == 0  # the cold start's timed plain steps
-    rounds = speculative_rounds_before_off(asked)
-    assert rounds <= within, asked
+                       round_seconds=lambda k: PLAIN_STEP + slope * k, offs=offs)
+    assert policy.plain_trial == 0  # the cold start's plain steps were timed
     assert policy.switched_off >= 1
+    assert speculative_rounds_before_off(asked, offs) <= within, asked
 
 
 @pytest.mark.parametrize("source,largest", [("draft", 8), ("lookup", 32)])
@@ -80,22 +81,40 @@ def test_a_perfect_source_is_driven_to_its_largest_k(source, largest):
 
 def test_the_cold_start_times_plain_steps_first():
     policy = AdaptivePolicy()
-    assert policy.proposal_length("lookup") == 0
-    assert policy.plain_steps() == PLAIN_TRIAL_STEPS
+    assert policy.proposal_length("draft") == 0
+    assert policy.plain_steps() == policy_module.FIRST_LOOK_AFTER  # then its first look
+    policy = AdaptivePolicy()
+    policy.proposal_length("lookup")
+    assert policy.plain_steps() == PLAIN_TRIAL_STEPS  # while lookup finds no match
 
 
 def test_a_paid_source_looks_once_inside_the_trial():
     """After the step that carries the prefill a draft model drafts one round (k = 1), still in
-    step with the prompt, then the trial's other steps are timed; lookup waits for the trial."""
+    step with the prompt (lookup, asked first, waits for it), then the trial's other steps
+    are timed at once, for the first look's verdict; lookup waits for them too."""
     policy = AdaptivePolicy()
-    assert policy.proposal_length("lookup") == 0 and policy.proposal_length("draft") == 0
+    policy.proposal_length("lookup")
+    assert policy.proposal_length("draft") == 0
     assert policy.plain_steps() == policy_module.FIRST_LOOK_AFTER
     policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
     assert policy.proposal_length("lookup") == 0
     assert policy.proposal_length("draft") == 1
     policy.observe(Round([0, 0], 1, 1, "draft", None), cpu_round(1))
+    assert policy.proposal_length("lookup") == 0
     assert policy.proposal_length("draft") == 0
     assert policy.plain_steps() == PLAIN_TRIAL_STEPS - policy_module.FIRST_LOOK_AFTER
+    for _ in range(policy.plain_steps()):
+        policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
+    assert policy.proposal_length("lookup") == 2  # a quarter of its first 8
+
+
+def test_lookup_drafts_during_the_trial_when_it_has_a_match(monkeypatch):
+    """A copy task's answer matches the prompt from its first token: lookup proposes at once
+    instead of waiting out four plain steps (a tenth of a 96-token copy). Negative control:
+    the trial first (LOOKUP_IN_TRIAL off)."""
+    assert AdaptivePolicy().proposal_length("lookup") == 2
+    monkeypatch.setattr(policy_module, "LOOKUP_IN_TRIAL", False)
+    assert AdaptivePolicy().proposal_length("lookup") == 0
 
 
 def test_a_draft_as_costly_as_its_target_is_off_after_its_first_look(monkeypatch):
