@@ -199,6 +199,32 @@ def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+_SHARED = {}
+
+
+def shared_family(name: str, seed: int = 0, vocab_size: int = 64,
+                  quantize_bits: int | None = None):
+    """make_family's model, built once a session for these arguments: for the tests that
+    only decode with it (none may change its weights or attributes)."""
+    key = (name, seed, vocab_size, quantize_bits)
+    if key not in _SHARED:
+        _SHARED[key] = make_family(name, seed=seed, vocab_size=vocab_size,
+                                   quantize_bits=quantize_bits)
+    return _SHARED[key]
+
+
+_GREEDY = {}
+
+
+def shared_plain_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """plain_greedy, computed once a session per model, prompt and length, for a model that
+    no test changes (it is held here, so no other model can take its id)."""
+    key = (id(model), tuple(prompt), n)
+    if key not in _GREEDY:
+        _GREEDY[key] = (model, plain_greedy(model, prompt, n))
+    return list(_GREEDY[key][1])
+
+
 def write_family_dir(path, name: str, seed: int = 0, window: int = 8):
     """A Hugging Face-layout directory of a tiny `name` model that mlx_lm.load reads back."""
     import json

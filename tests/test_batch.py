@@ -15,7 +15,7 @@ import mlx.core as mx
 import pytest
 
 from batch_exactness import SAMPLES, SMALL_VOCAB, check_rows_after_a_rejection
-from families import make_family, plain_greedy
+from families import make_family, plain_greedy, shared_family, shared_plain_greedy
 from tiny import make_llama, perturbed
 
 from mlx_spec.batch import BatchEngine, RowRequest, batchable
@@ -69,7 +69,7 @@ def test_every_row_equals_its_own_greedy_decoding(pair, rows, k, source):
     got = run(engine, [RowRequest(p, MAX_TOKENS, prompt_lookup="lookup" in source)
                        for p in prompts])
     for prompt, tokens in zip(prompts, got):
-        assert tokens == plain_greedy(target, prompt, MAX_TOKENS)
+        assert tokens == shared_plain_greedy(target, prompt, MAX_TOKENS)
     assert sum(n for kk, n in engine.rounds.items() if kk > 0) > 0  # it really speculated
 
 
@@ -95,9 +95,9 @@ def test_rows_joining_and_cancelled_mid_batch_change_nobody_else(pair):
               joins=[(4, late)], cancels=[(6, 1)])
     for i, prompt in enumerate(prompts):
         if i != 1:
-            assert got[i] == plain_greedy(target, prompt, MAX_TOKENS)
+            assert got[i] == shared_plain_greedy(target, prompt, MAX_TOKENS)
     assert 0 < len(got[1]) < MAX_TOKENS  # cancelled mid-way
-    assert got[5] == plain_greedy(target, late.prompt, MAX_TOKENS)
+    assert got[5] == shared_plain_greedy(target, late.prompt, MAX_TOKENS)
     assert engine.target.layers is None and engine.draft.cache.layers is None  # drained
 
 
@@ -163,14 +163,14 @@ def test_recurrent_hybrid_rows_equal_their_own_greedy_decoding(family, k, rows):
     from tiny import make_llama
 
     name, _, bits = family.partition("-")
-    target = make_family(name, quantize_bits=int(bits[:-3]) if bits else None)
+    target = shared_family(name, quantize_bits=int(bits[:-3]) if bits else None)
     assert batchable(target)
     draft = make_llama(vocab_size=64, seed=5, hidden=32, layers=1)
     prompts = ragged_prompts(rows)
     engine = BatchEngine(target, draft, num_draft_tokens=k)
     got = run(engine, [RowRequest(p, 24, prompt_lookup=False) for p in prompts])
     for prompt, tokens in zip(prompts, got):
-        assert tokens == plain_greedy(target, prompt, 24)
+        assert tokens == shared_plain_greedy(target, prompt, 24)
 
 
 @pytest.mark.parametrize("family", ["lfm2", "nemotron_h"])
@@ -178,7 +178,7 @@ def test_recurrent_rows_join_leave_and_continue_from_a_kept_cache(family):
     """Short-conv and Mamba-2 state through the batch's whole life: a row joins late, one is
     cancelled, the others keep their caches; a second turn on one of them (its cache holding
     the prompt and answer, the next prompt prefilled on top) equals decoding it fresh."""
-    target = make_family(family)
+    target = shared_family(family)
     engine = BatchEngine(target, make_llama(vocab_size=64, seed=5, hidden=32, layers=1),
                          num_draft_tokens=3)
     prompts = ragged_prompts(3) + [[7, 7, 1, 2]]
@@ -196,7 +196,7 @@ def test_recurrent_rows_join_leave_and_continue_from_a_kept_cache(family):
                 kept[o.uid] = o.cache
         step += 1
     for i in (0, 2, 3):
-        assert tokens[uids[i]] == plain_greedy(target, prompts[i], 20)
+        assert tokens[uids[i]] == shared_plain_greedy(target, prompts[i], 20)
     assert 0 < len(tokens[uids[1]]) < 20
     text = prompts[0] + tokens[uids[0]]
     second = text + [5, 9, 11]
@@ -205,7 +205,7 @@ def test_recurrent_rows_join_leave_and_continue_from_a_kept_cache(family):
     while engine.busy:
         for o in engine.step():
             again += o.tokens
-    assert again == plain_greedy(target, second, 12)
+    assert again == shared_plain_greedy(target, second, 12)
 
 
 def test_bad_rows_are_refused(pair):
@@ -293,7 +293,7 @@ def test_suffix_rows_draft_from_the_rows_before_them(pair):
                 tokens[o.uid] += o.tokens
                 by_suffix += o.num_accepted if o.source == "suffix" else 0
         for uid, prompt in zip(uids, prompts):
-            assert tokens[uid] == plain_greedy(target, prompt, MAX_TOKENS)
+            assert tokens[uid] == shared_plain_greedy(target, prompt, MAX_TOKENS)
     assert by_suffix >= 0.75 * len(prompts) * MAX_TOKENS, by_suffix
 
 
@@ -359,7 +359,7 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_decode(pair):
             tokens[o.uid] += o.tokens
     for uid, prompt in zip(uids + [late], short + [long_prompt]):
         assert len(tokens[uid]) <= MAX_TOKENS
-        assert tokens[uid] == plain_greedy(target, prompt, MAX_TOKENS)[:len(tokens[uid])]
+        assert tokens[uid] == shared_plain_greedy(target, prompt, MAX_TOKENS)[:len(tokens[uid])]
     assert len(tokens[late]) == MAX_TOKENS
     del engine
     gc.collect()
@@ -379,13 +379,13 @@ def test_sliding_window_rows_equal_their_own_greedy_decoding(family, k):
     """Windows of 8 tokens, prompts of up to 17 and 24 generated tokens: every row runs far
     past its window; the batch keeps the whole history and masks the window. The draft is
     the same family with other weights (sliding too; many rejections)."""
-    target = make_family(family)
+    target = shared_family(family)
     assert batchable(target)
     prompts = ragged_prompts(5)
-    engine = BatchEngine(target, make_family(family, seed=5), num_draft_tokens=k)
+    engine = BatchEngine(target, shared_family(family, seed=5), num_draft_tokens=k)
     got = run(engine, [RowRequest(p, 24, prompt_lookup=False) for p in prompts])
     for prompt, tokens in zip(prompts, got):
-        assert tokens == plain_greedy(target, prompt, 24)
+        assert tokens == shared_plain_greedy(target, prompt, 24)
 
 
 def test_rows_with_logits_processors_equal_mlx_lms_own_decoding(pair):

@@ -22,7 +22,7 @@ import pytest
 
 from batch_exactness import SAMPLES, SMALL_VOCAB, check_rows_after_a_rejection
 from dflash_tiny import dflash2_config, dflash_config, make_dflash, write_dflash_dir
-from families import make_family, plain_greedy
+from families import make_family, plain_greedy, shared_plain_greedy
 from test_batch import ragged_prompts, run
 from test_dflash import from_scratch_block_logits
 from tiny import make_llama
@@ -57,7 +57,7 @@ def test_every_row_equals_its_own_greedy_decoding(target, drafters, layout, k, r
     engine = BatchEngine(target, drafters[layout], num_draft_tokens=k)
     got = run(engine, [RowRequest(p, MAX_TOKENS, prompt_lookup=False) for p in prompts])
     for prompt, tokens in zip(prompts, got):
-        assert tokens == plain_greedy(target, prompt, MAX_TOKENS)
+        assert tokens == shared_plain_greedy(target, prompt, MAX_TOKENS)
     assert engine.rounds.get(k, 0) > 0  # it really drafted
     assert engine.target.layers is None and engine.dflash.cache.layers is None  # drained
 
@@ -126,9 +126,9 @@ def test_rows_joining_and_cancelled_mid_batch_change_nobody_else(target, drafter
               joins=[(4, late)], cancels=[(6, 1), (2, 3)])
     for i, prompt in enumerate(prompts):
         if i not in (1, 3):
-            assert got[i] == plain_greedy(target, prompt, MAX_TOKENS)
+            assert got[i] == shared_plain_greedy(target, prompt, MAX_TOKENS)
     assert 0 < len(got[1]) < MAX_TOKENS and 0 < len(got[3]) < MAX_TOKENS  # cancelled mid-way
-    assert got[5] == plain_greedy(target, late.prompt, MAX_TOKENS)
+    assert got[5] == shared_plain_greedy(target, late.prompt, MAX_TOKENS)
     assert engine.target.layers is None and engine.dflash.cache.layers is None  # drained
 
 

@@ -12,7 +12,7 @@ targets, with the cache kept live per token and settled only at the end.
 import mlx.core as mx
 import mlx_lm
 import pytest
-from families import make_family
+from families import shared_family
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import load, stream_generate
@@ -71,11 +71,20 @@ def pair(model_dirs):
     return target_model, draft_model, tokenizer
 
 
+_REFERENCES = {}
+
+
 def mlx_lm_turns(model, tokenizer, how, stop_after=STOP_AFTER):
-    def run(ids, cache):
-        return mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=MAX_TOKENS,
-                                      prompt_cache=cache)
-    return converse(run, make_prompt_cache(model), tokenizer, how, None, stop_after)
+    """mlx-lm's turns, computed once per model, way of stopping and stop point (many tests
+    compare against the same ones); the model is held so that its id stays its own."""
+    key = (id(model), id(tokenizer), how, stop_after)
+    if key not in _REFERENCES:
+        def run(ids, cache):
+            return mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=MAX_TOKENS,
+                                          prompt_cache=cache)
+        _REFERENCES[key] = (model, tokenizer, converse(run, make_prompt_cache(model), tokenizer,
+                                                       how, None, stop_after))
+    return _REFERENCES[key][2]
 
 
 def raw_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AFTER, **kwargs):
@@ -128,8 +137,8 @@ def test_breaking_out_anywhere_in_a_round_leaves_what_the_caller_saw(pair, draft
 @pytest.fixture(scope="module")
 def hybrid_pair(pair):
     vocab = len(pair[2].vocab)
-    return make_family("qwen3_5", seed=0, vocab_size=vocab), make_family("qwen3_5", seed=5,
-                                                                         vocab_size=vocab)
+    return (shared_family("qwen3_5", vocab_size=vocab),
+            shared_family("qwen3_5", seed=5, vocab_size=vocab))
 
 
 @pytest.mark.parametrize("stop_after", [1, 2, 3, 5, 6, 8, 10])
@@ -140,8 +149,8 @@ def test_hybrid_broken_anywhere(pair, hybrid_pair, draft, stop_after):
     rebuilt from the recorded recurrence, lazily."""
     tokenizer = pair[2]
     target_model = hybrid_pair[0]
-    draft_model = target_model if draft == "self" else make_family(
-        "qwen3_5", seed=0, vocab_size=len(tokenizer.vocab), quantize_bits=8)
+    draft_model = target_model if draft == "self" else shared_family(
+        "qwen3_5", vocab_size=len(tokenizer.vocab), quantize_bits=8)
     want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, "break-held", stop_after)]
     got = mlx_spec_turns(target_model, draft_model, tokenizer, "break-held", stop_after,
                          num_draft_tokens=4, prompt_lookup=False)
@@ -168,8 +177,8 @@ def test_hybrid_conversation_matches_mlx_lm(pair, hybrid_pair, how, stop_after, 
 def test_sliding_window_conversation_matches_mlx_lm(pair, name, how, drafting):
     tokenizer = pair[2]
     vocab = len(tokenizer.vocab)
-    target_model = make_family(name, seed=0, vocab_size=vocab)
-    draft_model = make_family(name, seed=0, vocab_size=vocab, quantize_bits=8)
+    target_model = shared_family(name, vocab_size=vocab)
+    draft_model = shared_family(name, vocab_size=vocab, quantize_bits=8)
     want = [(t, o) for t, o, _ in mlx_lm_turns(target_model, tokenizer, how)]
     got = mlx_spec_turns(target_model, None if drafting == "target-alone" else draft_model,
                          tokenizer, how, num_draft_tokens=3, prompt_lookup=False)
@@ -230,8 +239,8 @@ def test_a_hybrid_cache_settled_only_at_the_end(pair, hybrid_pair, how, stop_aft
 def test_a_sliding_window_cache_settled_only_at_the_end(pair, name, how):
     tokenizer = pair[2]
     vocab = len(tokenizer.vocab)
-    target_model = make_family(name, seed=0, vocab_size=vocab)
-    draft_model = make_family(name, seed=0, vocab_size=vocab, quantize_bits=8)
+    target_model = shared_family(name, vocab_size=vocab)
+    draft_model = shared_family(name, vocab_size=vocab, quantize_bits=8)
     want = mlx_lm_turns(target_model, tokenizer, how)
     got = raw_turns(target_model, draft_model, tokenizer, how, prompt_cache_live=False,
                     num_draft_tokens=3, prompt_lookup=False)
