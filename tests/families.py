@@ -25,6 +25,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
+from tiny import once
 
 FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "gemma3_text", "gpt_oss"]
 
@@ -199,30 +200,19 @@ def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-_SHARED = {}
-
-
 def shared_family(name: str, seed: int = 0, vocab_size: int = 64,
                   quantize_bits: int | None = None):
     """make_family's model, built once a session for these arguments: for the tests that
     only decode with it (none may change its weights or attributes)."""
-    key = (name, seed, vocab_size, quantize_bits)
-    if key not in _SHARED:
-        _SHARED[key] = make_family(name, seed=seed, vocab_size=vocab_size,
-                                   quantize_bits=quantize_bits)
-    return _SHARED[key]
-
-
-_GREEDY = {}
+    return once(("family", name, seed, vocab_size, quantize_bits), lambda: make_family(
+        name, seed=seed, vocab_size=vocab_size, quantize_bits=quantize_bits))
 
 
 def shared_plain_greedy(model, prompt: list[int], n: int) -> list[int]:
     """plain_greedy, computed once a session per model, prompt and length, for a model that
-    no test changes (it is held here, so no other model can take its id)."""
-    key = (id(model), tuple(prompt), n)
-    if key not in _GREEDY:
-        _GREEDY[key] = (model, plain_greedy(model, prompt, n))
-    return list(_GREEDY[key][1])
+    no test changes."""
+    return list(once(("greedy", tuple(prompt), n), lambda: plain_greedy(model, prompt, n),
+                     holds=(model,)))
 
 
 def write_family_dir(path, name: str, seed: int = 0, window: int = 8):

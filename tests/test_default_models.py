@@ -74,13 +74,20 @@ def test_mtp_head_fits_the_draft_budget():
     assert head_bytes <= (DEFAULT_DRAFT_PATH / "model.safetensors").stat().st_size
 
 
-@pytest.mark.parametrize("k,lookup", [(1, False), (2, False), (4, False), (3, True)])
-def test_greedy_parity_with_the_mtp_head(pair, k, lookup):
-    """draft_model="mtp" finds the shipped head with no argument; output is the target's own."""
+@pytest.fixture(scope="module")
+def plain_fibonacci(pair):
+    """The target's own 48 tokens after "def fibonacci(n):" (its ids, and the tokens)."""
     target_model, _, tokenizer = pair
     prompt = tokenizer.encode("def fibonacci(n):")
-    plain = [t for r in speculative_generate_step(prompt, target_model, max_tokens=48)
-             for t in r.tokens]
+    return prompt, [t for r in speculative_generate_step(prompt, target_model, max_tokens=48)
+                    for t in r.tokens]
+
+
+@pytest.mark.parametrize("k,lookup", [(1, False), (2, False), (4, False), (3, True)])
+def test_greedy_parity_with_the_mtp_head(pair, plain_fibonacci, k, lookup):
+    """draft_model="mtp" finds the shipped head with no argument; output is the target's own."""
+    target_model = pair[0]
+    prompt, plain = plain_fibonacci
     rounds = list(speculative_generate_step(prompt, target_model, "mtp", max_tokens=48,
                                             num_draft_tokens=k, prompt_lookup=lookup,
                                             calibration=None))

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from mlx.utils import tree_flatten
 
 from dflash_tiny import dflash_config, make_dflash, write_dflash_dir
-from families import make_family, plain_greedy
-from tiny import make_llama
+from families import plain_greedy, shared_family, shared_plain_greedy
+from tiny import make_llama, shared_llama
 
 from mlx_spec.acceptance import resample_from_target_accept
 from mlx_spec.dflash import check_fits, load_dflash, parse_config, tapped
@@ -262,13 +262,14 @@ FAMILY_CASES = [("llama", None), ("llama", 1), ("llama", 3), ("llama", 9),
 def test_greedy_output_is_the_targets_own(tmp_path, family, k):
     """Plain, hybrid (Gated DeltaNet, Mamba-2), sliding-window and quantized targets."""
     if family == "llama":
-        target, hidden = make_llama(layers=4, seed=2), 48
+        target, hidden = shared_llama(layers=4, seed=2), 48
     else:
         name, _, quant = family.partition("-q")
-        target, hidden = make_family(name, seed=2, quantize_bits=int(quant) if quant else None), 32
+        target = shared_family(name, seed=2, quantize_bits=int(quant) if quant else None)
+        hidden = 32
     drafter = make_dflash(tmp_path / "d", hidden, [0, 2], block_size=6, seed=5,
                           layer_types=["sliding_attention", "full_attention"], sliding_window=3)
-    expected = plain_greedy(target, PROMPT, 100)
+    expected = shared_plain_greedy(target, PROMPT, 100)
     rounds = list(speculative_generate_step(PROMPT, target, drafter, max_tokens=100,
                                             num_draft_tokens=k, calibration=None))
     assert tokens_of(rounds) == expected

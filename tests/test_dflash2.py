@@ -10,10 +10,10 @@ import pytest
 from mlx.utils import tree_flatten
 
 from dflash_tiny import dflash2_config, make_dflash2, write_dflash_dir
-from families import make_family, plain_greedy
+from families import shared_family, shared_plain_greedy
 from test_dflash import (check_the_api_and_the_command_line_take, from_scratch_block_rows,
                          sampled_exactness, target_vocab)
-from tiny import make_llama
+from tiny import make_llama, shared_llama
 
 from mlx_spec.acceptance import resample_from_target_accept
 from mlx_spec.dflash import DFlash2Model, check_fits, load_dflash, parse_config
@@ -215,12 +215,12 @@ def test_each_block_equals_a_from_scratch_forward(tmp_path, llama_target, monkey
 def test_greedy_output_is_the_targets_own(tmp_path, family, k):
     """Plain, hybrid (Gated DeltaNet) and sliding-window targets, adaptive and fixed k."""
     if family == "llama":
-        target, hidden = make_llama(layers=4, seed=2), 48
+        target, hidden = shared_llama(layers=4, seed=2), 48
     else:
-        target, hidden = make_family(family, seed=2), 32
+        target, hidden = shared_family(family, seed=2), 32
     drafter = make_dflash2(tmp_path / "d", hidden, [0, 2], block_size=6, seed=5, extra=EXTRAS,
                            layer_types=["sliding_attention", "full_attention"], sliding_window=3)
-    expected = plain_greedy(target, PROMPT, 100)
+    expected = shared_plain_greedy(target, PROMPT, 100)
     rounds = list(speculative_generate_step(PROMPT, target, drafter, max_tokens=100,
                                             num_draft_tokens=k, calibration=None))
     assert tokens_of(rounds) == expected

@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 from families import shared_family
+from tiny import once
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import load, stream_generate
@@ -71,20 +72,14 @@ def pair(model_dirs):
     return target_model, draft_model, tokenizer
 
 
-_REFERENCES = {}
-
-
 def mlx_lm_turns(model, tokenizer, how, stop_after=STOP_AFTER):
     """mlx-lm's turns, computed once per model, way of stopping and stop point (many tests
-    compare against the same ones); the model is held so that its id stays its own."""
-    key = (id(model), id(tokenizer), how, stop_after)
-    if key not in _REFERENCES:
-        def run(ids, cache):
-            return mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=MAX_TOKENS,
-                                          prompt_cache=cache)
-        _REFERENCES[key] = (model, tokenizer, converse(run, make_prompt_cache(model), tokenizer,
-                                                       how, None, stop_after))
-    return _REFERENCES[key][2]
+    compare against the same ones)."""
+    def run(ids, cache):
+        return mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=MAX_TOKENS,
+                                      prompt_cache=cache)
+    return once(("mlx-lm turns", how, stop_after), lambda: converse(
+        run, make_prompt_cache(model), tokenizer, how, None, stop_after), holds=(model, tokenizer))
 
 
 def raw_turns(target_model, draft_model, tokenizer, how, stop_after=STOP_AFTER, **kwargs):

@@ -26,6 +26,7 @@ import openai  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from serve_process import serving, stop  # noqa: E402
+from tiny import once  # noqa: E402
 
 from mlx_spec import generate, load_default_pair  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
@@ -56,9 +57,11 @@ class Served:
         return httpx.Client(base_url=self.url, timeout=60)
 
     def reference(self, ids, max_tokens=MAX_TOKENS):
-        """What mlx_spec.generate gives for these ids, greedy (call it while the server is idle)."""
-        return generate(self.target, self.tokenizer, list(ids), draft_model=self.draft,
-                        max_tokens=max_tokens)
+        """What mlx_spec.generate gives for these ids, greedy (call it while the server is idle);
+        computed once for both workers (they serve the same module-scoped pair)."""
+        return once(("generate", tuple(ids), max_tokens), lambda: generate(
+            self.target, self.tokenizer, list(ids), draft_model=self.draft,
+            max_tokens=max_tokens), holds=(self.target, self.draft, self.tokenizer))
 
 
 @pytest.fixture(scope="module")

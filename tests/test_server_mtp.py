@@ -21,6 +21,7 @@ for _name in ("starlette", "uvicorn", "openai", "httpx"):
 import httpx  # noqa: E402
 
 from serve_process import serving, stop  # noqa: E402
+from tiny import once  # noqa: E402
 
 from mlx_spec import generate, load  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
@@ -66,8 +67,11 @@ def ask(url, prompt, **fields):
 
 
 def reference(model, tokenizer, prompt, max_tokens=MAX_TOKENS):
+    """The target alone's text, computed once per prompt and length."""
     ids = completion_prompt_ids(tokenizer, prompt, vocab_size(model))
-    return generate(model, tokenizer, ids, max_tokens=max_tokens)  # the target alone
+    return once(("generate", tuple(ids), max_tokens),
+                lambda: generate(model, tokenizer, ids, max_tokens=max_tokens),
+                holds=(model, tokenizer))
 
 
 def test_the_mtp_head_is_served_batched(target):

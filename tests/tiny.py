@@ -30,6 +30,24 @@ def make_llama(vocab_size=64, hidden=48, layers=2, heads=4, kv_heads=2, seed=0,
     return model
 
 
+_ONCE = {}
+
+
+def once(key, compute, holds=()):
+    """compute(), run once a session per `key`: for models and references that tests only
+    read. `key` may name objects in `holds` by id(); they are kept alive here, so no other
+    object can take their ids."""
+    key = (tuple(id(o) for o in holds), key)
+    if key not in _ONCE:
+        _ONCE[key] = (holds, compute())
+    return _ONCE[key][1]
+
+
+def shared_llama(**kwargs):
+    """make_llama(**kwargs), built once a session: for the tests that only decode with it."""
+    return once(("llama", tuple(sorted(kwargs.items()))), lambda: make_llama(**kwargs))
+
+
 def perturbed(model, noise=0.05, seed=1):
     """A related-but-worse copy: the same weights plus Gaussian noise."""
     clone = llama.Model(model.args)
