@@ -76,6 +76,12 @@ HOPELESS = 0.7  # predicted this much of plain's speed: off without the remainin
 # keeps losing then costs little more than its first verdict and one probe, and one
 # that wins its probes is probed whenever its off period ends.
 PROBE_BUDGET = 0.02
+# A calibration's verdict switches a paid source off before its first round, but not a host
+# search: lookup's acceptance is the text's (a copy task accepts ~90%, the calibration's
+# ordinary prompts far less), and it drafts only where it has a match. With netlib's linear
+# verify cost the calibration judged lookup a loser and the copy task ran at 1.01-1.06x plain
+# against lookup alone's 1.5x.
+CALIBRATION_JUDGES_LOOKUP = False  # True: the old rule (the negative control of a test)
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
@@ -368,7 +374,8 @@ class AdaptivePolicy:
             return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
-            if self._loses(estimate, at_once=True):  # the calibration says it loses: start off
+            judged = CALIBRATION_JUDGES_LOOKUP or source not in FREE_SOURCES
+            if judged and self._loses(estimate, at_once=True):  # the calibration says it loses
                 self._switch_off(estimate)
                 return 0
         return estimate.length()

@@ -268,3 +268,18 @@ def test_a_fresh_one_token_match_is_not_a_lottery_ticket():
     assert len(drafter.lookup([5, 1, 2, 3, 4, 9, 8, 7, 6, 5], 16)) == 2
     long_match = PromptLookupDrafter(1000, greedy=True)
     assert len(long_match.lookup(SOURCE + SOURCE[:10], 16)) == 16
+
+
+def test_a_calibration_does_not_switch_lookup_off_before_its_first_round(monkeypatch):
+    """A netlib-like calibration (verifying T tokens costs T steps) measured on ordinary text
+    (acceptance 0.3) says both sources lose. The draft model starts off; prompt lookup, whose
+    acceptance is the text's (a copy accepts ~90%), drafts and is judged on its own rounds.
+    Negative control: the calibration's verdict for lookup too."""
+    from mlx_spec.costmodel import CostPrior
+    prior = CostPrior(1.0, {t: float(t) for t in (1, 2, 4, 8, 16, 32)},
+                      {"draft": 0.3, "lookup": 0.0}, {"draft": 0.3, "lookup": 0.3})
+    policy = AdaptivePolicy(prior=prior)
+    assert policy.proposal_length("draft") == 0
+    assert policy.proposal_length("lookup") > 0
+    monkeypatch.setattr(policy_module, "CALIBRATION_JUDGES_LOOKUP", True)
+    assert AdaptivePolicy(prior=prior).proposal_length("lookup") == 0
