@@ -283,3 +283,26 @@ def test_a_calibration_does_not_switch_lookup_off_before_its_first_round(monkeyp
     assert policy.proposal_length("lookup") > 0
     monkeypatch.setattr(policy_module, "CALIBRATION_JUDGES_LOOKUP", True)
     assert AdaptivePolicy(prior=prior).proposal_length("lookup") == 0
+
+
+def test_a_block_drafters_first_rounds_are_sized_from_the_default_k(monkeypatch):
+    """A block of 16 may draft up to 15, but its first rounds draft a quarter, a quarter and
+    three quarters of the default k (1, 1, 3), not of 15 (3, 3, 11: a verify of 12 tokens,
+    ~4.5 plain steps on this CPU). Negative control: sized from the block."""
+    def first_rounds():
+        policy = AdaptivePolicy(block_tokens={"dflash": 15})
+        policy.proposal_length("dflash")
+        policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)  # the prefill's step
+        asked = []
+        while len(asked) < 3:
+            k = policy.proposal_length("dflash")
+            if k == 0:
+                for _ in range(policy.plain_steps()):
+                    policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
+                continue
+            asked.append(k)
+            policy.observe(Round([0] * (k + 1), k, k, "dflash", None), PLAIN_STEP + 0.05 * k)
+        return asked, policy.source("dflash").k_max
+    assert first_rounds() == ([1, 1, 3], 15)
+    monkeypatch.setattr(policy_module, "BLOCK_FIRST_FROM_BLOCK", True)
+    assert first_rounds() == ([3, 3, 11], 15)
