@@ -369,12 +369,8 @@ class AdaptivePolicy:
         if (estimate.probing and estimate.off_left == 0 and estimate.switched_off > 1
                 and self.lost > PROBE_BUDGET * self.elapsed):
             estimate.off_left = PLAIN_BLOCK  # the probes' budget is spent: not yet
-        in_trial = self._first_look(source, estimate) or (
-            LOOKUP_IN_TRIAL and source in FREE_SOURCES and not estimate.losing
-            and not self._looks_due() and not any(  # nor a paid source's first look or its
-                self._first_look(name, s) or (name not in FREE_SOURCES and s.rounds)  # verdict
-                for name, s in self.sources.items()))
-        if (self.plain_trial > 0 and not in_trial) or estimate.off_left > 0:
+        if (self.plain_trial > 0 and not self._drafts_in_trial(source, estimate)) \
+                or estimate.off_left > 0:
             return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
@@ -389,6 +385,17 @@ class AdaptivePolicy:
         `since` tokens into it."""
         return (FIRST_LOOK and name not in FREE_SOURCES and estimate.rounds == 0
                 and estimate.since == since and not estimate.warm)
+
+    def _drafts_in_trial(self, name: str, estimate: SourceEstimate) -> bool:
+        """Whether a source drafts during the cold start's trial: a paid source its first look;
+        a host search (LOOKUP_IN_TRIAL) until a verdict finds it losing, and never while a
+        paid source awaits its first look or its verdict."""
+        if name not in FREE_SOURCES:
+            return self._first_look(name, estimate)
+        return LOOKUP_IN_TRIAL and not estimate.losing and not any(
+            other not in FREE_SOURCES and (s.rounds or s.since <= FIRST_LOOK_AFTER
+                                           and self._first_look(other, s, since=s.since))
+            for other, s in self.sources.items())
 
     def _looks_due(self) -> bool:
         """Whether the trial's first step is next, and a first look after it."""

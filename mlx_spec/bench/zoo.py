@@ -164,17 +164,22 @@ def _noisy_f32() -> Pair:
                 f"({NOISY_F32_NOISE} std): a weak draft for a fast target")
 
 
+def shallow_copy(target_model, shallow_model, layers: int):
+    """`shallow_model` (the target's class with `layers` layers) given the target's first
+    `layers` layers, embedding, final norm and head: an early exit of any family."""
+    kept = [(name, w) for name, w in tree_flatten(target_model.parameters())
+            if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < layers]
+    shallow_model.load_weights(kept)
+    mx.eval(shallow_model.parameters())
+    return shallow_model
+
+
 def early_exit(target_model, layers: int):
     """A llama of the target's first `layers` layers, then its final norm and output head."""
     args = target_model.args
-    draft_model = llama.Model(dataclasses.replace(
+    return shallow_copy(target_model, llama.Model(dataclasses.replace(
         args, num_hidden_layers=layers,
-        layer_types=args.layer_types[:layers] if args.layer_types else None))
-    kept = [(name, w) for name, w in tree_flatten(target_model.parameters())
-            if not name.startswith("model.layers.") or int(name.split(".")[2]) < layers]
-    draft_model.load_weights(kept)
-    mx.eval(draft_model.parameters())
-    return draft_model
+        layer_types=args.layer_types[:layers] if args.layer_types else None)), layers)
 
 
 def _skip_f32() -> Pair:
@@ -258,16 +263,6 @@ def _sliding_f32() -> Pair:
                         "a random sliding-window target (gemma3_text class, "
                         f"{RANDOM_TARGET['layers']} layers, window {RANDOM_TARGET['window']}), "
                         "float32")
-
-
-def shallow_copy(target_model, shallow_model, layers: int):
-    """`shallow_model` (the target's class with `layers` layers) given the target's first
-    `layers` layers, embedding, final norm and head: an early exit of any family."""
-    kept = [(name, w) for name, w in tree_flatten(target_model.parameters())
-            if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < layers]
-    shallow_model.load_weights(kept)
-    mx.eval(shallow_model.parameters())
-    return shallow_model
 
 
 def _hybrid_skip_f32() -> Pair:

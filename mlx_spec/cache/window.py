@@ -93,7 +93,11 @@ class WindowKVCache(_BaseCache):
         a draft step) with no kept prefix sees only the last `max_size` entries, as from
         mlx-lm's ring: attending over the reserve behind the window (and a mask for it) made a
         plain step over a window of 16 cost ~5% more than mlx-lm's."""
-        return max(used - self.max_size, 0) if num_new == 1 and self.keep == 0 else 0
+        return max(used - self.max_size, 0) if self._window_only(num_new) else 0
+
+    def _window_only(self, num_queries: int) -> bool:
+        """Whether a pass is shown only the last max_size entries (see _first_shown)."""
+        return num_queries == 1 and self.keep == 0
 
     def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
         """The mask for the next `N` queries over the keys update_and_fetch will return."""
@@ -102,7 +106,7 @@ class WindowKVCache(_BaseCache):
         num_kept = min(self.keep, end)
         start = self._start_after(N) if self.offset > self.keep else self.keep
         oldest = max(start, num_kept)  # oldest position after the kept prefix
-        if N == 1 and self.keep == 0:  # only the last max_size entries are shown (_first_shown)
+        if self._window_only(N):  # only the last max_size entries are shown (_first_shown)
             oldest = max(oldest, end - self.max_size)
         if N == 1 and not return_array and oldest >= self.offset - window + 1:
             return None  # one query that sees every key
