@@ -251,7 +251,11 @@ def generate_rounds(
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1])
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
-            drafter.prefill(prompt, prefill_step_size)
+            started = time.perf_counter()
+            drafter.prefill(prompt, prefill_step_size)  # evaluated: its time is its own
+            if hasattr(policy, "observe_catch_up"):  # what a catch-up costs it per token
+                policy.observe_catch_up(drafter.source, len(prompt) - 1,
+                                        time.perf_counter() - started)
         if hasattr(drafter, "attach"):  # it reads the history as it grows (suffix drafting)
             drafter.attach(decoder.history)
     emitted = 0

@@ -82,6 +82,14 @@ PROBE_BUDGET = 0.02
 # verify cost the calibration judged lookup a loser and the copy task ran at 1.01-1.06x plain
 # against lookup alone's 1.5x.
 CALIBRATION_JUDGES_LOOKUP = False  # True: the old rule (the negative control of a test)
+# A probe after an off period also feeds a draft model every token decoded meanwhile. On a
+# GPU that catch-up is one short prefill; on a CPU, where a quantized draft's products run
+# token by token, it grows with the backlog: on the sliding-window pair a probe after 128
+# tokens took 319 ms (55 plain steps) and the defaults ran at 0.85x plain over 384 tokens.
+# So the probe budget counts the probe's predicted catch-up too, for every probe of a source
+# that could win little anyway (LONG_OFF_STEPS) and every probe after the first. The cost
+# per token: the draft's prompt prefill (timed by the loop), then its own catch-up rounds.
+CATCH_UP_IN_BUDGET = True  # False: the old rule (the negative control of a test)
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
@@ -149,6 +157,7 @@ class SourceEstimate:
         self.switched_off = 0
         self.losing = False  # the last verdict found it slower than plain (by OFF_MARGIN)
         self.probing = False  # switched off, and not yet probed again
+        self.little_to_win = False  # its last off period was long: even its prior hardly wins
 
     @property
     def acceptance(self) -> float:
@@ -303,6 +312,7 @@ class AdaptivePolicy:
         self.plain_trial = PLAIN_TRIAL_STEPS if prior is None and auto_off else 0
         self.elapsed = 0.0  # seconds of every timed round and plain step
         self.lost = 0.0  # speculative rounds' seconds beyond plain decoding's for their tokens
+        self.catch_up_seconds: Dict[str, float] = {}  # per backlog token, by paid source
 
     def source(self, name: str) -> SourceEstimate:
         if name not in self.sources:
@@ -366,9 +376,11 @@ class AdaptivePolicy:
     # --- the policy protocol ---
     def proposal_length(self, source: str) -> int:
         estimate = self.source(source)
-        if (estimate.probing and estimate.off_left == 0 and estimate.switched_off > 1
-                and self.lost > PROBE_BUDGET * self.elapsed):
-            estimate.off_left = PLAIN_BLOCK  # the probes' budget is spent: not yet
+        if (estimate.probing and estimate.off_left == 0
+                and (estimate.switched_off > 1 or (CATCH_UP_IN_BUDGET and estimate.little_to_win))
+                and self.lost + self._probe_catch_up(source, estimate)
+                > PROBE_BUDGET * self.elapsed):
+            estimate.off_left = self._probe_wait(source)  # the probes' budget is spent: not yet
         if (self.plain_trial > 0 and not self._drafts_in_trial(source, estimate)) \
                 or estimate.off_left > 0:
             return 0
@@ -379,6 +391,29 @@ class AdaptivePolicy:
                 self._switch_off(estimate)
                 return 0
         return estimate.length()
+
+    def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
+        """A paid source was fed `tokens` it had not seen (its prompt prefill) in `seconds`:
+        what a probe's catch-up will cost per token. A short prompt's is mostly fixed cost."""
+        if tokens >= CATCH_UP_TOKENS and seconds > 0:
+            self.catch_up_seconds[source] = seconds / tokens
+
+    def _probe_catch_up(self, name: str, estimate: SourceEstimate) -> float:
+        """Predicted seconds of the next probe's catch-up (0 without CATCH_UP_IN_BUDGET)."""
+        if not CATCH_UP_IN_BUDGET or name in FREE_SOURCES:
+            return 0.0
+        return self.catch_up_seconds.get(name, 0.0) * estimate.since
+
+    def _probe_wait(self, name: str) -> int:
+        """Tokens before a probe over budget is asked about again: PLAIN_BLOCK, or the longest
+        off period when its catch-up grows faster than the budget (it will not fit). Each
+        plain block ends the queue of steps (~a third of a step on a CPU: 16-token blocks
+        cost the sliding pair 3% over 384 tokens)."""
+        per_token = self.catch_up_seconds.get(name, 0.0) if CATCH_UP_IN_BUDGET else 0.0
+        plain = self.plain_seconds
+        if plain and name not in FREE_SOURCES and per_token >= PROBE_BUDGET * plain:
+            return MAX_OFF_STEPS
+        return PLAIN_BLOCK
 
     def _first_look(self, name: str, estimate: SourceEstimate, since: int = FIRST_LOOK_AFTER) -> bool:
         """Whether a paid source's first round is due in the cold start's trial (FIRST_LOOK),
@@ -432,6 +467,11 @@ class AdaptivePolicy:
             return
         estimate = self.source(round_.source)
         estimate.probing = False
+        if (seconds is not None and round_.source not in FREE_SOURCES
+                and estimate.since >= CATCH_UP_TOKENS):  # it fed a backlog: at what cost
+            steady = estimate.seconds(round_.num_drafted)
+            if steady:
+                self.catch_up_seconds[round_.source] = max(seconds - steady, 0.0) / estimate.since
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds,
                          catches_up=round_.source not in FREE_SOURCES)
         self._judge(estimate)
@@ -459,7 +499,8 @@ class AdaptivePolicy:
         now = self._predicted_ratio(estimate)
         evidence = (estimate.switched_off > 0 or estimate.rounds >= LONG_OFF_EVIDENCE
                     or estimate.warm or (now is not None and now < 1.0 - CLEAR_LOSS))
-        if ratio is not None and ratio < SMALL_GAIN and evidence:
+        estimate.little_to_win = ratio is not None and ratio < SMALL_GAIN and evidence
+        if estimate.little_to_win:
             estimate.off_steps = max(estimate.off_steps, LONG_OFF_STEPS)
         estimate.switch_off()
 

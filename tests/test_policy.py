@@ -294,3 +294,16 @@ def test_a_calibration_that_says_drafting_wins_starts_at_its_best_k():
     first = policy.num_draft_tokens()
     assert first >= 6  # no cold k, k/2, 3k/2 schedule: straight to a long k
     assert policy.describe()["calibrated"] is True
+
+
+def test_the_loop_tells_the_policy_what_a_draft_catch_up_costs(target_model, drafts):
+    """The draft model's prompt prefill is timed and handed to the policy (per token), which
+    counts it in a probe's cost after an off period; a short prompt's is not (fixed costs)."""
+    def told(prompt):
+        policy = AdaptivePolicy()
+        for _ in speculative_generate_step(prompt, target_model, drafts["related"], max_tokens=4,
+                                           policy=policy, prompt_lookup=False):
+            pass
+        return policy.catch_up_seconds
+    assert told(list(range(2, 40)))["draft"] > 0
+    assert "draft" not in told([2, 7, 1, 8])

@@ -306,3 +306,44 @@ def test_a_block_drafters_first_rounds_are_sized_from_the_default_k(monkeypatch)
     assert first_rounds() == ([1, 1, 3], 15)
     monkeypatch.setattr(policy_module, "BLOCK_FIRST_FROM_BLOCK", True)
     assert first_rounds() == ([3, 3, 11], 15)
+
+
+def costly_draft_run(catch_up_per_token, tokens=384):
+    """The sliding-window pair on a CPU: a quantized draft whose round costs 3.4 plain steps
+    (hopeless), and whose catch-up over a backlog costs `catch_up_per_token` plain steps a
+    token, as its timed prompt prefill of 23 tokens told the policy. Returns (drafted
+    spells, plain blocks, seconds spent catching up)."""
+    policy = AdaptivePolicy(acceptance_prior=0.5)
+    policy.observe_catch_up("draft", 23, 23 * catch_up_per_token)
+    asked, emitted, missed, caught_up = [], 0, 0, 0.0
+    while emitted < tokens:
+        k = policy.proposal_length("draft")
+        asked.append(k)
+        if k == 0:
+            steps = min(policy.plain_steps(), tokens - emitted)
+            for _ in range(steps):
+                policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
+            emitted, missed = emitted + steps, missed + steps
+            continue
+        catch_up = catch_up_per_token * missed if missed > 1 else 0.0
+        caught_up += catch_up
+        policy.observe(Round([0, 0], k, 1, "draft", None), 1.4 + 2.0 * k + catch_up)
+        emitted, missed = emitted + 2, 0
+    spells = sum(1 for before, k in zip([0] + asked, asked) if before == 0 and k > 0)
+    return spells, asked.count(0), caught_up
+
+
+def test_a_probe_whose_catch_up_would_not_fit_the_budget_waits(monkeypatch):
+    """The sliding pair's defaults ran at 0.85x plain over 384 tokens: its first probe, after
+    a long off period, fed the draft 128 tokens (55 plain steps). Counted in the probe budget,
+    that catch-up never fits: one spell (the first look), no catch-up, and the plain steps in
+    long blocks (each block's end costs a fraction of a step). A catch-up a GPU's prefill makes
+    nearly free leaves the probe to the budget as before. Negative control: the catch-up left
+    out of the budget."""
+    spells, blocks, caught_up = costly_draft_run(catch_up_per_token=0.44)
+    assert (spells, caught_up) == (1, 0.0)
+    assert blocks <= 6  # the trial's, then off periods of 128 and 256 (not 16-token waits)
+    assert costly_draft_run(catch_up_per_token=0.001)[0] >= 2
+    monkeypatch.setattr(policy_module, "CATCH_UP_IN_BUDGET", False)
+    spells, _, caught_up = costly_draft_run(catch_up_per_token=0.44)
+    assert spells >= 2 and caught_up > 50

@@ -1,0 +1,114 @@
+"""Long replies: the defaults against plain decoding over hundreds of tokens, probes included.
+
+    python -m mlx_spec.bench.studies.long_replies --out long-replies-netlib
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
+        python -m mlx_spec.bench.studies.long_replies --out long-replies-openblas
+
+The never-behind table (never_behind.py) decodes 96 tokens: a source switched
+off for its long off period (128 tokens) is never probed again inside it. Over
+a longer reply the probes come, and a draft model's probe first catches up on
+every token decoded meanwhile. This study times, interleaved per prompt,
+plain decoding, the defaults, and the defaults with the probe rule before the
+catch-up was counted in the probe budget (policy.CATCH_UP_IN_BUDGET = False),
+on the zoo's held-out pairs, uncalibrated; ratios are medians of per-repeat
+ratios with an order-statistics interval (never_behind.paired_ratio).
+Writes bench/results/<out>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Dict, List
+
+from ... import policy as policy_module
+from ..endtoend import interleave, run_target_alone
+from ..machine import machine_info
+from ..prompts import PROMPTS, encode_prompts
+from ..zoo import HELD_OUT_NAMES, build_zoo
+from . import RESULTS_DIR
+from .never_behind import DEFAULT_PROMPTS, paired_ratio, run_defaults
+
+PLAIN, DEFAULTS, BEFORE = "plain", "defaults", "defaults, catch-up not in the budget"
+
+
+def _with_rule(counted: bool, run):
+    """`run` with policy.CATCH_UP_IN_BUDGET set to `counted` while it runs."""
+    def wrapped(ids):
+        saved = policy_module.CATCH_UP_IN_BUDGET
+        policy_module.CATCH_UP_IN_BUDGET = counted
+        try:
+            return run(ids)
+        finally:
+            policy_module.CATCH_UP_IN_BUDGET = saved
+    return wrapped
+
+
+def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int) -> List[dict]:
+    by_name = {p.name: p for p in PROMPTS}
+    rows = []
+    for pair in build_zoo(pair_names):
+        prompts = encode_prompts(pair.tokenizer, [by_name[n] for n in DEFAULT_PROMPTS])
+        for temp in temps:
+            def defaults(ids, pair=pair, temp=temp):
+                return run_defaults(pair.target_model, pair.draft_model, ids, temp, tokens,
+                                    calibration=None, **pair.draft_options)
+            methods = {
+                PLAIN: lambda ids, pair=pair, temp=temp: run_target_alone(
+                    pair.target_model, ids, temp, tokens),
+                DEFAULTS: _with_rule(True, defaults),
+                BEFORE: _with_rule(False, defaults),
+            }
+            print(f"{pair.name}, T={temp:g} ...", file=sys.stderr, flush=True)
+            results = interleave(methods, prompts, repeats=repeats)
+            row = {"pair": pair.name, "temp": temp,
+                   "tokens_per_s": {n: r.tokens_per_s for n, r in results.items()}}
+            for name in (DEFAULTS, BEFORE):
+                r = paired_ratio(results[name], results[PLAIN])
+                row[f"{name} / plain"] = [r.value, r.low, r.high]
+            rows.append(row)
+            print(f"  {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+def render(rows: List[dict], header: dict) -> str:
+    out = ["# Long replies: the defaults against plain decoding, probes included", "",
+           f"`{header['command']}`  ",
+           f"{header['machine']}; {header['tokens']} tokens per run, uncalibrated, "
+           f"median of {header['repeats']} interleaved repeats after a warm-up (prompts "
+           f"{', '.join(DEFAULT_PROMPTS)} in turn); held-out pairs of the zoo.", "",
+           f"| pair | T | plain tok/s | {DEFAULTS} ÷ plain | {BEFORE} ÷ plain |",
+           "|---|---|---|---|---|"]
+    for row in rows:
+        cells = [f"{v:.2f}x ({lo:.2f}-{hi:.2f})"
+                 for v, lo, hi in (row[f"{DEFAULTS} / plain"], row[f"{BEFORE} / plain"])]
+        out.append(f"| {row['pair']} | {row['temp']:g} | {row['tokens_per_s'][PLAIN]:.1f} | "
+                   f"{cells[0]} | {cells[1]} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", default=",".join(HELD_OUT_NAMES))
+    parser.add_argument("--temps", default="0,1")
+    parser.add_argument("--tokens", type=int, default=384)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="long-replies")
+    args = parser.parse_args(argv)
+    rows = measure(args.pairs.split(","), [float(t) for t in args.temps.split(",")],
+                   args.tokens, args.repeats)
+    info = machine_info()
+    header = {"command": "python -m mlx_spec.bench.studies.long_replies "
+                         + " ".join(argv if argv is not None else sys.argv[1:]),
+              "machine": f"{info.chip}, BLAS {info.blas}, MLX {info.mlx_version}",
+              "tokens": args.tokens, "repeats": args.repeats}
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{args.out}.json").write_text(json.dumps({**header, "rows": rows}, indent=1))
+    (RESULTS_DIR / f"{args.out}.md").write_text(render(rows, header))
+    print(render(rows, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
