@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Dict, List
+from typing import List
 
 from ... import policy as policy_module
 from ..endtoend import interleave, run_target_alone
