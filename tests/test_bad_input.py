@@ -2,7 +2,6 @@
 line and a non-zero exit (CLI). Tables of (input, the sentence expected); each row
 asserts the words, not only the exception type. Ctrl-C at any moment: one line, 130."""
 
-import os
 import subprocess
 import sys
 import textwrap

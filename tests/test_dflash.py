@@ -4,7 +4,6 @@ says (checked against a from-scratch forward), output is exact, bad input is one
 import json
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 from click.testing import CliRunner

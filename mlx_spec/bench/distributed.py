@@ -21,7 +21,7 @@ from __future__ import annotations
 import platform
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import mlx.core as mx
 
