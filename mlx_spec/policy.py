@@ -82,6 +82,13 @@ PROBE_BUDGET = 0.02
 # verify cost the calibration judged lookup a loser and the copy task ran at 1.01-1.06x plain
 # against lookup alone's 1.5x.
 CALIBRATION_JUDGES_LOOKUP = False  # True: the old rule (the negative control of a test)
+# A host search's drafts stand or fall together (a match holds or it does not), so one failed
+# round weighs far more in the per-draft acceptance model than it should: with a netlib
+# calibration, lookup's first round on a copy prompt failing (k = 2, none kept) and the next
+# two kept whole left its estimate at 0.77, predicted 0.82x plain, off for the rest of a
+# 96-token reply (the calibrated copy task fell to 1.00x plain in 4 of 5 runs). No verdict is
+# taken on a round whose whole proposal was kept, while the source would win at acceptance 1.
+MATCH_HOLDS = True  # False: the old rule (the negative control of a test)
 # A probe after an off period also feeds a draft model every token decoded meanwhile. On a
 # GPU that catch-up is one short prefill; on a CPU, where a quantized draft's products run
 # token by token, it grows with the backlog: on the sliding-window pair a probe after 128
@@ -474,7 +481,9 @@ class AdaptivePolicy:
                 self.catch_up_seconds[round_.source] = max(seconds - steady, 0.0) / estimate.since
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds,
                          catches_up=round_.source not in FREE_SOURCES)
-        self._judge(estimate)
+        held = (MATCH_HOLDS and round_.source in FREE_SOURCES
+                and round_.num_accepted == round_.num_drafted)
+        self._judge(estimate, match_held=held)
 
     def _predicted_ratio(self, estimate: SourceEstimate,
                          acceptance: Optional[float] = None) -> Optional[float]:
@@ -523,7 +532,9 @@ class AdaptivePolicy:
                 if ratio is not None and ratio < HOPELESS:
                     self._switch_off(estimate)
 
-    def _judge(self, estimate: SourceEstimate) -> None:
+    def _judge(self, estimate: SourceEstimate, match_held: bool = False) -> None:
+        """A verdict after a round (the first rounds: only a hopeless one); `match_held`: a host
+        search kept its whole proposal (MATCH_HOLDS)."""
         if not self.auto_off or not self.plain_seconds:
             return
         if estimate.probe_left > 0:
@@ -533,6 +544,8 @@ class AdaptivePolicy:
                     and not self.plain_trial):  # (a first look is judged at the trial's end)
                 self._switch_off(estimate)  # no need to see the remaining first rounds
             return
+        if match_held and (self._predicted_ratio(estimate, 1.0) or 0.0) > 1.0:
+            return  # its match holds, and a holding match wins: no verdict on this round
         if not self._loses(estimate):
             estimate.off_steps = FIRST_OFF_STEPS
         elif self.measured_plain_seconds is None and not estimate.warm:

@@ -347,3 +347,49 @@ def test_a_probe_whose_catch_up_would_not_fit_the_budget_waits(monkeypatch):
     monkeypatch.setattr(policy_module, "CATCH_UP_IN_BUDGET", False)
     spells, _, caught_up = costly_draft_run(catch_up_per_token=0.44)
     assert spells >= 2 and caught_up > 50
+
+
+NETLIB_PLAIN = 5.47e-3  # a netlib calibration of the skip-f32 pair: verify(t) grows with t
+NETLIB_VERIFY = {1: 9.96e-3, 2: 12.9e-3, 3: 15.6e-3, 4: 17.6e-3, 5: 20.2e-3, 6: 23.3e-3,
+                 8: 29.4e-3, 10: 36.2e-3, 12: 42.4e-3, 16: 54.9e-3, 24: 81.7e-3, 32: 108e-3}
+
+
+def calibrated_lookup_run(failed_first, verify=NETLIB_VERIFY, tokens=96):
+    """Calibrated lookup on a copy: its first `failed_first` rounds keep nothing, then every
+    proposal is kept. Returns (tokens lookup emitted, times switched off)."""
+    from mlx_spec.costmodel import CostPrior
+    prior = CostPrior(NETLIB_PLAIN, verify, {"lookup": 0.0, "suffix": 0.0})
+    policy = AdaptivePolicy(prior=prior)
+    emitted = by_lookup = rounds = 0
+    while emitted < tokens:
+        k = policy.proposal_length("lookup")
+        if k == 0:
+            steps = policy.plain_steps()
+            for _ in range(steps):
+                policy.observe(Round([0], 0, 0, "target", None), NETLIB_PLAIN)
+            emitted += steps
+            continue
+        kept = 0 if rounds < failed_first else k
+        rounds += 1
+        seconds = verify[min(verify, key=lambda t: abs(t - (k + 1)))]
+        policy.observe(Round([0] * (kept + 1), k, kept, "lookup", None), seconds)
+        emitted, by_lookup = emitted + kept + 1, by_lookup + kept + 1
+    return by_lookup, policy.switched_off
+
+
+def test_a_failed_first_lookup_round_does_not_end_a_copy(monkeypatch):
+    """A match holds or fails as a whole: after one failed first round and two kept whole, the
+    per-draft estimate (0.77) predicted 0.82x plain on a netlib calibration and switched lookup
+    off for the rest of the copy. No verdict on a round kept whole: lookup emits most of the
+    reply. Negative control: the verdict on every round (MATCH_HOLDS off)."""
+    assert calibrated_lookup_run(failed_first=1)[0] >= 70
+    monkeypatch.setattr(policy_module, "MATCH_HOLDS", False)
+    assert calibrated_lookup_run(failed_first=1)[0] <= 10
+
+
+def test_a_lookup_that_cannot_win_even_kept_whole_is_still_switched_off():
+    """Where verifying t tokens costs more than t plain steps, a lookup kept whole still loses:
+    a held match does not keep it on."""
+    costly = {t: 1.2 * t * NETLIB_PLAIN for t in NETLIB_VERIFY}
+    _, switched_off = calibrated_lookup_run(failed_first=0, verify=costly)
+    assert switched_off >= 1
