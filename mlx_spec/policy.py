@@ -383,11 +383,8 @@ class AdaptivePolicy:
     # --- the policy protocol ---
     def proposal_length(self, source: str) -> int:
         estimate = self.source(source)
-        if (estimate.probing and estimate.off_left == 0
-                and (estimate.switched_off > 1 or (CATCH_UP_IN_BUDGET and estimate.little_to_win))
-                and self.lost + self._probe_catch_up(source, estimate)
-                > PROBE_BUDGET * self.elapsed):
-            estimate.off_left = self._probe_wait(source)  # the probes' budget is spent: not yet
+        if estimate.probing and estimate.off_left == 0 and self._probe_over_budget(source, estimate):
+            estimate.off_left = self._probe_wait(source)  # not yet
         if (self.plain_trial > 0 and not self._drafts_in_trial(source, estimate)) \
                 or estimate.off_left > 0:
             return 0
@@ -405,20 +402,28 @@ class AdaptivePolicy:
         if tokens >= CATCH_UP_TOKENS and seconds > 0:
             self.catch_up_seconds[source] = seconds / tokens
 
-    def _probe_catch_up(self, name: str, estimate: SourceEstimate) -> float:
-        """Predicted seconds of the next probe's catch-up (0 without CATCH_UP_IN_BUDGET)."""
+    def _catch_up_per_token(self, name: str) -> float:
+        """Seconds a probe of `name` spends per backlog token (0: a host search, nothing
+        measured yet, or CATCH_UP_IN_BUDGET off)."""
         if not CATCH_UP_IN_BUDGET or name in FREE_SOURCES:
             return 0.0
-        return self.catch_up_seconds.get(name, 0.0) * estimate.since
+        return self.catch_up_seconds.get(name, 0.0)
+
+    def _probe_over_budget(self, name: str, estimate: SourceEstimate) -> bool:
+        """Whether a due probe must wait (PROBE_BUDGET): every probe after the first, and the
+        first after a long off period (with CATCH_UP_IN_BUDGET), when the net loss so far plus
+        the probe's predicted catch-up exceeds the budget."""
+        gated = estimate.switched_off > 1 or (CATCH_UP_IN_BUDGET and estimate.little_to_win)
+        return gated and (self.lost + self._catch_up_per_token(name) * estimate.since
+                          > PROBE_BUDGET * self.elapsed)
 
     def _probe_wait(self, name: str) -> int:
         """Tokens before a probe over budget is asked about again: PLAIN_BLOCK, or the longest
         off period when its catch-up grows faster than the budget (it will not fit). Each
         plain block ends the queue of steps (~a third of a step on a CPU: 16-token blocks
         cost the sliding pair 3% over 384 tokens)."""
-        per_token = self.catch_up_seconds.get(name, 0.0) if CATCH_UP_IN_BUDGET else 0.0
         plain = self.plain_seconds
-        if plain and name not in FREE_SOURCES and per_token >= PROBE_BUDGET * plain:
+        if plain and self._catch_up_per_token(name) >= PROBE_BUDGET * plain:
             return MAX_OFF_STEPS
         return PLAIN_BLOCK
 

@@ -26,7 +26,7 @@ from ... import policy as policy_module
 from ..endtoend import interleave, run_target_alone
 from ..machine import machine_info
 from ..prompts import PROMPTS, encode_prompts
-from ..zoo import HELD_OUT_NAMES, build_zoo
+from ..zoo import HELD_OUT_NAMES, ZOO_NAMES, build_zoo
 from . import RESULTS_DIR
 from .never_behind import DEFAULT_PROMPTS, paired_ratio, run_defaults
 
@@ -96,8 +96,17 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="long-replies")
     args = parser.parse_args(argv)
-    rows = measure(args.pairs.split(","), [float(t) for t in args.temps.split(",")],
-                   args.tokens, args.repeats)
+    pairs = args.pairs.split(",")
+    unknown = [name for name in pairs if name not in ZOO_NAMES]
+    if unknown:
+        parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(ZOO_NAMES)}.")
+    try:
+        temps = [float(t) for t in args.temps.split(",")]
+    except ValueError:
+        parser.error(f"--temps takes numbers separated by commas, got {args.temps!r}.")
+    if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
+        parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
+    rows = measure(pairs, temps, args.tokens, args.repeats)
     info = machine_info()
     header = {"command": "python -m mlx_spec.bench.studies.long_replies "
                          + " ".join(argv if argv is not None else sys.argv[1:]),
