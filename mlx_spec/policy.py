@@ -69,6 +69,14 @@ OFF_MARGIN = 0.05  # switch off only when predicted >5% slower: estimates are no
 # source off costs a whole off period, keeping a losing one a round costs little.
 CLEAR_LOSS = 0.15
 HOPELESS = 0.7  # predicted this much of plain's speed: off without the remaining first rounds
+# Tried and left off: also ending the first rounds (and a probe's first) when even at the better
+# of its acceptance and its prior the source is predicted slower than plain by CLEAR_LOSS, its
+# cost taken as proportional to k + 1 from k = 1 rounds alone. On a CPU's fast float32 targets
+# it saved the second k = 1 and the k = 3 round (+0-4% at T > 0, 96 tokens), but the strong pair's
+# first look costs the same two plain steps as the MTP head's and only acceptance tells them
+# apart: its winning draft went off after one round (1.18x -> 1.04x plain at T = 0.7;
+# docs/benchmarks.md, "A rule tried and left off").
+FIRST_ROUNDS_OPTIMISTIC = False
 # After its first off period a source is probed again (a hard opening must not keep a
 # good draft off); after later ones only while speculation's net loss against plain
 # decoding (round seconds - tokens x a plain step, over every speculative round; wins
@@ -532,10 +540,22 @@ class AdaptivePolicy:
         if not self.auto_off:
             return
         for estimate in self.sources.values():
-            if estimate.rounds and estimate.off_left == 0 and not estimate.warm:
-                ratio = self._predicted_ratio(estimate)
-                if ratio is not None and ratio < HOPELESS:
-                    self._switch_off(estimate)
+            if estimate.rounds and estimate.off_left == 0 and not estimate.warm \
+                    and self._hopeless(estimate):
+                self._switch_off(estimate)
+
+    def _hopeless(self, estimate: SourceEstimate) -> bool:
+        """Whether a source in its first rounds goes off without the rest: predicted below
+        HOPELESS (or, with FIRST_ROUNDS_OPTIMISTIC, slower than plain by CLEAR_LOSS even at the
+        better of its acceptance and its prior)."""
+        ratio = self._predicted_ratio(estimate)
+        if ratio is not None and ratio < HOPELESS:
+            return True
+        if not FIRST_ROUNDS_OPTIMISTIC:
+            return False
+        optimistic = self._predicted_ratio(
+            estimate, max(estimate.acceptance, estimate.prior_acceptance))
+        return optimistic is not None and optimistic < 1.0 - CLEAR_LOSS
 
     def _judge(self, estimate: SourceEstimate, match_held: bool = False) -> None:
         """A verdict after a round (the first rounds: only a hopeless one); `match_held`: a host
@@ -544,9 +564,8 @@ class AdaptivePolicy:
             return
         if estimate.probe_left > 0:
             estimate.probe_left -= 1
-            ratio = self._predicted_ratio(estimate)
-            if (ratio is not None and ratio < HOPELESS and self.measured_plain_seconds
-                    and not self.plain_trial):  # (a first look is judged at the trial's end)
+            if (self.measured_plain_seconds and not self.plain_trial  # (a first look is
+                    and self._hopeless(estimate)):  # judged at the trial's end)
                 self._switch_off(estimate)  # no need to see the remaining first rounds
             return
         if match_held and (self._predicted_ratio(estimate, 1.0) or 0.0) > 1.0:

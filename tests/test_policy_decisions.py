@@ -134,6 +134,35 @@ def test_a_draft_as_costly_as_its_target_is_off_after_its_first_look(monkeypatch
     assert drafted_rounds() >= 2
 
 
+def test_the_first_rounds_rule_left_off_ends_a_costly_first_look(monkeypatch):
+    """The rule tried and left off (policy.FIRST_ROUNDS_OPTIMISTIC): at T > 0 a k = 1 round
+    costing two plain steps (an MTP head on a CPU's fast float32 target) is predicted 20%
+    slower than plain even at the better of its acceptance and its 0.5 prior, so with the rule
+    an accepted first look (0.61 estimated, above HOPELESS) is the only round; as shipped
+    the source drafts its three first rounds (a strong draft's first look costs the same)."""
+    costly = lambda k: 1.0 + 1.0 * k  # noqa: E731 (k = 1: two plain steps)
+
+    def drafted_rounds():
+        policy = AdaptivePolicy(acceptance_prior=0.5)  # T > 0
+        asked = drafts_with_catch_up(policy, lambda k: min(k, 1), 96, costly, catch_up=0.0)
+        return sum(1 for k in asked if k > 0)
+    assert drafted_rounds() >= 3
+    monkeypatch.setattr(policy_module, "FIRST_ROUNDS_OPTIMISTIC", True)
+    assert drafted_rounds() == 1
+
+
+@pytest.mark.parametrize("prior,seconds", [(0.75, lambda k: 1.0 + 1.0 * k),  # T = 0, costly
+                                           (0.5, lambda k: 1.1 + 0.1 * k)])  # T > 0, cheap
+def test_with_that_rule_a_rejected_first_look_that_could_win_goes_on(prior, seconds, monkeypatch):
+    """That rule is about cost, not luck: a rejected first look keeps its first rounds when at
+    its prior it could still win (greedy, prior 0.75, at two plain steps a round; a cheap
+    draft at T > 0)."""
+    monkeypatch.setattr(policy_module, "FIRST_ROUNDS_OPTIMISTIC", True)
+    policy = AdaptivePolicy(acceptance_prior=prior)
+    asked = drafts_with_catch_up(policy, lambda k: 0 if k == 1 else k, 24, seconds, catch_up=0.0)
+    assert sum(1 for k in asked if k > 0) >= 2
+
+
 def drafts_with_catch_up(policy, accepted_of, tokens, steady, catch_up):
     """A draft model's rounds as the loop sees them: a round of k costs steady(k), plus
     `catch_up` seconds when the draft missed more than one token since its last round (its

@@ -3,16 +3,20 @@
     python -m mlx_spec.bench.studies.long_replies --out long-replies-netlib
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
         python -m mlx_spec.bench.studies.long_replies --out long-replies-openblas
+    python -m mlx_spec.bench.studies.long_replies --flip FIRST_ROUNDS_OPTIMISTIC --tokens 96 \\
+        --pairs mtp-f32,strong --temps 0.7,1 --out NAME      # any other rule of the policy
 
 The never-behind table (never_behind.py) decodes 96 tokens: a source switched
 off for its long off period (128 tokens) is never probed again inside it. Over
 a longer reply the probes come, and a draft model's probe first catches up on
 every token decoded meanwhile. This study times, interleaved per prompt,
-plain decoding, the defaults, and the defaults with the probe rule before the
-catch-up was counted in the probe budget (policy.CATCH_UP_IN_BUDGET = False),
-on the zoo's held-out pairs, uncalibrated; ratios are medians of per-repeat
-ratios with an order-statistics interval (never_behind.paired_ratio).
-Writes bench/results/<out>.json and .md.
+plain decoding, the defaults, and the defaults with one of the policy's
+on/off rules flipped (`--flip NAME`, a boolean constant of mlx_spec/policy.py;
+by default CATCH_UP_IN_BUDGET: the probe rule before the catch-up was counted
+in the probe budget), on the zoo's held-out pairs unless `--pairs` names
+others, uncalibrated; ratios are medians of per-repeat ratios with an
+order-statistics interval (never_behind.paired_ratio). Writes
+bench/results/<out>.json and .md.
 """
 
 from __future__ import annotations
@@ -30,22 +34,37 @@ from ..zoo import HELD_OUT_NAMES, ZOO_NAMES, build_zoo
 from . import RESULTS_DIR
 from .never_behind import DEFAULT_PROMPTS, paired_ratio, run_defaults
 
-PLAIN, DEFAULTS, BEFORE = "plain", "defaults", "defaults, catch-up not in the budget"
+PLAIN, DEFAULTS = "plain", "defaults"
+DEFAULT_FLIP = "CATCH_UP_IN_BUDGET"
 
 
-def _with_rule(counted: bool, run):
-    """`run` with policy.CATCH_UP_IN_BUDGET set to `counted` while it runs."""
+def flippable_rules() -> List[str]:
+    """The policy's on/off rules: its boolean constants."""
+    return sorted(name for name, value in vars(policy_module).items()
+                  if name.isupper() and isinstance(value, bool))
+
+
+def flipped_label(flag: str) -> str:
+    """The column of the defaults with `flag` flipped, as the policy now sets it."""
+    return f"defaults, {flag} = {not getattr(policy_module, flag)}"
+
+
+def _with_flag(flag: str, value: bool, run):
+    """`run` with policy.<flag> set to `value` while it runs."""
     def wrapped(ids):
-        saved = policy_module.CATCH_UP_IN_BUDGET
-        policy_module.CATCH_UP_IN_BUDGET = counted
+        saved = getattr(policy_module, flag)
+        setattr(policy_module, flag, value)
         try:
             return run(ids)
         finally:
-            policy_module.CATCH_UP_IN_BUDGET = saved
+            setattr(policy_module, flag, saved)
     return wrapped
 
 
-def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int) -> List[dict]:
+def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int,
+            flag: str = DEFAULT_FLIP) -> List[dict]:
+    shipped = getattr(policy_module, flag)
+    flipped = flipped_label(flag)
     by_name = {p.name: p for p in PROMPTS}
     rows = []
     for pair in build_zoo(pair_names):
@@ -57,14 +76,14 @@ def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int
             methods = {
                 PLAIN: lambda ids, pair=pair, temp=temp: run_target_alone(
                     pair.target_model, ids, temp, tokens),
-                DEFAULTS: _with_rule(True, defaults),
-                BEFORE: _with_rule(False, defaults),
+                DEFAULTS: _with_flag(flag, shipped, defaults),
+                flipped: _with_flag(flag, not shipped, defaults),
             }
             print(f"{pair.name}, T={temp:g} ...", file=sys.stderr, flush=True)
             results = interleave(methods, prompts, repeats=repeats)
             row = {"pair": pair.name, "temp": temp,
                    "tokens_per_s": {n: r.tokens_per_s for n, r in results.items()}}
-            for name in (DEFAULTS, BEFORE):
+            for name in (DEFAULTS, flipped):
                 r = paired_ratio(results[name], results[PLAIN])
                 row[f"{name} / plain"] = [r.value, r.low, r.high]
             rows.append(row)
@@ -73,16 +92,18 @@ def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int
 
 
 def render(rows: List[dict], header: dict) -> str:
-    out = ["# Long replies: the defaults against plain decoding, probes included", "",
+    flipped = header["flipped"]
+    out = [f"# The defaults against plain decoding over {header['tokens']} tokens, and with "
+           f"{header['flip']} flipped", "",
            f"`{header['command']}`  ",
            f"{header['machine']}; {header['tokens']} tokens per run, uncalibrated, "
            f"median of {header['repeats']} interleaved repeats after a warm-up (prompts "
-           f"{', '.join(DEFAULT_PROMPTS)} in turn); held-out pairs of the zoo.", "",
-           f"| pair | T | plain tok/s | {DEFAULTS} ÷ plain | {BEFORE} ÷ plain |",
+           f"{', '.join(DEFAULT_PROMPTS)} in turn); pairs of the zoo.", "",
+           f"| pair | T | plain tok/s | {DEFAULTS} ÷ plain | {flipped} ÷ plain |",
            "|---|---|---|---|---|"]
     for row in rows:
         cells = [f"{v:.2f}x ({lo:.2f}-{hi:.2f})"
-                 for v, lo, hi in (row[f"{DEFAULTS} / plain"], row[f"{BEFORE} / plain"])]
+                 for v, lo, hi in (row[f"{DEFAULTS} / plain"], row[f"{flipped} / plain"])]
         out.append(f"| {row['pair']} | {row['temp']:g} | {row['tokens_per_s'][PLAIN]:.1f} | "
                    f"{cells[0]} | {cells[1]} |")
     return "\n".join(out) + "\n"
@@ -95,7 +116,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=384)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="long-replies")
+    parser.add_argument("--flip", default=DEFAULT_FLIP,
+                        help="a boolean constant of mlx_spec/policy.py to compare flipped")
     args = parser.parse_args(argv)
+    if args.flip not in flippable_rules():
+        parser.error(f"--flip takes one of the policy's on/off rules: {', '.join(flippable_rules())}.")
     pairs = args.pairs.split(",")
     unknown = [name for name in pairs if name not in ZOO_NAMES]
     if unknown:
@@ -106,12 +131,13 @@ def main(argv=None) -> int:
         parser.error(f"--temps takes numbers separated by commas, got {args.temps!r}.")
     if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
         parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
-    rows = measure(pairs, temps, args.tokens, args.repeats)
+    rows = measure(pairs, temps, args.tokens, args.repeats, args.flip)
     info = machine_info()
     header = {"command": "python -m mlx_spec.bench.studies.long_replies "
                          + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": f"{info.chip}, BLAS {info.blas}, MLX {info.mlx_version}",
-              "tokens": args.tokens, "repeats": args.repeats}
+              "tokens": args.tokens, "repeats": args.repeats,
+              "flip": args.flip, "flipped": flipped_label(args.flip)}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{args.out}.json").write_text(json.dumps({**header, "rows": rows}, indent=1))
     (RESULTS_DIR / f"{args.out}.md").write_text(render(rows, header))
