@@ -256,6 +256,8 @@ def generate_rounds(
             if hasattr(policy, "observe_catch_up"):  # what a catch-up costs it per token
                 policy.observe_catch_up(drafter.source, len(prompt) - 1,
                                         time.perf_counter() - started)
+            if getattr(policy, "wants_draft_step", lambda source: False)(drafter.source):
+                policy.observe_draft_step(drafter.source, drafter.step_seconds(prompt[-1]))
         if hasattr(drafter, "attach"):  # it reads the history as it grows (suffix drafting)
             drafter.attach(decoder.history)
     emitted = 0

@@ -105,6 +105,15 @@ MATCH_HOLDS = True  # False: the old rule (the negative control of a test)
 # that could win little anyway (LONG_OFF_STEPS) and every probe after the first. The cost
 # per token: the draft's prompt prefill (timed by the loop), then its own catch-up rounds.
 CATCH_UP_IN_BUDGET = True  # False: the old rule (the negative control of a test)
+# With no calibration a draft model's step is timed once, right after its prompt prefill (one
+# step on the prompt's last token, then undone), and set against the target's first plain step:
+# a draft whose step costs as much as a target step cannot make decoding faster (a round of k
+# drafts then costs at least k + 1 target steps, for at most k + 1 tokens), so it is off for the
+# reply's long off period before its first look, and its probes wait on the budget. On this CPU
+# the full-size 8-bit and 4-bit copies of the hybrid and sliding targets step at 1.17-1.25 of the
+# target's first step, every other draft of the zoo at 0.27-0.57; their first look had cost 2.7-4
+# plain steps. Both times are first steps after a prefill, so the comparison is like for like.
+COSTLY_DRAFT_OFF = True  # False: the first look decides (the negative control of a test)
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
@@ -328,6 +337,8 @@ class AdaptivePolicy:
         self.elapsed = 0.0  # seconds of every timed round and plain step
         self.lost = 0.0  # speculative rounds' seconds beyond plain decoding's for their tokens
         self.catch_up_seconds: Dict[str, float] = {}  # per backlog token, by paid source
+        self.draft_step_seconds: Dict[str, float] = {}  # one timed step, by paid source
+        self.first_step_seconds: Optional[float] = None  # the target's step before a first look
 
     def source(self, name: str) -> SourceEstimate:
         if name not in self.sources:
@@ -396,6 +407,9 @@ class AdaptivePolicy:
         if (self.plain_trial > 0 and not self._drafts_in_trial(source, estimate)) \
                 or estimate.off_left > 0:
             return 0
+        if self._first_look(source, estimate) and self._costly(source):
+            self._switch_off(estimate, little_to_win=True)  # it cannot win: not even a look
+            return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
             judged = CALIBRATION_JUDGES_LOOKUP or source not in FREE_SOURCES
@@ -409,6 +423,22 @@ class AdaptivePolicy:
         what a probe's catch-up will cost per token. A short prompt's is mostly fixed cost."""
         if tokens >= CATCH_UP_TOKENS and seconds > 0:
             self.catch_up_seconds[source] = seconds / tokens
+
+    def wants_draft_step(self, source: str) -> bool:
+        """Whether the loop should time one step of `source` after its prefill (COSTLY_DRAFT_OFF:
+        only for a cold start's first look)."""
+        return (COSTLY_DRAFT_OFF and FIRST_LOOK and self.auto_off and self.prior is None
+                and source not in FREE_SOURCES)
+
+    def observe_draft_step(self, source: str, seconds: float) -> None:
+        """One step of a paid source took `seconds` (timed after its prefill)."""
+        self.draft_step_seconds[source] = seconds
+
+    def _costly(self, name: str) -> bool:
+        """Whether a paid source's step costs at least the target's first plain step."""
+        step = self.draft_step_seconds.get(name)
+        return bool(COSTLY_DRAFT_OFF and step and self.first_step_seconds
+                    and step >= self.first_step_seconds)
 
     def _catch_up_per_token(self, name: str) -> float:
         """Seconds a probe of `name` spends per backlog token (0: a host search, nothing
@@ -469,7 +499,9 @@ class AdaptivePolicy:
     def observe(self, round_, seconds: Optional[float]) -> None:
         tokens = len(round_.tokens)
         if self._looks_due():  # the step before a first look: a block of one, just after the
-            seconds = None  # prefill freed its buffers (8 ms against 4 on the mtp-f32 pair)
+            if round_.num_drafted == 0:  # prefill freed its buffers (8 ms against 4 on the
+                self.first_step_seconds = seconds  # mtp-f32 pair): set against a draft's step
+            seconds = None
         if seconds is not None:
             self.elapsed += seconds
             if round_.num_drafted and self.plain_seconds:
@@ -510,18 +542,19 @@ class AdaptivePolicy:
             return None
         return best * self.plain_seconds
 
-    def _switch_off(self, estimate: SourceEstimate) -> None:
+    def _switch_off(self, estimate: SourceEstimate, little_to_win: bool = False) -> None:
         """Off for the next off period; for LONG_OFF_STEPS when even accepting as well as
         its prior says it would hardly win (a machine where verifying costs nearly as
         much as decoding, or a calibration that measured a useless draft; not a hard
-        stretch of text): probing costs rounds, and a draft model's catch-up over every
-        token decoded meanwhile, for little to gain."""
+        stretch of text), or `little_to_win` says so: probing costs rounds, and a draft
+        model's catch-up over every token decoded meanwhile, for little to gain."""
         optimistic = max(estimate.acceptance, estimate.prior_acceptance)
         ratio = self._predicted_ratio(estimate, optimistic)
         now = self._predicted_ratio(estimate)
         evidence = (estimate.switched_off > 0 or estimate.rounds >= LONG_OFF_EVIDENCE
                     or estimate.warm or (now is not None and now < 1.0 - CLEAR_LOSS))
-        estimate.little_to_win = ratio is not None and ratio < SMALL_GAIN and evidence
+        estimate.little_to_win = little_to_win or (
+            ratio is not None and ratio < SMALL_GAIN and evidence)
         if estimate.little_to_win:
             estimate.off_steps = max(estimate.off_steps, LONG_OFF_STEPS)
         estimate.switch_off()

@@ -438,6 +438,25 @@ def test_the_policy_is_told_rank0_times_in_order(monkeypatch):
                                     abs=2e-6)
 
 
+def test_times_taken_before_the_rounds_are_rank0s_on_every_rank():
+    """A draft's timed prefill and its one timed step (cold start) set the policy's catch-up
+    cost and whether the draft looks at all: on a sharded target they reach every rank's policy
+    as rank 0's, through the agreement (whole microseconds; a group of one here)."""
+    from mlx_spec.distributed.group import mark_sharded
+    from mlx_spec.generate import speculative_generate_step
+    from mlx_spec.policy import AdaptivePolicy
+
+    target, draft = make_llama(layers=2), make_llama(layers=1, seed=5)
+    mark_sharded(target, mx.distributed.init())
+    policy = AdaptivePolicy()
+    for _ in speculative_generate_step(list(range(1, 30)), target, draft, max_tokens=4,
+                                       policy=policy, prompt_lookup=False):
+        pass
+    for seconds in (policy.draft_step_seconds["draft"], policy.catch_up_seconds["draft"] * 28):
+        assert seconds > 0
+        assert seconds * 1e6 == pytest.approx(round(seconds * 1e6), abs=1e-6)
+
+
 def test_bench_distributed_outside_a_launch_is_one_sentence():
     from click.testing import CliRunner
 

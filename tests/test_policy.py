@@ -307,3 +307,37 @@ def test_the_loop_tells_the_policy_what_a_draft_catch_up_costs(target_model, dra
         return policy.catch_up_seconds
     assert told(list(range(2, 40)))["draft"] > 0
     assert "draft" not in told([2, 7, 1, 8])
+
+
+def test_the_loop_times_one_draft_step_for_a_cold_start_only(target_model, drafts):
+    """With no calibration the draft model's step is timed once after its prefill and handed to
+    the policy (set against the target's first plain step); with a calibration it is not."""
+    def told(prior=None):
+        policy = AdaptivePolicy(prior=prior)
+        for _ in speculative_generate_step(list(range(2, 40)), target_model, drafts["related"],
+                                           max_tokens=4, policy=policy, prompt_lookup=False):
+            pass
+        return policy
+    cold = told()
+    assert cold.draft_step_seconds["draft"] > 0 and cold.first_step_seconds > 0
+    assert told(_prior(0.05, lambda t: 1.0 + 0.02 * t, acceptance=0.9)).draft_step_seconds == {}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5", "gemma3_text"])
+def test_timing_a_draft_step_leaves_the_draft_as_it_was(family):
+    """The timed step is undone (attention trimmed, recurrent state put back, a sliding window
+    rewound): the proposals after it equal those of a drafter that was never timed."""
+    from families import make_family
+    from tiny import make_llama
+    from mlx_spec.drafters import DraftModelDrafter
+    from mlx_spec.sampling import SamplingConfig
+    draft = make_llama(seed=3) if family == "llama" else make_family(family, seed=3)
+    prompt = list(range(3, 30))
+    proposals = []
+    for timed in (False, True):
+        drafter = DraftModelDrafter(draft, SamplingConfig(), 64)
+        drafter.prefill(prompt, 512)
+        if timed:
+            assert drafter.step_seconds(prompt[-1]) > 0
+        proposals.append(drafter.propose(prompt + [5], 4).tokens.tolist())
+    assert proposals[0] == proposals[1]

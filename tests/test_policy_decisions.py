@@ -163,11 +163,11 @@ def test_with_that_rule_a_rejected_first_look_that_could_win_goes_on(prior, seco
     assert sum(1 for k in asked if k > 0) >= 2
 
 
-def drafts_with_catch_up(policy, accepted_of, tokens, steady, catch_up):
+def drafts_with_catch_up(policy, accepted_of, tokens, steady, catch_up, first_plain=PLAIN_STEP):
     """A draft model's rounds as the loop sees them: a round of k costs steady(k), plus
     `catch_up` seconds when the draft missed more than one token since its last round (its
-    first round after the cold start's trial, or after an off period). Returns the k asked
-    per round (0: a plain block)."""
+    first round after the cold start's trial, or after an off period); the first plain step
+    takes `first_plain`. Returns the k asked per round (0: a plain block)."""
     asked, emitted, missed = [], 0, 0
     while emitted < tokens:
         k = policy.proposal_length("draft")
@@ -175,8 +175,10 @@ def drafts_with_catch_up(policy, accepted_of, tokens, steady, catch_up):
         if k == 0:
             steps = policy.plain_steps()
             for _ in range(steps):
-                policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
-            emitted, missed = emitted + steps, missed + steps
+                policy.observe(Round([0], 0, 0, "target", None),
+                               first_plain if emitted == 0 else PLAIN_STEP)
+                emitted += 1
+            missed += steps
             continue
         n = accepted_of(k)
         seconds = steady(k) + (catch_up if missed > 1 else 0.0)
@@ -422,3 +424,36 @@ def test_a_lookup_that_cannot_win_even_kept_whole_is_still_switched_off():
     costly = {t: 1.2 * t * NETLIB_PLAIN for t in NETLIB_VERIFY}
     _, switched_off = calibrated_lookup_run(failed_first=0, verify=costly)
     assert switched_off >= 1
+
+
+def cold_start_with_a_timed_step(step_over_first):
+    """A cold start, the draft's step timed after its prefill at `step_over_first` times the
+    target's first plain step (the block of one before the first look, two plain steps long,
+    as after a prefill); its rounds cost 1.4 + 2.5 k plain steps, none accepted. Returns the
+    k asked per round."""
+    policy = AdaptivePolicy(acceptance_prior=0.5)
+    policy.observe_draft_step("draft", step_over_first * 2 * PLAIN_STEP)
+    return drafts_with_catch_up(policy, lambda k: 0, 96, lambda k: 1.4 + 2.5 * k, catch_up=0.0,
+                                first_plain=2 * PLAIN_STEP)
+
+
+def test_a_draft_whose_step_costs_a_target_step_never_drafts(monkeypatch):
+    """An 8-bit copy of a float32 target on a CPU steps at 1.25 of the target's first step: no
+    acceptance can make it win, so it is off before its first look (which cost 2.7-4 plain
+    steps) and its probes wait on the budget. A draft at half the target's step still looks.
+    Negative control: the first look decides (COSTLY_DRAFT_OFF off)."""
+    cold = AdaptivePolicy()
+    assert cold.wants_draft_step("draft") and not cold.wants_draft_step("lookup")
+    assert sum(cold_start_with_a_timed_step(1.25)) == 0
+    assert cold_start_with_a_timed_step(0.5)[1] == 1  # its first look, after the first step
+    monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", False)
+    assert cold_start_with_a_timed_step(1.25)[1] == 1
+
+
+def test_a_calibrated_policy_does_not_ask_for_a_timed_step():
+    """A calibration already knows the draft's cost: no extra step before the first round."""
+    from mlx_spec.costmodel import CostPrior
+    prior = CostPrior(plain_seconds=0.01, step_seconds={"draft": 0.002},
+                      verify_seconds={1: 0.01, 2: 0.011, 4: 0.012, 8: 0.015},
+                      acceptance={"draft": 0.8})
+    assert not AdaptivePolicy(prior=prior).wants_draft_step("draft")

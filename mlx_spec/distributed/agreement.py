@@ -149,6 +149,20 @@ class AgreedPolicy:
                 break
             self._told = index
 
+    def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
+        if hasattr(self.policy, "observe_catch_up"):
+            self.policy.observe_catch_up(source, tokens, self._rank0(seconds))
+
+    def observe_draft_step(self, source: str, seconds: float) -> None:
+        self.policy.observe_draft_step(source, self._rank0(seconds))
+
+    def _rank0(self, seconds: float) -> float:
+        """Rank 0's `seconds` on every rank: a time measured before the rounds (a draft's
+        prefill, one timed draft step) must not set the ranks' policies apart. One small
+        all-sum, read at once (prefill only)."""
+        microseconds = mx.array([min(int(seconds * 1e6), MAX_MICROSECONDS)], mx.int32)
+        return self.agreement.broadcast(microseconds).item() / 1e6
+
     def describe(self) -> dict:
         return self.policy.describe()
 

@@ -13,6 +13,7 @@ one at the accepted length, so it never replays anything.
 
 from __future__ import annotations
 
+import time
 from typing import List
 
 import mlx.core as mx
@@ -56,6 +57,17 @@ class DraftModelDrafter:
         self.drop_look_ahead()
         prefill(self.draft, prompt[:-1], step_size, progress)
         self.cached = len(prompt) - 1
+
+    def step_seconds(self, token: int) -> float:
+        """Seconds of one draft step on `token` after what the cache holds, then undone: what
+        each drafted token costs, known before any round (a host sync of its own)."""
+        self.drop_look_ahead()
+        point = self.draft.checkpoint()
+        start = time.perf_counter()
+        mx.eval(self.draft.forward(mx.array([token], mx.uint32)))
+        seconds = time.perf_counter() - start
+        self.draft.restore(point)
+        return seconds
 
     def can_propose(self, history: List[int]) -> bool:
         return True  # a model always has a guess
