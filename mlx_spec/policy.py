@@ -407,9 +407,6 @@ class AdaptivePolicy:
         if (self.plain_trial > 0 and not self._drafts_in_trial(source, estimate)) \
                 or estimate.off_left > 0:
             return 0
-        if self._first_look(source, estimate) and self._costly(source):
-            self._switch_off(estimate, little_to_win=True)  # it cannot win: not even a look
-            return 0
         if self.auto_off and estimate.warm and not estimate.prior_judged:
             estimate.prior_judged = True
             judged = CALIBRATION_JUDGES_LOOKUP or source not in FREE_SOURCES
@@ -478,8 +475,9 @@ class AdaptivePolicy:
         if name not in FREE_SOURCES:
             return self._first_look(name, estimate)
         return LOOKUP_IN_TRIAL and not estimate.losing and not any(
-            other not in FREE_SOURCES and (s.rounds or s.since <= FIRST_LOOK_AFTER
-                                           and self._first_look(other, s, since=s.since))
+            other not in FREE_SOURCES and s.off_left == 0
+            and (s.rounds or s.since <= FIRST_LOOK_AFTER
+                 and self._first_look(other, s, since=s.since))
             for other, s in self.sources.items())
 
     def _looks_due(self) -> bool:
@@ -509,6 +507,8 @@ class AdaptivePolicy:
         for name, estimate in self.sources.items():
             if name != round_.source:
                 estimate.passed(tokens)
+            if self._first_look(name, estimate) and self._costly(name):
+                self._switch_off(estimate, little_to_win=True)  # it cannot win: not even a look
         if round_.num_drafted == 0:
             if seconds is not None:  # equal weights: a block's first step carries the
                 # pipeline's fill and its last is short (4 steps timed 32, 17, 17, 4 ms)

@@ -450,6 +450,16 @@ def test_a_draft_whose_step_costs_a_target_step_never_drafts(monkeypatch):
     assert cold_start_with_a_timed_step(1.25)[1] == 1
 
 
+def test_after_a_costly_draft_is_off_lookup_drafts_in_the_trial():
+    """The costly draft goes off as soon as the target's first step is timed, so prompt lookup,
+    asked first each round, need not wait out the trial for its first look (a copy task)."""
+    policy = AdaptivePolicy()
+    policy.observe_draft_step("draft", 3.0 * PLAIN_STEP)
+    assert policy.proposal_length("draft") == 0 and policy.proposal_length("lookup") == 0
+    policy.observe(Round([0], 0, 0, "target", None), 2 * PLAIN_STEP)
+    assert policy.proposal_length("lookup") > 0 and policy.proposal_length("draft") == 0
+
+
 def test_a_calibrated_policy_does_not_ask_for_a_timed_step():
     """A calibration already knows the draft's cost: no extra step before the first round."""
     from mlx_spec.costmodel import CostPrior
