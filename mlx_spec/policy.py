@@ -109,10 +109,11 @@ CATCH_UP_IN_BUDGET = True  # False: the old rule (the negative control of a test
 # step on the prompt's last token, then undone), and set against the target's first plain step:
 # a draft whose step costs as much as a target step cannot make decoding faster (a round of k
 # drafts then costs at least k + 1 target steps, for at most k + 1 tokens), so it is off for the
-# reply's long off period before its first look, and its probes wait on the budget. On this CPU
-# the full-size 8-bit and 4-bit copies of the hybrid and sliding targets step at 1.17-1.25 of the
-# target's first step, every other draft of the zoo at 0.27-0.57; their first look had cost 2.7-4
-# plain steps. Both times are first steps after a prefill, so the comparison is like for like.
+# reply's long off period before its first look, and its probes wait on the budget. With OpenBLAS
+# the full-size 8-bit and 4-bit copies of the hybrid and sliding targets step at 1.24-1.28 of the
+# target's first step, every other draft of the zoo at 0.28-0.60 (bench/results/draft-step-*.md);
+# their first look had cost 2.7-4 plain steps. A first step runs slower than a steady one, so a
+# borderline draft is left to its first look (netlib: those copies at 0.76-0.83, they look).
 COSTLY_DRAFT_OFF = True  # False: the first look decides (the negative control of a test)
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k

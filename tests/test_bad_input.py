@@ -286,3 +286,12 @@ def test_long_replies_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
         main(argv)
     assert exited.value.code == 2
     assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--repeats", "0"]])
+def test_draft_step_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
+    from mlx_spec.bench.studies.draft_step import main
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]

@@ -204,3 +204,15 @@ def test_table_renders_and_survives_json(tiny_table):
     assert len(rows) == 4  # the pair, 2 T, the copy task
     again = from_dict(NeverBehind, json.loads(json.dumps(result.as_dict())))
     assert render_markdown(again) == markdown
+
+
+def test_the_draft_step_study_reads_both_times_from_the_policy():
+    """draft_step: one row per pair with a draft model (an MTP head has none), the draft's
+    step and the target's first and steady steps as the policy was told them."""
+    from mlx_spec.bench.studies.draft_step import measure, render
+    rows = measure(["skip-f32", "mtp-f32"], repeats=1)
+    assert [row["pair"] for row in rows] == ["skip-f32"]
+    row = rows[0]
+    assert row["draft_step_s"] > 0 and row["first_step_s"] > 0 and row["plain_step_s"] > 0
+    assert row["looks"] == (row["draft_step_s"] < row["first_step_s"])
+    assert "| skip-f32 |" in render(rows, {"command": "c", "machine": "m", "repeats": 1})

@@ -12,6 +12,25 @@ root, which bench/README.md lists file by file. `mlx-spec bench` itself
 (mlx_spec/cli/bench.py) needs none of this package.
 """
 
+import json
+import sys
 from pathlib import Path
 
 RESULTS_DIR = Path("bench") / "results"
+
+
+def study_header(module: str, argv, **fields) -> dict:
+    """The command (as typed) and machine line every results file opens with, plus `fields`."""
+    from ..machine import machine_info
+    info = machine_info()
+    return {"command": f"python -m mlx_spec.bench.studies.{module} "
+                       + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": f"{info.chip}, BLAS {info.blas}, MLX {info.mlx_version}", **fields}
+
+
+def write_results(out: str, header: dict, rows: list, markdown: str) -> None:
+    """bench/results/<out>.json (header and rows) and .md; the Markdown is printed too."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{out}.json").write_text(json.dumps({**header, "rows": rows}, indent=1))
+    (RESULTS_DIR / f"{out}.md").write_text(markdown)
+    print(markdown)

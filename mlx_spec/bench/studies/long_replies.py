@@ -22,16 +22,14 @@ bench/results/<out>.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import List
 
 from ... import policy as policy_module
 from ..endtoend import interleave, run_target_alone
-from ..machine import machine_info
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import HELD_OUT_NAMES, ZOO_NAMES, build_zoo
-from . import RESULTS_DIR
+from . import study_header, write_results
 from .never_behind import DEFAULT_PROMPTS, paired_ratio, run_defaults
 
 PLAIN, DEFAULTS = "plain", "defaults"
@@ -132,16 +130,9 @@ def main(argv=None) -> int:
     if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
         parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
     rows = measure(pairs, temps, args.tokens, args.repeats, args.flip)
-    info = machine_info()
-    header = {"command": "python -m mlx_spec.bench.studies.long_replies "
-                         + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": f"{info.chip}, BLAS {info.blas}, MLX {info.mlx_version}",
-              "tokens": args.tokens, "repeats": args.repeats,
-              "flip": args.flip, "flipped": flipped_label(args.flip)}
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{args.out}.json").write_text(json.dumps({**header, "rows": rows}, indent=1))
-    (RESULTS_DIR / f"{args.out}.md").write_text(render(rows, header))
-    print(render(rows, header))
+    header = study_header("long_replies", argv, tokens=args.tokens, repeats=args.repeats,
+                          flip=args.flip, flipped=flipped_label(args.flip))
+    write_results(args.out, header, rows, render(rows, header))
     return 0
 
 
