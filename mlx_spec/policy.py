@@ -112,8 +112,9 @@ CATCH_UP_IN_BUDGET = True  # False: the old rule (the negative control of a test
 # reply's long off period before its first look, and its probes wait on the budget. With OpenBLAS
 # the full-size 8-bit and 4-bit copies of the hybrid and sliding targets step at 1.24-1.28 of the
 # target's first step, every other draft of the zoo at 0.28-0.60 (bench/results/draft-step-*.md);
-# their first look had cost 2.7-4 plain steps. A first step runs slower than a steady one, so a
-# borderline draft is left to its first look (netlib: those copies at 0.76-0.83, they look).
+# their first look had cost 2.7-4 plain steps. The first step runs slower than a steady one, so
+# once the trial's plain steps are timed their average is the bar, for a source still in its
+# first rounds (a copy task's lookup rounds come first; netlib's hybrid copy steps at 1.0 of it).
 COSTLY_DRAFT_OFF = True  # False: the first look decides (the negative control of a test)
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
@@ -339,7 +340,7 @@ class AdaptivePolicy:
         self.lost = 0.0  # speculative rounds' seconds beyond plain decoding's for their tokens
         self.catch_up_seconds: Dict[str, float] = {}  # per backlog token, by paid source
         self.draft_step_seconds: Dict[str, float] = {}  # one timed step, by paid source
-        self.first_step_seconds: Optional[float] = None  # the target's step before a first look
+        self.first_step_seconds: Optional[float] = None  # the target's first plain step
 
     def source(self, name: str) -> SourceEstimate:
         if name not in self.sources:
@@ -433,10 +434,20 @@ class AdaptivePolicy:
         self.draft_step_seconds[source] = seconds
 
     def _costly(self, name: str) -> bool:
-        """Whether a paid source's step costs at least the target's first plain step."""
+        """Whether a paid source's timed step costs at least a target step: the plain steps'
+        average once any is timed, else the target's first plain step (slower than a steady one:
+        the step before a first look is not timed as a plain step)."""
         step = self.draft_step_seconds.get(name)
-        return bool(COSTLY_DRAFT_OFF and step and self.first_step_seconds
-                    and step >= self.first_step_seconds)
+        target = self.measured_plain_seconds or self.first_step_seconds
+        return bool(COSTLY_DRAFT_OFF and step and target and step >= target)
+
+    def _off_if_costly(self) -> None:
+        """Switch off, for its long off period, each paid source in its first rounds whose
+        timed step costs a target step (_costly): it cannot win, not even a look."""
+        for name, estimate in self.sources.items():
+            if (estimate.rounds < FIRST_ROUNDS and estimate.off_left == 0 and not estimate.warm
+                    and self._costly(name)):
+                self._switch_off(estimate, little_to_win=True)
 
     def _catch_up_per_token(self, name: str) -> float:
         """Seconds a probe of `name` spends per backlog token (0: a host search, nothing
@@ -497,10 +508,10 @@ class AdaptivePolicy:
 
     def observe(self, round_, seconds: Optional[float]) -> None:
         tokens = len(round_.tokens)
+        if round_.num_drafted == 0 and self.first_step_seconds is None:
+            self.first_step_seconds = seconds  # set against a draft's timed step (_costly)
         if self._looks_due():  # the step before a first look: a block of one, just after the
-            if round_.num_drafted == 0:  # prefill freed its buffers (8 ms against 4 on the
-                self.first_step_seconds = seconds  # mtp-f32 pair): set against a draft's step
-            seconds = None
+            seconds = None  # prefill freed its buffers (8 ms against 4 on the mtp-f32 pair)
         if seconds is not None:
             self.elapsed += seconds
             if round_.num_drafted and self.plain_seconds:
@@ -508,8 +519,6 @@ class AdaptivePolicy:
         for name, estimate in self.sources.items():
             if name != round_.source:
                 estimate.passed(tokens)
-            if self._first_look(name, estimate) and self._costly(name):
-                self._switch_off(estimate, little_to_win=True)  # it cannot win: not even a look
         if round_.num_drafted == 0:
             if seconds is not None:  # equal weights: a block's first step carries the
                 # pipeline's fill and its last is short (4 steps timed 32, 17, 17, 4 ms)
@@ -517,6 +526,7 @@ class AdaptivePolicy:
             if self.plain_trial == 1:
                 self._judge_first_looks()
             self.plain_trial = max(self.plain_trial - 1, 0)
+            self._off_if_costly()
             return
         estimate = self.source(round_.source)
         estimate.probing = False

@@ -214,5 +214,7 @@ def test_the_draft_step_study_reads_both_times_from_the_policy():
     assert [row["pair"] for row in rows] == ["skip-f32"]
     row = rows[0]
     assert row["draft_step_s"] > 0 and row["first_step_s"] > 0 and row["plain_step_s"] > 0
-    assert row["looks"] == (row["draft_step_s"] < row["first_step_s"])
+    assert row["decision"] == ("judged by its rounds" if row["draft_over_plain"] < 1
+                               else "off after its first look" if row["draft_over_first"] < 1
+                               else "off before its first look")
     assert "| skip-f32 |" in render(rows, {"command": "c", "machine": "m", "repeats": 1})

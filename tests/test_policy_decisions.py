@@ -8,6 +8,7 @@ is driven to its largest k, a lookup alignment that failed twice proposes short
 and earns its length back.
 """
 
+import itertools
 import random
 
 import pytest
@@ -458,6 +459,31 @@ def test_after_a_costly_draft_is_off_lookup_drafts_in_the_trial():
     assert policy.proposal_length("draft") == 0 and policy.proposal_length("lookup") == 0
     policy.observe(Round([0], 0, 0, "target", None), 2 * PLAIN_STEP)
     assert policy.proposal_length("lookup") > 0 and policy.proposal_length("draft") == 0
+
+
+def test_a_costly_draft_is_off_at_the_trials_average_when_lookup_went_first(monkeypatch):
+    """A copy task: lookup's round comes first, so the first plain step follows it (2.2 steps:
+    the rewind's replay, the queue's fill; the block's last lap is short, 0.3). A draft at 1.3
+    plain steps is below that first step but not below the trial's average: off before any
+    round of its own. Negative control: the rule off, it drafts its first rounds."""
+    def drafted(rule):
+        monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", rule)
+        policy = AdaptivePolicy()
+        policy.observe_draft_step("draft", 1.3 * PLAIN_STEP)
+        assert policy.proposal_length("lookup") and not policy.proposal_length("draft")
+        policy.observe(Round([0, 0], 2, 1, "lookup", None), 3 * PLAIN_STEP)
+        rounds, seconds = 0, itertools.chain([2.2 * PLAIN_STEP, PLAIN_STEP, PLAIN_STEP,
+                                              0.3 * PLAIN_STEP], itertools.repeat(PLAIN_STEP))
+        for _ in range(40):
+            if policy.proposal_length("draft"):
+                rounds += 1
+                policy.observe(Round([0], 1, 0, "draft", None), 4 * PLAIN_STEP)
+            else:
+                for _ in range(policy.plain_steps()):
+                    policy.observe(Round([0], 0, 0, "target", None), next(seconds))
+        return rounds
+    assert drafted(True) == 0
+    assert drafted(False) >= 1
 
 
 def test_a_calibrated_policy_does_not_ask_for_a_timed_step():

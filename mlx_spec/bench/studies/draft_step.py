@@ -6,7 +6,9 @@
 
 With no calibration the loop times one step of a draft model right after its
 prompt prefill and the target's first plain step; a draft whose step takes as
-long is off before its first look (mlx_spec/policy.py, COSTLY_DRAFT_OFF). For
+long is off before its first look, and one whose step takes as long as the
+average of the trial's timed plain steps is off after it (mlx_spec/policy.py,
+COSTLY_DRAFT_OFF). For
 every pair of the zoo with a draft model, this runs the defaults for a few
 tokens and reads both times from the policy itself, with the steady plain
 step of the cold start's trial beside them; medians over the prompts in turn
@@ -40,6 +42,15 @@ def timed_steps(pair, ids) -> tuple:
             policy.measured_plain_seconds)
 
 
+def decision(draft: float, first: float, steady: float) -> str:
+    """What the cold start does with such a draft (policy.AdaptivePolicy._costly)."""
+    if draft >= first:
+        return "off before its first look"
+    if draft >= steady:
+        return "off after its first look"
+    return "judged by its rounds"
+
+
 def measure(pair_names: List[str], repeats: int) -> List[dict]:
     by_name = {p.name: p for p in PROMPTS}
     rows = []
@@ -52,7 +63,7 @@ def measure(pair_names: List[str], repeats: int) -> List[dict]:
         draft, first, steady = (statistics.median(run[i] for run in runs) for i in range(3))
         rows.append({"pair": pair.name, "draft_step_s": draft, "first_step_s": first,
                      "plain_step_s": steady, "draft_over_first": draft / first,
-                     "draft_over_plain": draft / steady, "looks": draft < first})
+                     "draft_over_plain": draft / steady, "decision": decision(draft, first, steady)})
         print(f"{rows[-1]}", file=sys.stderr, flush=True)
     return rows
 
@@ -63,12 +74,12 @@ def render(rows: List[dict], header: dict) -> str:
            f"{header['machine']}; medians of {header['repeats']} cold starts (prompts "
            f"{', '.join(DEFAULT_PROMPTS)} in turn) after a warm-up, read from the policy.", "",
            "| pair | draft step | target's first step | steady plain step | draft ÷ first | "
-           "draft ÷ steady | first look |", "|---|---|---|---|---|---|---|"]
+           "draft ÷ steady | cold start |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         out.append(f"| {row['pair']} | {row['draft_step_s'] * 1e3:.2f} ms | "
                    f"{row['first_step_s'] * 1e3:.2f} ms | {row['plain_step_s'] * 1e3:.2f} ms | "
                    f"{row['draft_over_first']:.2f} | {row['draft_over_plain']:.2f} | "
-                   f"{'yes' if row['looks'] else 'no: off'} |")
+                   f"{row['decision']} |")
     return "\n".join(out) + "\n"
 
 
