@@ -110,8 +110,8 @@ CATCH_UP_IN_BUDGET = True  # False: the old rule (the negative control of a test
 # a draft whose step costs as much as a target step cannot make decoding faster (a round of k
 # drafts then costs at least k + 1 target steps, for at most k + 1 tokens), so it is off for the
 # reply's long off period before its first look, and its probes wait on the budget. With OpenBLAS
-# the full-size 8-bit and 4-bit copies of the hybrid and sliding targets step at 1.24-1.28 of the
-# target's first step, every other draft of the zoo at 0.28-0.60 (bench/results/draft-step-*.md);
+# the full-size 8-bit and 4-bit copies of the hybrid and sliding targets step at 1.19-1.35 of the
+# target's first step, every other draft of the zoo at 0.28-0.61 (bench/results/draft-step-*.md);
 # their first look had cost 2.7-4 plain steps. The first step runs slower than a steady one, so
 # once the trial's plain steps are timed their average is the bar, for a source still in its
 # first rounds (a copy task's lookup rounds come first; netlib's hybrid copy steps at 1.0 of it).
