@@ -105,11 +105,11 @@ MATCH_HOLDS = True  # False: the old rule (the negative control of a test)
 # that could win little anyway (LONG_OFF_STEPS) and every probe after the first. The cost
 # per token: the draft's prompt prefill (timed by the loop), then its own catch-up rounds.
 CATCH_UP_IN_BUDGET = True  # False: the old rule (the negative control of a test)
-# With no calibration a draft model's step is timed once, right after its prompt prefill (one
-# step on the prompt's last token, then undone), and set against the target's first plain step:
+# With no calibration a draft model's step is timed once, right after its prompt prefill (the
+# faster of two steps on the prompt's last token, each undone), and set against a target step:
 # a draft whose step costs as much as a target step cannot make decoding faster (a round of k
-# drafts then costs at least k + 1 target steps, for at most k + 1 tokens), so it is off for the
-# reply's long off period before its first look, and its probes wait on the budget. With OpenBLAS
+# drafts then costs at least k + 1 target steps, for at most k + 1 tokens), so it is off before
+# its first look, and again whenever its off period ends: it never drafts in the reply. With OpenBLAS
 # the full-size 8-bit and 4-bit copies of the hybrid and sliding targets step at 1.19-1.35 of the
 # target's first step, every other draft of the zoo at 0.28-0.61 (bench/results/draft-step-*.md);
 # their first look had cost 2.7-4 plain steps. The first step runs slower than a steady one, so

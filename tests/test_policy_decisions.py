@@ -427,25 +427,25 @@ def test_a_lookup_that_cannot_win_even_kept_whole_is_still_switched_off():
     assert switched_off >= 1
 
 
-def cold_start_with_a_timed_step(step_over_first):
+def cold_start_with_a_timed_step(step_over_first, tokens=96):
     """A cold start, the draft's step timed after its prefill at `step_over_first` times the
     target's first plain step (the block of one before the first look, two plain steps long,
     as after a prefill); its rounds cost 1.4 + 2.5 k plain steps, none accepted. Returns the
     k asked per round."""
     policy = AdaptivePolicy(acceptance_prior=0.5)
     policy.observe_draft_step("draft", step_over_first * 2 * PLAIN_STEP)
-    return drafts_with_catch_up(policy, lambda k: 0, 96, lambda k: 1.4 + 2.5 * k, catch_up=0.0,
+    return drafts_with_catch_up(policy, lambda k: 0, tokens, lambda k: 1.4 + 2.5 * k, catch_up=0.0,
                                 first_plain=2 * PLAIN_STEP)
 
 
 def test_a_draft_whose_step_costs_a_target_step_never_drafts(monkeypatch):
     """An 8-bit copy of a float32 target on a CPU steps at 1.25 of the target's first step: no
     acceptance can make it win, so it is off before its first look (which cost 2.7-4 plain
-    steps) and its probes wait on the budget. A draft at half the target's step still looks.
+    steps) and stays off for the reply. A draft at half the target's step still looks.
     Negative control: the first look decides (COSTLY_DRAFT_OFF off)."""
     cold = AdaptivePolicy()
     assert cold.wants_draft_step("draft") and not cold.wants_draft_step("lookup")
-    assert sum(cold_start_with_a_timed_step(1.25)) == 0
+    assert sum(cold_start_with_a_timed_step(1.25, tokens=1000)) == 0  # nor after its off periods
     assert cold_start_with_a_timed_step(0.5)[1] == 1  # its first look, after the first step
     monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", False)
     assert cold_start_with_a_timed_step(1.25)[1] == 1
