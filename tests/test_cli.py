@@ -36,8 +36,10 @@ def test_prompt_from_stdin_and_prompt_lookup(model_dirs):
 
 
 def test_color_marks_draft_tokens(model_dirs):
+    # The target drafting for itself accepts every draft; k pinned, because under the default
+    # policy a draft whose step costs a target step never drafts (policy.COSTLY_DRAFT_OFF).
     result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
-                 str(model_dirs["target"]), "-n", "12", "--color", "-q")
+                 str(model_dirs["target"]), "-n", "12", "--color", "-q", "--num-draft-tokens", "3")
     assert result.exit_code == 0
     assert "\x1b[32m" in result.stdout  # green: accepted from the draft
 
