@@ -444,6 +444,8 @@ class AdaptivePolicy:
     def _off_if_costly(self) -> None:
         """Switch off, for its long off period, each paid source in its first rounds whose
         timed step costs a target step (_costly): it cannot win, not even a look."""
+        if not self.draft_step_seconds:  # nothing timed (calibrated, or no draft model)
+            return
         for name, estimate in self.sources.items():
             if (estimate.rounds < FIRST_ROUNDS and estimate.off_left == 0 and not estimate.warm
                     and self._costly(name)):

@@ -24,7 +24,6 @@ from typing import List
 
 from ...generate import speculative_generate_step
 from ...policy import AdaptivePolicy
-from ...sampling import SamplingConfig
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import ZOO_NAMES, build_zoo
 from . import study_header, write_results
@@ -36,7 +35,7 @@ def timed_steps(pair, ids) -> tuple:
     policy = AdaptivePolicy()
     for _ in speculative_generate_step(ids, pair.target_model, pair.draft_model, max_tokens=8,
                                        policy=policy, prompt_lookup=False,
-                                       sampling=SamplingConfig(), **pair.draft_options):
+                                       **pair.draft_options):
         pass
     return (policy.draft_step_seconds["draft"], policy.first_step_seconds,
             policy.measured_plain_seconds)
