@@ -335,6 +335,14 @@ def evaluate(directory, say):
     return result
 
 
+def save_drafter(out: Path, drafter, config) -> None:
+    """config.json and model.safetensors (float16) in the published layout."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    mx.save_safetensors(str(out / "model.safetensors"),
+                        {k: v.astype(mx.float16) for k, v in tree_flatten(drafter.parameters())})
+
+
 def main():
     args = arguments()
     taps = [int(t) for t in args.taps.split(",")]
@@ -407,11 +415,14 @@ def main():
         f"for {args.steps} steps")
     losses, checks = [], []
 
+    out = Path(args.out)
+
     def check(step):
         result = held_out_acceptance(drafter, embed, head, held_out, first, B, mask_id, theta,
                                      causal)
         checks.append({"step": step, **result["accepted"]})
-        say(f"step {step}: held-out accepted drafts per round {result['accepted']}")
+        say(f"step {step}: held-out accepted drafts over anchors {result['accepted']}")
+        save_drafter(out, drafter, config)  # a run stopped early keeps its last check's weights
         return result
 
     for step in range(args.steps):
@@ -437,11 +448,7 @@ def main():
     deployment = deployment_check(target, drafter, config, say)
     say(f"deployment-shaped held-out accepted drafts per round {deployment['per_round']}")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    mx.save_safetensors(str(out / "model.safetensors"),
-                        {k: v.astype(mx.float16) for k, v in tree_flatten(drafter.parameters())})
+    save_drafter(out, drafter, config)
     reproduce = ("OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/"
                  "libopenblas.so.0 "
                  f"python -m training.dflash --sequences {args.sequences} --prompt-tokens "
