@@ -493,3 +493,73 @@ def test_a_calibrated_policy_does_not_ask_for_a_timed_step():
                       verify_seconds={1: 0.01, 2: 0.011, 4: 0.012, 8: 0.015},
                       acceptance={"draft": 0.8})
     assert not AdaptivePolicy(prior=prior).wants_draft_step("draft")
+
+
+def copy_task_asks(wait_for_match, monkeypatch, gap=3, lookup_rounds=((2, 2), (6, 3))):
+    """The float16 copy task's opening as the loop drives the policy: lookup drafts first (its
+    rounds `lookup_rounds`, (k, accepted)), then has no match for `gap` plain steps, then
+    matches again. Returns what the draft model was asked at each point of the gap and
+    the plain block lengths asked for."""
+    monkeypatch.setattr(policy_module, "WAIT_FOR_MATCH", wait_for_match)
+    policy = AdaptivePolicy()
+    policy.observe_draft_step("draft", 0.4 * PLAIN_STEP)  # a cheap draft: not off
+    for k, n in lookup_rounds:
+        while not policy.proposal_length("lookup"):  # after a failed round: the draft's first
+            if policy.proposal_length("draft"):  # look, the trial's steps
+                policy.observe(Round([0], 1, 0, "draft", None), 2 * PLAIN_STEP)
+            else:
+                policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
+        policy.proposal_length("draft")
+        policy.observe(Round([0] * (n + 1), k, n, "lookup", None), cpu_round(k))
+    asked, blocks = [], []
+    for _ in range(gap):  # lookup finds nothing: the draft is asked next, as in the loop
+        policy.proposal_length("lookup")
+        k = policy.proposal_length("draft")
+        asked.append(k)
+        if k:
+            policy.observe(Round([0], k, 0, "draft", None), 2 * PLAIN_STEP)
+        else:
+            blocks.append(policy.plain_steps())
+            policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)  # the match came back
+    return asked, blocks
+
+
+def test_a_paid_sources_first_rounds_wait_while_lookups_matches_hold(monkeypatch):
+    """A copy task: lookup kept 5 of its first 8 drafts and its match breaks off for a few
+    tokens. The draft model's first rounds (each a rejected k = 1 round at two plain steps in
+    the float16 copy, where lookup's next match came 2-3 tokens later) wait: plain steps, in
+    blocks that end MATCH_GAP_TOKENS after lookup's last round (the loop also ends them at the
+    next match; the cold start's trial, whose steps lookup's rounds came before, runs first).
+    Negative control: WAIT_FOR_MATCH off, the draft drafts in the gap once the trial is over."""
+    gap = policy_module.MATCH_GAP_TOKENS
+    asked, blocks = copy_task_asks(True, monkeypatch, gap=gap)
+    assert asked == [0] * gap
+    assert blocks[PLAIN_TRIAL_STEPS:] == [gap - i for i in range(PLAIN_TRIAL_STEPS, gap)]
+    asked, _ = copy_task_asks(False, monkeypatch, gap=gap)
+    assert asked[PLAIN_TRIAL_STEPS] > 0
+
+
+def test_a_draft_does_not_wait_for_a_lookup_that_does_not_hold(monkeypatch):
+    """Lookup's record decides: a second round that kept none of its 6 (2 of 8 kept: an
+    ordinary prompt's chance match) makes no one wait, and a gap longer than MATCH_GAP_TOKENS
+    ends the wait."""
+    gap = policy_module.MATCH_GAP_TOKENS
+    asked, _ = copy_task_asks(True, monkeypatch, gap=gap, lookup_rounds=((2, 2), (6, 0)))
+    assert asked[PLAIN_TRIAL_STEPS] > 0
+    asked, _ = copy_task_asks(True, monkeypatch, gap=gap + 2)
+    assert asked[:gap] == [0] * gap and asked[gap] > 0
+
+
+def test_a_copy_tasks_first_lookup_round_is_timed_while_a_first_look_is_due():
+    """The step before a paid source's first look is not timed (it carries the prefill's
+    aftermath), but a lookup round in its place is: untimed, lookup's fit had one k (its 6),
+    took cost as proportional to k + 1, and the float16 copy task's next rounds proposed 1
+    token each where lookup alone proposed 4 and more."""
+    policy = AdaptivePolicy()
+    policy.observe_draft_step("draft", 0.4 * PLAIN_STEP)
+    for k, n in ((2, 2), (6, 3)):
+        assert policy.proposal_length("lookup") == k and policy.proposal_length("draft") == 0
+        policy.observe(Round([0] * (n + 1), k, n, "lookup", None), cpu_round(k))
+    for _ in range(PLAIN_TRIAL_STEPS):
+        policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
+    assert policy.proposal_length("lookup") >= 4

@@ -5,6 +5,8 @@
         python -m mlx_spec.bench.studies.long_replies --out long-replies-openblas
     python -m mlx_spec.bench.studies.long_replies --flip FIRST_ROUNDS_OPTIMISTIC --tokens 96 \\
         --pairs mtp-f32,strong --temps 0.7,1 --out NAME      # any other rule of the policy
+    python -m mlx_spec.bench.studies.long_replies --copy --flip WAIT_FOR_MATCH --tokens 96 \
+        --temps 0 --out NAME      # on the never-behind table's copy task, lookup alone beside
 
 The never-behind table (never_behind.py) decodes 96 tokens: a source switched
 off for its long off period (128 tokens) is never probed again inside it. Over
@@ -14,7 +16,8 @@ plain decoding, the defaults, and the defaults with one of the policy's
 on/off rules flipped (`--flip NAME`, a boolean constant of mlx_spec/policy.py;
 by default CATCH_UP_IN_BUDGET: the probe rule before the catch-up was counted
 in the probe budget), on the zoo's held-out pairs unless `--pairs` names
-others, uncalibrated; ratios are medians of per-repeat ratios with an
+others, uncalibrated (`--copy`: on the never-behind table's copy task instead
+of the three prompts, with prompt lookup alone beside them); ratios are medians of per-repeat ratios with an
 order-statistics interval (never_behind.paired_ratio). Writes
 bench/results/<out>.json and .md.
 """
@@ -30,9 +33,10 @@ from ..endtoend import interleave, run_target_alone
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import HELD_OUT_NAMES, ZOO_NAMES, build_zoo
 from . import study_header, write_results
-from .never_behind import DEFAULT_PROMPTS, paired_ratio, run_defaults
+from .never_behind import (COPY_SOURCE_PROMPT, DEFAULT_PROMPTS, copy_prompt, paired_ratio,
+                           run_defaults)
 
-PLAIN, DEFAULTS = "plain", "defaults"
+PLAIN, DEFAULTS, LOOKUP = "plain", "defaults", "lookup alone"
 DEFAULT_FLIP = "CATCH_UP_IN_BUDGET"
 
 
@@ -60,13 +64,16 @@ def _with_flag(flag: str, value: bool, run):
 
 
 def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int,
-            flag: str = DEFAULT_FLIP) -> List[dict]:
+            flag: str = DEFAULT_FLIP, copy: bool = False) -> List[dict]:
     shipped = getattr(policy_module, flag)
     flipped = flipped_label(flag)
     by_name = {p.name: p for p in PROMPTS}
     rows = []
     for pair in build_zoo(pair_names):
-        prompts = encode_prompts(pair.tokenizer, [by_name[n] for n in DEFAULT_PROMPTS])
+        if copy:
+            prompts = [(COPY_SOURCE_PROMPT, copy_prompt(pair, by_name[COPY_SOURCE_PROMPT]))]
+        else:
+            prompts = encode_prompts(pair.tokenizer, [by_name[n] for n in DEFAULT_PROMPTS])
         for temp in temps:
             def defaults(ids, pair=pair, temp=temp):
                 return run_defaults(pair.target_model, pair.draft_model, ids, temp, tokens,
@@ -77,11 +84,15 @@ def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int
                 DEFAULTS: _with_flag(flag, shipped, defaults),
                 flipped: _with_flag(flag, not shipped, defaults),
             }
+            if copy:
+                methods[LOOKUP] = lambda ids, pair=pair, temp=temp: run_defaults(
+                    pair.target_model, None, ids, temp, tokens, calibration=None,
+                    prompt_lookup=True)
             print(f"{pair.name}, T={temp:g} ...", file=sys.stderr, flush=True)
             results = interleave(methods, prompts, repeats=repeats)
             row = {"pair": pair.name, "temp": temp,
                    "tokens_per_s": {n: r.tokens_per_s for n, r in results.items()}}
-            for name in (DEFAULTS, flipped):
+            for name in (DEFAULTS, flipped) + ((LOOKUP,) if copy else ()):
                 r = paired_ratio(results[name], results[PLAIN])
                 row[f"{name} / plain"] = [r.value, r.low, r.high]
             rows.append(row)
@@ -91,19 +102,24 @@ def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int
 
 def render(rows: List[dict], header: dict) -> str:
     flipped = header["flipped"]
+    copy = header.get("copy", False)
+    columns = [DEFAULTS, flipped] + ([LOOKUP] if copy else [])
+    prompts = ("the never-behind table's copy task (the target's own continuation of "
+               f"{COPY_SOURCE_PROMPT}, then its opening again)" if copy
+               else f"prompts {', '.join(DEFAULT_PROMPTS)} in turn")
     out = [f"# The defaults against plain decoding over {header['tokens']} tokens, and with "
            f"{header['flip']} flipped", "",
            f"`{header['command']}`  ",
            f"{header['machine']}; {header['tokens']} tokens per run, uncalibrated, "
-           f"median of {header['repeats']} interleaved repeats after a warm-up (prompts "
-           f"{', '.join(DEFAULT_PROMPTS)} in turn); pairs of the zoo.", "",
-           f"| pair | T | plain tok/s | {DEFAULTS} ÷ plain | {flipped} ÷ plain |",
-           "|---|---|---|---|---|"]
+           f"median of {header['repeats']} interleaved repeats after a warm-up ({prompts}); "
+           "pairs of the zoo.", "",
+           "| pair | T | plain tok/s | " + " | ".join(f"{c} ÷ plain" for c in columns) + " |",
+           "|---|---|---|" + "---|" * len(columns)]
     for row in rows:
         cells = [f"{v:.2f}x ({lo:.2f}-{hi:.2f})"
-                 for v, lo, hi in (row[f"{DEFAULTS} / plain"], row[f"{flipped} / plain"])]
+                 for v, lo, hi in (row[f"{c} / plain"] for c in columns)]
         out.append(f"| {row['pair']} | {row['temp']:g} | {row['tokens_per_s'][PLAIN]:.1f} | "
-                   f"{cells[0]} | {cells[1]} |")
+                   + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -116,6 +132,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="long-replies")
     parser.add_argument("--flip", default=DEFAULT_FLIP,
                         help="a boolean constant of mlx_spec/policy.py to compare flipped")
+    parser.add_argument("--copy", action="store_true",
+                        help="the copy task (prompt lookup alone beside it) instead of the prompts")
     args = parser.parse_args(argv)
     if args.flip not in flippable_rules():
         parser.error(f"--flip takes one of the policy's on/off rules: {', '.join(flippable_rules())}.")
@@ -129,9 +147,9 @@ def main(argv=None) -> int:
         parser.error(f"--temps takes numbers separated by commas, got {args.temps!r}.")
     if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
         parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
-    rows = measure(pairs, temps, args.tokens, args.repeats, args.flip)
+    rows = measure(pairs, temps, args.tokens, args.repeats, args.flip, args.copy)
     header = study_header("long_replies", argv, tokens=args.tokens, repeats=args.repeats,
-                          flip=args.flip, flipped=flipped_label(args.flip))
+                          flip=args.flip, flipped=flipped_label(args.flip), copy=args.copy)
     write_results(args.out, header, rows, render(rows, header))
     return 0
 
