@@ -442,7 +442,7 @@ def main():
         losses.append(float(loss))
         if step % 100 == 0 or step == args.steps - 1:
             say(f"step {step}: loss {np.mean(losses[-100:]):.3f}")
-        if step % 500 == 499:
+        if step % 500 == 499 and step + 1 < args.steps:
             check(step + 1)
     final_check = check(args.steps)
     deployment = deployment_check(target, drafter, config, say)
