@@ -5,7 +5,7 @@
         python -m mlx_spec.bench.studies.long_replies --out long-replies-openblas
     python -m mlx_spec.bench.studies.long_replies --flip FIRST_ROUNDS_OPTIMISTIC --tokens 96 \\
         --pairs mtp-f32,strong --temps 0.7,1 --out NAME      # any other rule of the policy
-    python -m mlx_spec.bench.studies.long_replies --copy --flip WAIT_FOR_MATCH --tokens 96 \
+    python -m mlx_spec.bench.studies.long_replies --copy --flip WAIT_FOR_MATCH --tokens 96 \\
         --temps 0 --out NAME      # on the never-behind table's copy task, lookup alone beside
 
 The never-behind table (never_behind.py) decodes 96 tokens: a source switched
@@ -17,9 +17,9 @@ on/off rules flipped (`--flip NAME`, a boolean constant of mlx_spec/policy.py;
 by default CATCH_UP_IN_BUDGET: the probe rule before the catch-up was counted
 in the probe budget), on the zoo's held-out pairs unless `--pairs` names
 others, uncalibrated (`--copy`: on the never-behind table's copy task instead
-of the three prompts, with prompt lookup alone beside them); ratios are medians of per-repeat ratios with an
-order-statistics interval (never_behind.paired_ratio). Writes
-bench/results/<out>.json and .md.
+of the three prompts, with prompt lookup alone beside them); ratios are
+medians of per-repeat ratios with an order-statistics interval
+(never_behind.paired_ratio). Writes bench/results/<out>.json and .md.
 """
 
 from __future__ import annotations
