@@ -504,17 +504,21 @@ class AdaptivePolicy:
             for other, s in self.sources.items())
 
     def _matching(self) -> Optional[SourceEstimate]:
-        """The host search whose matches hold (WAIT_FOR_MATCH), if one does."""
+        """The host search whose matches hold, if one does (None with WAIT_FOR_MATCH off)."""
         for name, s in self.sources.items():
-            if (name in FREE_SOURCES and s.rounds >= 2 and s.acceptance >= MATCH_RECORD
-                    and s.since < MATCH_GAP_TOKENS and s.off_left == 0):
+            if (WAIT_FOR_MATCH and name in FREE_SOURCES and s.rounds >= 2
+                    and s.acceptance >= MATCH_RECORD and s.since < MATCH_GAP_TOKENS
+                    and s.off_left == 0):
                 return s
         return None
 
+    @staticmethod
+    def _paid_first_rounds(name: str, estimate: SourceEstimate) -> bool:
+        return name not in FREE_SOURCES and estimate.rounds < FIRST_ROUNDS
+
     def _waits_for_match(self, name: str, estimate: SourceEstimate) -> bool:
         """Whether a paid source's first rounds wait for a holding host search's next match."""
-        return (WAIT_FOR_MATCH and name not in FREE_SOURCES and estimate.rounds < FIRST_ROUNDS
-                and self._matching() is not None)
+        return self._paid_first_rounds(name, estimate) and self._matching() is not None
 
     def _looks_due(self) -> bool:
         """Whether the trial's first step is next, and a first look after it."""
@@ -529,8 +533,8 @@ class AdaptivePolicy:
             return FIRST_LOOK_AFTER if self._looks_due() else self.plain_trial
         steps = min((s.off_left for s in self.sources.values() if s.off_left > 0),
                     default=PLAIN_BLOCK)
-        matching = self._matching() if WAIT_FOR_MATCH else None
-        if matching is not None and any(self._waits_for_match(name, s)
+        matching = self._matching()
+        if matching is not None and any(self._paid_first_rounds(name, s)
                                         for name, s in self.sources.items()):
             steps = min(steps, MATCH_GAP_TOKENS - matching.since)  # then the first rounds
         return steps
