@@ -14,9 +14,9 @@ from mlx.utils import tree_flatten
 
 from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
 from mlx_spec.bench.studies.never_behind import (BEST_FIXED, DEFAULTS, DEFAULTS_CAL, LM_AT_K,
-                                                 LOOKUP, PLAIN, NeverBehind, NeverBehindConfig,
+                                                 LOOKUP, PLAIN, NeverBehind, NeverBehindConfig, Row,
                                                  best_of, lm_at, measure, mlx_lm_runs,
-                                                 paired_ratio,
+                                                 aa_control_line, paired_ratio, plain_twice,
                                                  render_markdown, row_ratios, spec_at)
 from mlx_spec.bench.serialize import from_dict
 from mlx_spec.bench.timing import median_interval
@@ -87,6 +87,23 @@ def test_row_ratios_against_the_best_fixed_setting():
     assert ratios["defaults+cal / best fixed"] is None
     del methods[LM_AT_K]  # a pair mlx-lm cannot run
     assert row_ratios(methods)["best fixed / mlx-lm@k"] is None
+
+
+def _row(best_fixed, plain_runs, best_runs):
+    methods = {PLAIN: _method(*plain_runs), BEST_FIXED: _method(*best_runs),
+               DEFAULTS: _method(*plain_runs)}
+    return Row("p", 0.7, {}, best_fixed, None, methods, row_ratios(methods))
+
+
+def test_the_a_a_control_reads_only_rows_whose_best_fixed_setting_is_plain():
+    """Best fixed / plain is the table's own noise only where both columns are plain decoding."""
+    rows = [_row(PLAIN, (10.0, 10.0, 10.0), (10.5, 9.0, 10.0)),
+            _row(LOOKUP, (10.0, 10.0, 10.0), (30.0, 30.0, 30.0)),  # a real win, not noise
+            _row(PLAIN, (20.0, 20.0, 20.0), (19.0, 19.4, 21.0))]
+    control = plain_twice(rows)
+    assert [r.value for r in control] == pytest.approx([1.0, 0.97])
+    line = aa_control_line(rows)[0]
+    assert "the 2 rows" in line and "0.97x to 1.00x" in line
 
 
 def test_zoo_rejects_unknown_names():

@@ -418,6 +418,26 @@ def _worst(rows: Sequence[Row], name: str) -> str:
     return f"{_x(r)} ({row.pair}, T={row.temp:g})"
 
 
+def plain_twice(rows: Sequence[Row]) -> List[Ratio]:
+    """The A/A control: where the best fixed setting is plain decoding, the best fixed column
+    is plain decoding timed a second time, so best fixed / plain measures the table's own
+    noise (what a ratio of two identical methods reads)."""
+    return [r for r in (paired_ratio(row.methods.get(BEST_FIXED), row.methods.get(PLAIN))
+                        for row in rows if row.best_fixed == PLAIN) if r is not None]
+
+
+def aa_control_line(rows: Sequence[Row]) -> List[str]:
+    control = plain_twice(rows)
+    if not control:
+        return []
+    values = sorted(r.value for r in control)
+    return [f"A/A control (the {len(control)} rows whose best fixed setting is plain decoding, "
+            f"so that column is plain decoding timed again): best fixed ÷ plain "
+            f"{values[0]:.2f}x to {values[-1]:.2f}x, intervals "
+            f"{min(r.low for r in control):.2f} to {max(r.high for r in control):.2f}: "
+            f"two identical methods read this far apart here.", ""]
+
+
 def render_markdown(result: NeverBehind) -> str:
     m, c = result.machine, result.config
     out = ["# Never behind: mlx-spec's defaults against plain decoding and the best fixed setting",
@@ -448,6 +468,7 @@ def render_markdown(result: NeverBehind) -> str:
                 f"uncalibrated, {_worst(rows, 'defaults+cal / best fixed')} calibrated; "
                 f"defaults ÷ plain {_worst(rows, 'defaults / plain')} uncalibrated, "
                 f"{_worst(rows, 'defaults+cal / plain')} calibrated.", ""]
+        out += aa_control_line(rows)
     coverage = max((r.coverage for row in result.rows for r in row.ratios.values() if r),
                    default=0.0)
     interval = (f"a {coverage:.0%} confidence interval for that median (order statistics, "
