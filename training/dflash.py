@@ -377,7 +377,7 @@ def main():
         weight = drafter.fc.weight * 0.01
         drafter.fc.weight = mx.concatenate([weight[:, :-H], mx.eye(H)], axis=1)
     previous = None
-    if args.init:  # a second stage: the weights and settings of the first
+    if args.init:  # a later stage: the weights and settings of the one before
         from mlx_spec.dflash import load_dflash
 
         drafter = load_dflash(args.init)
@@ -458,7 +458,7 @@ def main():
                  f"--decay {args.decay} --kl {args.kl} --fc-init {args.fc_init} "
                  + (f"--causal --lengths {args.lengths} " if causal else "")
                  + f"--seed {args.seed}"
-                 + (" --init FIRST_STAGE_DIR" if args.init else ""))
+                 + (" --init PREVIOUS_STAGE_DIR" if args.init else ""))
     metrics = {"reproduce": reproduce, "seconds": round(time.perf_counter() - start, 1),
                "loss_first_100": round(float(np.mean(losses[:100])), 4),
                "loss_last_100": round(float(np.mean(losses[-100:])), 4),
@@ -469,7 +469,7 @@ def main():
                "held_out": final_check, "held_out_curve": checks,
                "held_out_deployment": deployment}
     if previous is not None:
-        metrics["first_stage"] = previous
+        metrics["previous_stage"] = previous
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     say(f"wrote {out}: loss {metrics['loss_first_100']} -> {metrics['loss_last_100']}")
     if not math.isfinite(metrics["loss_last_100"]):
