@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
 from mlx_spec.bench.studies.never_behind import (BEST_FIXED, DEFAULTS, DEFAULTS_CAL, LM_AT_K,
                                                  LOOKUP, PLAIN, NeverBehind, NeverBehindConfig, Row,
-                                                 best_of, lm_at, measure, mlx_lm_runs,
+                                                 best_of, lm_at, main, measure, mlx_lm_runs,
                                                  aa_control_line, paired_ratio, plain_twice,
                                                  render_markdown, row_ratios, spec_at)
 from mlx_spec.bench.serialize import from_dict
@@ -235,3 +235,13 @@ def test_the_draft_step_study_reads_both_times_from_the_policy():
                                else "off after its first look" if row["draft_over_first"] < 1
                                else "off before its first look")
     assert "| skip-f32 |" in render(rows, {"command": "c", "machine": "m", "repeats": 1})
+
+
+def test_rerender_of_a_file_it_cannot_read_is_one_sentence(tmp_path, capsys):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": {}, "rows": []}))  # an older schema
+    for path in (old, tmp_path / "missing.json"):
+        assert main(["--rerender", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: cannot rerender") and "Traceback" not in err
+        assert not path.with_suffix(".md").exists()

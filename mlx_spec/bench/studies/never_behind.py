@@ -579,7 +579,12 @@ def config_from(args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.rerender:
-        result = from_dict(NeverBehind, json.loads(args.rerender.read_text()))
+        try:
+            result = from_dict(NeverBehind, json.loads(args.rerender.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: cannot rerender {args.rerender}: not a never-behind results file this "
+                  f"version reads ({type(exc).__name__}: {exc}).", file=sys.stderr)
+            return 2
         args.rerender.with_suffix(".md").write_text(render_markdown(result))
         print(args.rerender.with_suffix(".md"))
         return 0
