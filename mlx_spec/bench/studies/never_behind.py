@@ -431,7 +431,8 @@ def aa_control_line(rows: Sequence[Row]) -> List[str]:
     if not control:
         return []
     values = sorted(r.value for r in control)
-    return [f"A/A control (the {len(control)} rows whose best fixed setting is plain decoding, "
+    rows_ = "row" if len(control) == 1 else f"{len(control)} rows"
+    return [f"A/A control (the {rows_} whose best fixed setting is plain decoding, "
             f"so that column is plain decoding timed again): best fixed ÷ plain "
             f"{values[0]:.2f}x to {values[-1]:.2f}x, intervals "
             f"{min(r.low for r in control):.2f} to {max(r.high for r in control):.2f}: "
