@@ -12,7 +12,9 @@
 - A seeded sampled row gives the same text alone and in a crowd.
 - T = 1: test_batch's chi-square of tokens 3 and 4 in a continuously refilled batch, with a
   DFlash drafter; the broken rule (resampling from p) must fail it.
-- DFlash2 drafters are refused in one sentence (the server then serves one at a time).
+- DFlash2 drafters (a candidate selector walks each row's block): greedy parity, each row's
+  drafts and q against test_dflash2's dense forward and walk, and the chi-square with its
+  negative control (q zero outside the candidates).
 - Served: batch_generate, the BatchWorker to 4 clients at once then a second turn from its
   store, and `mlx-spec serve --draft-model DIR` (batched by itself): the target's own text.
 """
@@ -21,10 +23,11 @@ import numpy as np
 import pytest
 
 from batch_exactness import SAMPLES, SMALL_VOCAB, check_rows_after_a_rejection
-from dflash_tiny import dflash2_config, dflash_config, make_dflash, write_dflash_dir
+from dflash_tiny import dflash_config, make_dflash, make_dflash2, write_dflash_dir
 from families import make_family, plain_greedy, shared_plain_greedy
 from test_batch import ragged_prompts, run
 from test_dflash import from_scratch_block_logits
+from test_dflash2 import EXTRAS, from_scratch_drafts
 from tiny import make_llama
 
 from mlx_spec.batch import BatchEngine, RowRequest
@@ -202,10 +205,68 @@ def test_rows_after_a_rejection_are_distributed_as_the_target(small_target_and_d
                                  min_rewound=SAMPLES // 4)
 
 
-def test_dflash2_drafters_are_refused_in_one_sentence(target, tmp_path):
-    drafter = load_dflash(write_dflash_dir(tmp_path / "d2", dflash2_config(48, [0, 2])))
-    with pytest.raises(ValueError, match="DFlash2 drafters .* decode one request at a time"):
-        BatchEngine(target, drafter)
+# --- DFlash2: the candidate selector walks every row's block ------------------------------
+
+@pytest.fixture(scope="module")
+def dflash2_drafters(tmp_path_factory):
+    """A bidirectional one as published and a causal one (its rounds cut to k + 1 rows), both
+    with scaled embeddings, a logit multiplier and a soft cap."""
+    root = tmp_path_factory.mktemp("dflash2")
+    return {name: make_dflash2(root / name, 48, [0, 2], block_size=6, seed=5,
+                               conv_kernel_size=3, extra=EXTRAS, is_causal=causal)
+            for name, causal in (("bidirectional", False), ("causal", True))}
+
+
+@pytest.mark.parametrize("layout", ["bidirectional", "causal"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_dflash2_rows_equal_their_own_greedy_decoding(target, dflash2_drafters, layout, rows):
+    prompts = ragged_prompts(rows)
+    engine = BatchEngine(target, dflash2_drafters[layout], num_draft_tokens=3)
+    got = run(engine, [RowRequest(p, MAX_TOKENS, prompt_lookup=False) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == shared_plain_greedy(target, prompt, MAX_TOKENS)
+    assert engine.rounds.get(3, 0) > 0
+
+
+@pytest.mark.parametrize("layout", ["bidirectional", "causal"])
+def test_dflash2_rows_walk_as_a_from_scratch_forward(target, dflash2_drafters, layout):
+    """Mixed greedy and sampled rows with rejections: each row's greedy drafts, or the q of
+    its sampled drafts given the drafts before them, equal test_dflash2's dense forward and
+    walk over that row's kept context (a predecessor, a scale or a row's key mixed up
+    between rows fails)."""
+    drafter = dflash2_drafters[layout]
+    engine = BatchEngine(target, drafter, num_draft_tokens=3, prefill_step_size=4)
+    calls = record_proposals(engine)
+    requests = [RowRequest(p, 16, SamplingConfig(temp=1.0) if i % 2 else SamplingConfig(),
+                           seed=i, prompt_lookup=False)
+                for i, p in enumerate(ragged_prompts(5))]
+    run(engine, requests)
+    checked = {"greedy": 0, "sampled": 0}
+    for histories, drawn, tokens, probs in calls:
+        for i, (history, n) in enumerate(zip(histories, drawn)):
+            if n == 0:
+                continue
+            drafted = np.array(tokens[i, :n]).tolist()
+            if probs[i] is None:
+                assert drafted == from_scratch_drafts(target, drafter, history, n, drafted, 0)
+                checked["greedy"] += 1
+            else:
+                expected = from_scratch_drafts(target, drafter, history, n, drafted, 1.0)
+                assert np.allclose(np.array(probs[i]), expected, atol=2e-4), (layout, i)
+                checked["sampled"] += 1
+    assert min(checked.values()) >= 10, checked
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_dflash2_rows_after_a_rejection_are_distributed_as_the_target(tmp_path_factory,
+                                                                       residual, exact):
+    """q is zero outside a row's candidates (4 of 8 tokens): the residual must cover them."""
+    target = make_llama(vocab_size=SMALL_VOCAB, seed=0)
+    drafter = make_dflash2(tmp_path_factory.mktemp("dflash2_8") / "d", 48, [0, 1],
+                           block_size=4, mask_token_id=SMALL_VOCAB - 1, vocab_size=SMALL_VOCAB,
+                           is_causal=True)
+    check_rows_after_a_rejection(target, drafter, residual, exact, min_rewound=SAMPLES // 4)
 
 
 # --- the server: `mlx-spec serve --draft-model DIR` batches a DFlash drafter ---------------

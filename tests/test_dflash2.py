@@ -178,18 +178,20 @@ class Recording(DFlash2Drafter):
 
 
 @pytest.mark.parametrize("layout, temp", [("bidirectional", 1.0), ("sliding", 0.8),
-                                          ("sliding", 0.0)])
+                                          ("sliding", 0.0), ("causal", 0.0), ("causal", 1.0)])
 def test_each_block_equals_a_from_scratch_forward(tmp_path, llama_target, monkeypatch, layout,
                                                   temp):
     """Over real rounds with rejections: every proposal's drafts (greedy) or q (sampling)
     equal a dense forward with explicit convolution loops, the context at every kept position,
     the scales and the soft cap, and the selector's walk from the last known token (a
-    convolution, position, tap or predecessor off by one fails)."""
+    convolution, position, tap or predecessor off by one fails). A causal drafter runs only
+    the block's first k + 1 rows; the forward here runs the whole block."""
     from mlx_spec import assemble
 
     kwargs = {"bidirectional": {}, "sliding": dict(layer_types=["sliding_attention",
                                                                 "full_attention"],
-                                                   sliding_window=4, is_causal=None)}[layout]
+                                                   sliding_window=4, is_causal=None),
+              "causal": dict(is_causal=True)}[layout]
     drafter = make_dflash2(tmp_path / layout, 48, [1, 3], block_size=5, conv_kernel_size=3,
                            extra=EXTRAS, **kwargs)
     monkeypatch.setattr(assemble, "DFlash2Drafter", Recording)

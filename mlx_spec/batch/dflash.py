@@ -15,7 +15,8 @@ context (the left padding masked out) and the block (causally or not, and
 within a sliding window, as the drafter's config says). A causal drafter
 runs k + 1 rows per round, another its whole block. Each row draws its
 drafts with its own sampling transform and random key (`draw_rows`), so q is
-the distribution its drafts were drawn from.
+the distribution its drafts were drawn from; a DFlash2 drafter's selector walks
+every row's block from the row's last token (`_walk`), its q over its candidates.
 
 A row that leaves with its cache (the prompt-cache store) takes its context
 along as a `DFlashContext` on the cache's first layer, as a single-stream
@@ -31,9 +32,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..attention import round_attention
+from ..dflash.dflash2 import draft_logits
 from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head, tapped
 from ..drafters.dflash import DFlashContext, embedding_scale
+from ..drafters.dflash2 import logit_scale
 from .drafts import draw_rows
 from .kv import BatchCache
 from .rows import Row
@@ -58,6 +61,11 @@ class BatchDFlash:
         self.embed = embedding(target_model)
         self.head = output_head(target_model)
         self.embed_scale = embedding_scale(target_model)
+        self.selector = None  # DFlash2: its candidate selector and its logits' (multiplier, cap)
+        if self.config.dflash2 is not None:
+            self.embed_scale *= self.config.dflash2.input_embedding_scale
+            self.selector = drafter.candidate_selector
+            self.logit_scale = logit_scale(self.config.dflash2, target_model)
         self.dtype = drafter.fc.weight.dtype
         self.cache = BatchCache(None)  # one KVCache of context per drafter layer
 
@@ -67,7 +75,8 @@ class BatchDFlash:
 
     @property
     def cuttable(self) -> bool:
-        """Causal inside the block: rows after k never reach rows 0..k (as alone)."""
+        """Causal inside the block: rows after k never reach rows 0..k (as alone; DFlash2's
+        convolutions are causal and its selector walks rows 1..k)."""
         return bool(self.config.is_causal)
 
     def new_row_cache(self) -> list:
@@ -118,10 +127,44 @@ class BatchDFlash:
             self._catch_up(rows)
             size = k + 1 if self.cuttable else self.config.block_size
             hidden = self._block(rows, size)[:, 1:k + 1]  # (B, k, H)
+            if self.selector is not None:
+                return self._walk(rows, hidden, drawn)
             logits = self.head(hidden)  # (B, k, V)
             tokens, probs = [], [[] for _ in rows]
             for i in range(k):  # one draw per block row, each independent of the others
                 tokens.append(draw_rows(rows, logits[:, i], probs, [i < n for n in drawn]))
+        return mx.stack(tokens, axis=1), [mx.stack(p) if p else None for p in probs]
+
+    def _walk(self, rows: Sequence[Row], hidden: mx.array,
+              drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
+        """DFlash2: every row's selector walk from its last token (as alone,
+        `CandidateSelector.walk`), all rows at once. A sampled row's draft i < drawn[row] is
+        drawn from softmax(score / T) over its candidates with its own key; q is that
+        distribution, zero outside them. Other rows take the best score."""
+        selector, (_, k, _) = self.selector, hidden.shape
+        logits = draft_logits(self.head(hidden), *self.logit_scale)  # (B, k, V)
+        candidates = mx.argpartition(-logits, selector.top_k - 1, axis=-1)[..., :selector.top_k]
+        unary = mx.take_along_axis(logits, candidates, axis=-1)  # (B, k, K)
+        projected = selector.hidden_projection(hidden)  # (B, k, rank)
+        previous = mx.array([row.history[-1] for row in rows], mx.uint32)
+        tokens, probs = [], [[] for _ in rows]
+        for i in range(k):
+            context = selector.predecessor_codebook[previous] * projected[:, i]  # (B, rank)
+            scores = unary[:, i] + (selector.successor_codebook[candidates[:, i]]
+                                    @ context[..., None])[..., 0].astype(mx.float32)  # (B, K)
+            best = mx.argmax(scores, axis=-1)
+            picks = []
+            for j, row in enumerate(rows):
+                if row.greedy or i >= drawn[j]:
+                    picks.append(best[j])
+                    continue
+                scaled = scores[j] * (1.0 / row.request.sampling.temp)
+                picks.append(mx.random.categorical(scaled, key=row.next_key()))
+                probs[j].append(mx.put_along_axis(mx.zeros((logits.shape[-1],), mx.float32),
+                                                  candidates[j, i], mx.softmax(scaled), axis=-1))
+            previous = mx.take_along_axis(candidates[:, i], mx.stack(picks)[:, None],
+                                          axis=-1)[:, 0].astype(mx.uint32)
+            tokens.append(previous)
         return mx.stack(tokens, axis=1), [mx.stack(p) if p else None for p in probs]
 
     def _catch_up(self, rows: Sequence[Row]) -> None:

@@ -68,9 +68,6 @@ def check_batchable(target_model, draft_model=None) -> None:
         raise ValueError("Batched decoding takes loaded models: a draft model, a DFlash drafter "
                          "(mlx_spec.dflash.load_dflash) or the target's MTP head (\"mtp\").")
     elif draft_model is not None and is_dflash_model(draft_model):
-        if draft_model.dflash_config.dflash2 is not None:
-            raise ValueError("DFlash2 drafters (their candidate selector walks each block "
-                             "alone) decode one request at a time.")
         draft_model = None  # it reads the target's hidden states: no cache kinds of its own
     if not batchable(target_model):
         raise ValueError("The target's cache layers are not plain KVCache layers beside "

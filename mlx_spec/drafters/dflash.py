@@ -125,9 +125,10 @@ class DFlashDrafter:
 
     @property
     def cuttable(self) -> bool:
-        """Causal inside the block (and no DFlash2 selector walking the whole block): rows
-        after k never reach rows 0..k, so a round drafting k runs a block of k + 1."""
-        return bool(self.config.is_causal) and self.config.dflash2 is None
+        """Causal inside the block: rows after k never reach rows 0..k, so a round drafting
+        k runs a block of k + 1. (DFlash2's convolutions are causal too, and its selector
+        walks rows 1..k left to right.)"""
+        return bool(self.config.is_causal)
 
     def block_rows(self, history: List[int], size: Optional[int] = None) -> Optional[mx.array]:
         """The drafter's normed rows (1, size, H) for the block [last token] + [mask] *
