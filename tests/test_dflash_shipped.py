@@ -1,5 +1,6 @@
 """The DFlash drafter shipped for the shipped target (mlx_spec/default_models/dflash, trained by
-`python -m training.dflash`): found by the name "dflash", exact, actually trained, and its
+`python -m training.dflash`, then given DFlash2's candidate selector by
+`python -m training.dflash_selector`): found by the name "dflash", exact, actually trained, and its
 acceptance is what training's held-out simulation says it is."""
 
 import sys
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training import dflash as training  # noqa: E402
+from training import dflash_selector as selector_stage  # noqa: E402
 
 from mlx_spec import generate, load  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
@@ -35,6 +37,10 @@ def test_the_name_dflash_is_the_shipped_drafter_in_the_published_layout(shipped)
     assert (DEFAULT_DFLASH_PATH / "config.json").is_file()
     assert config.target_layer_ids == (1, 3, 4) or list(config.target_layer_ids) == [1, 3, 4]
     assert config.is_causal and config.block_size == 16 and config.mask_token_id == 4095
+    # DFlash2DraftModel: one-tap pass-through convolutions and a trained candidate selector
+    assert config.dflash2.conv_kernel_size == 1 and config.dflash2.selector_top_k == 16
+    assert selector_stage.passes_through(shipped[2])
+    assert float(mx.abs(shipped[2].candidate_selector.hidden_projection.weight).max()) > 0
 
 
 def test_greedy_text_is_the_targets_and_drafts_are_accepted(shipped):
@@ -81,14 +87,14 @@ def test_accepted_lengths_are_trainings_simulation(shipped):
     anchors = np.array([anchors])
     blocks, labels = training.blocks_at(sequence, anchors, k + 1, config.mask_token_id)
     drafter.set_dtype(mx.float32)
-    try:
-        logits = training.block_logits(drafter, target.model.embed_tokens, target.lm_head,
-                                       mx.array(features).astype(mx.float32), mx.array(blocks),
-                                       mx.array(anchors), config.rope_theta, True)
+    try:  # the drafter's rows, then its selector's walk (training's)
+        data = selector_stage.block_features(drafter, target, sequence, features, anchors, k,
+                                             config.dflash2.selector_top_k, config.rope_theta,
+                                             config.mask_token_id)
+        guess = selector_stage.walk(drafter.candidate_selector, data)
     finally:
         drafter.set_dtype(mx.float16)
-    guess = np.array(mx.argmax(logits, axis=-1)).reshape(labels.shape)[0]
-    leading = np.cumprod(guess[:, 1:] == labels[0, :, 1:], axis=1).sum(axis=1)
+    leading = np.cumprod(guess == labels[0, :, 1:], axis=1).sum(axis=1)
     assert len(counts) >= 5
     assert list(leading) == counts
 

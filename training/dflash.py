@@ -323,6 +323,9 @@ def evaluate(directory, say):
 
     target = load_target()
     drafter = load_dflash(directory)
+    if drafter.dflash_config.dflash2 is not None:  # its selector changes the drafts
+        raise SystemExit(f"{directory} is a DFlash2 drafter: `python -m "
+                         f"training.dflash_selector --evaluate {directory}` measures it.")
     drafter.set_dtype(mx.float32)
     config = json.loads((Path(directory) / "config.json").read_text())
     result = deployment_check(target, drafter, config, say)

@@ -9,7 +9,8 @@ in this directory for sizes, data split and acceptance measurements.
 ``mtp/`` holds an MTP head trained for the target (DeepSeek-V3's layout, one Llama
 decoder layer; ``mtp_config.json`` gives its shape): ``draft_model="mtp"`` finds it.
 ``dflash/`` holds a DFlash block drafter trained for the target by ``python -m
-training.dflash`` (z-lab's DFlashDraftModel layout): ``draft_model="dflash"`` finds it.
+training.dflash`` and given DFlash2's candidate selector by ``python -m
+training.dflash_selector`` (z-lab's DFlash2DraftModel layout): ``draft_model="dflash"`` finds it.
 """
 
 from pathlib import Path

@@ -53,15 +53,31 @@ class GroupedDynamicCausalConv(nn.Module):
         self.groups = hidden_size // self.group_size
         self.base_kernel = mx.zeros((2, self.taps, hidden_size))
         self.kernel_projection = nn.Linear(hidden_size, 2 * self.taps * self.groups, bias=False)
+        self.skipped = False  # set once the weights are in (`skip_if_pass_through`)
 
-    def prepare(self, x: mx.array) -> Tuple[mx.array, mx.array]:
+    def passes_through(self) -> bool:
+        """One tap of weight 1 and no dynamic part: out = x on both sides (a DFlash drafter
+        written as DFlash2, e.g. training.dflash_selector's)."""
+        return self.taps == 1 and bool(mx.all(self.base_kernel == 1)) and \
+            bool(mx.all(self.kernel_projection.weight == 0))
+
+    def skip_if_pass_through(self) -> None:
+        """Skip the computation when it would hand its input on unchanged (the same bits:
+        (1 + 0) * x is x)."""
+        self.skipped = self.passes_through()
+
+    def prepare(self, x: mx.array) -> Tuple[mx.array, Optional[mx.array]]:
         """The sublayer's input x (1, B, H) convolved, and the output side's dynamic taps."""
+        if self.skipped:
+            return x, None
         B, T, _ = x.shape
         dynamic = self.kernel_projection(x).reshape(B, T, 2, self.taps, self.groups)
         return self.convolve(x, dynamic[:, :, 0], 0), dynamic[:, :, 1]
 
     def convolve(self, x: mx.array, dynamic: mx.array, side: int) -> mx.array:
         """x (1, B, H) with taps base_kernel[side] + dynamic (1, B, K, groups), causally."""
+        if self.skipped:
+            return x
         B, T, H = x.shape
         grouped = x.reshape(B, T, self.groups, self.group_size)
         base = self.base_kernel[side].reshape(self.taps, self.groups, self.group_size)
@@ -137,6 +153,14 @@ class DFlash2Model(DFlashModel):
     def __init__(self, config: DFlashConfig):
         super().__init__(config)
         self.candidate_selector = CandidateSelector(config.hidden_size, config.dflash2)
+
+    def convolutions(self):
+        return [conv for layer in self.layers for conv in (layer.attention_conv, layer.mlp_conv)]
+
+    def loaded(self) -> None:
+        """After its weights are in: convolutions that pass their input through are skipped."""
+        for conv in self.convolutions():
+            conv.skip_if_pass_through()
 
 
 def draft_logits(head_output: mx.array, multiplier: float, cap: Optional[float]) -> mx.array:

@@ -83,6 +83,8 @@ def load_dflash(path) -> DFlashModel:
                              f"says {tuple(expected[name].shape)}.")
     model.load_weights(list(weights.items()))
     mx.eval(model.parameters())
+    if hasattr(model, "loaded"):
+        model.loaded()
     return model
 
 
