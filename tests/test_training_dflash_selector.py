@@ -102,3 +102,33 @@ def test_training_the_selector_lowers_its_loss():
     after = stage.walk(selector, data)
     assert curve[-1] < 0.5 * curve[0]
     assert (after[:, 0] == labels[:, 0]).mean() > (before[:, 0] == labels[:, 0]).mean() + 0.3
+
+
+def test_the_kl_term_moves_q_to_the_targets_distribution():
+    """With `kl`, softmax(score) over the candidates (what a draft at T = 1 is drawn from)
+    approaches the target's distribution there, which depends on the token before."""
+    rng = np.random.default_rng(1)
+    n, rows, K, H = 512, 2, 4, 8
+    previous = rng.integers(0, 16, size=(n, rows))
+    candidates = np.broadcast_to(np.arange(K), (n, rows, K)).copy()
+    table = rng.normal(0, 1.5, size=(16, K)).astype(np.float32)  # log p by previous token
+    target_log_p = table[previous] - np.log(np.exp(table[previous]).sum(-1, keepdims=True))
+    data = {"candidates": candidates, "unary": np.zeros((n, rows, K), np.float32),
+            "hidden": np.ones((n, rows, H), np.float16), "previous": previous,
+            "labels": target_log_p.argmax(-1), "target": target_log_p}
+
+    def divergence(selector):
+        log_q = np.array(nn_log_softmax(stage.scores(
+            selector, mx.array(candidates), mx.array(data["unary"]),
+            mx.array(data["hidden"]).astype(mx.float32), mx.array(previous))))
+        return float((np.exp(target_log_p) * (target_log_p - log_q)).sum(-1).mean())
+
+    mx.random.seed(1)
+    selector = stage.Selector(H, 16, 8)
+    before = divergence(selector)
+    stage.train(selector, data, 300, 128, 3e-2, 0.0, 3.0, rng, say=lambda m: None, kl=1.0)
+    assert divergence(selector) < 0.5 * before
+
+
+def nn_log_softmax(x):
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)

@@ -72,6 +72,8 @@ def arguments(argv=None):
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--decay", type=float, default=3.0, help="row weights exp(-(i-1)/decay)")
+    ap.add_argument("--kl", type=float, default=0.0,
+                    help="weight of KL(target || selector) over each row's candidates")
     ap.add_argument("--seed", type=int, default=777, help="the data's seed (training.dflash's)")
     ap.add_argument("--evaluate", default=None, metavar="DIR",
                     help="only measure the DFlash2 drafter in DIR on the held-out text")
@@ -98,10 +100,14 @@ def scores(selector, candidates, unary, hidden, previous):
 
 
 def block_features(drafter, target, sequences, features, anchors, rows, top_k, theta, mask_id,
-                   batch=16):
+                   batch=16, finals=None):
     """Per anchor and block row 1..rows: the drafter's candidates and their logits (.., K),
-    its normed rows (.., H, float16), the token before each row and the label."""
+    its normed rows (.., H, float16), the token before each row and the label; with the
+    target's final hidden states `finals` (n, T, H), also the target's log-probabilities of
+    the candidates at each row ("target", .., K)."""
     out = {k: [] for k in ("candidates", "unary", "hidden", "previous", "labels")}
+    if finals is not None:
+        out["target"] = []
     embed, head = target.model.embed_tokens, target.lm_head
     for start in range(0, len(sequences), batch):
         index = np.arange(start, min(start + batch, len(sequences)))
@@ -119,6 +125,14 @@ def block_features(drafter, target, sequences, features, anchors, rows, top_k, t
                                                                           hidden.shape[-1]))
         out["previous"].append(labels[..., :-1].reshape(-1, rows))
         out["labels"].append(labels[..., 1:].reshape(-1, rows))
+        if finals is not None:  # row i's token follows position c + i - 1
+            before = anchors[index][..., None] + np.arange(rows)  # (b, M, rows)
+            final = np.take_along_axis(finals[index], before.reshape(len(index), -1)[..., None],
+                                       axis=1)
+            log_p = nn.log_softmax(head(mx.array(final).astype(mx.float32)), axis=-1)
+            log_p = mx.take_along_axis(log_p.reshape(*candidates.shape[:-1], -1), candidates,
+                                       axis=-1)
+            out["target"].append(np.array(log_p).reshape(-1, rows, top_k))
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
@@ -196,17 +210,26 @@ def save(out: Path, config: dict, weights: dict) -> None:
                         {k: v.astype(mx.float16) for k, v in weights.items()})
 
 
-def train(selector, data, steps, batch, lr, weight_decay, decay, rng, say=print):
-    """AdamW on the selector alone; the loss curve (means of 100 steps)."""
+def train(selector, data, steps, batch, lr, weight_decay, decay, rng, say=print, kl=0.0):
+    """AdamW on the selector alone; the loss curve (means of 100 steps). `kl` > 0 adds
+    kl x KL(target || selector) over each row's candidates (data["target"]: the target's
+    log-probabilities there, renormalized over them): at T > 0 a draft is drawn from
+    softmax(score / T) over the candidates, which then should be the target's."""
     rows = data["candidates"].shape[1]
     weights = mx.array(np.exp(-np.arange(rows) / decay), mx.float32)
+    names = ["candidates", "unary", "hidden", "previous", "labels"] + (["target"] if kl else [])
 
-    def loss_fn(model, candidates, unary, hidden, previous, labels):
+    def loss_fn(model, candidates, unary, hidden, previous, labels, target_log_p=None):
         scored = scores(model, candidates, unary, hidden, previous)
         target = candidates == labels[..., None]
         kept = weights * target.any(-1)  # no score reaches a label outside the candidates
-        log_p = scored - mx.logsumexp(scored, axis=-1, keepdims=True)
-        return (-(log_p * target).sum(-1) * kept).sum() / mx.maximum(kept.sum(), 1e-9)
+        log_q = scored - mx.logsumexp(scored, axis=-1, keepdims=True)
+        loss = (-(log_q * target).sum(-1) * kept).sum() / mx.maximum(kept.sum(), 1e-9)
+        if target_log_p is not None:
+            log_p = target_log_p - mx.logsumexp(target_log_p, axis=-1, keepdims=True)
+            divergence = (mx.exp(log_p) * (log_p - log_q)).sum(-1)  # (.., rows)
+            loss = loss + kl * (divergence * weights).sum() / (weights.sum() * len(divergence))
+        return loss
 
     optimizer = optim.AdamW(learning_rate=lr, weight_decay=weight_decay)
     step_fn = nn.value_and_grad(selector, loss_fn)
@@ -214,8 +237,7 @@ def train(selector, data, steps, batch, lr, weight_decay, decay, rng, say=print)
     for step in range(steps):
         pick = rng.choice(len(data["candidates"]), min(batch, len(data["candidates"])),
                           replace=False)
-        part = [mx.array(data[k][pick]) for k in ("candidates", "unary", "hidden", "previous",
-                                                  "labels")]
+        part = [mx.array(data[k][pick]) for k in names]
         part[2] = part[2].astype(mx.float32)
         loss, grads = step_fn(selector, *part)
         optimizer.update(selector, grads)
@@ -298,16 +320,16 @@ def main(argv=None):
     taps, mask_id, theta = list(dflash["target_layer_ids"]), dflash["mask_token_id"], \
         config["rope_theta"]
 
-    sequences, features, _ = prepared(target, "train", args.sequences, args.prompt_tokens,
-                                      args.generate_tokens, taps, args.seed, say)
+    sequences, features, finals = prepared(target, "train", args.sequences, args.prompt_tokens,
+                                           args.generate_tokens, taps, args.seed, say)
     T = sequences.shape[1]
     anchors = np.stack([np.sort(rng.choice(np.arange(args.prompt_tokens, T - TRAIN_ROWS),
                                            args.anchors, replace=False))
                         for _ in range(len(sequences))])
     say(f"the drafter's rows at {anchors.size:,} training blocks")
     data = block_features(drafter, target, sequences, features, anchors, TRAIN_ROWS,
-                          args.top_k, theta, mask_id)
-    del features
+                          args.top_k, theta, mask_id, finals=finals if args.kl else None)
+    del features, finals
     held_out = held_out_rows(drafter, target, config, args.top_k, say)
 
     selector = Selector(config["hidden_size"], config["vocab_size"], args.rank)
@@ -316,7 +338,7 @@ def main(argv=None):
     say(f"training the selector: {sum(v.size for _, v in tree_flatten(selector.parameters())):,}"
         f" parameters, {args.steps} steps")
     curve = train(selector, data, args.steps, args.batch, args.lr, args.weight_decay,
-                  args.decay, rng, say)
+                  args.decay, rng, say, kl=args.kl)
     with_selector = acceptance(walk(selector, held_out), held_out["labels"],
                                HELD_OUT_SEQUENCES)
     say(f"held out, with the selector: per round {with_selector['per_round']} "
@@ -330,7 +352,7 @@ def main(argv=None):
                       f"--init DFLASH_DIR --sequences {args.sequences} --anchors {args.anchors} "
                       f"--top-k {args.top_k} --rank {args.rank} --steps {args.steps} "
                       f"--batch {args.batch} --lr {args.lr} --weight-decay {args.weight_decay} "
-                      f"--decay {args.decay} --seed {args.seed}"),
+                      f"--decay {args.decay} --kl {args.kl} --seed {args.seed}"),
         "seconds": round(time.perf_counter() - start, 1),
         "stage": "candidate selector (DFlash2) on the frozen drafter of previous_stage",
         "selector_top_k": args.top_k, "selector_rank": args.rank,
