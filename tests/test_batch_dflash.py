@@ -97,28 +97,33 @@ def test_each_rows_block_equals_a_from_scratch_forward(target, drafters, layout)
     the row's kept context, and every greedy draft is their argmax (a tap, position,
     padding or mask off by one fails)."""
     drafter = drafters[layout]
-    prompts = ragged_prompts(5)
+    checked = {"greedy": 0, "sampled": 0}
+    for i, history, drafted, q in mixed_rows_proposals(target, drafter):
+        logits = from_scratch_block_logits(target, drafter, history, len(drafted))  # (n, V)
+        if q is None:
+            assert drafted == logits.argmax(-1).tolist()
+            checked["greedy"] += 1
+        else:
+            expected = np.exp(logits - logits.max(-1, keepdims=True))
+            expected /= expected.sum(-1, keepdims=True)
+            assert np.allclose(q, expected, atol=2e-4), (layout, i)
+            checked["sampled"] += 1
+    assert min(checked.values()) >= 10, checked
+
+
+def mixed_rows_proposals(target, drafter):
+    """Five ragged rows, greedy and sampled (T = 1) in turn, prompts prefilled in chunks of
+    4, 16 tokens each: every row's proposal as (row, its history, its drafts, q or None)."""
     engine = BatchEngine(target, drafter, num_draft_tokens=3, prefill_step_size=4)
     calls = record_proposals(engine)
-    sampled = SamplingConfig(temp=1.0)
-    requests = [RowRequest(p, 16, sampled if i % 2 else SamplingConfig(), seed=i,
-                           prompt_lookup=False) for i, p in enumerate(prompts)]
-    run(engine, requests)
-    checked = {"greedy": 0, "sampled": 0}
+    run(engine, [RowRequest(p, 16, SamplingConfig(temp=1.0) if i % 2 else SamplingConfig(),
+                            seed=i, prompt_lookup=False)
+                 for i, p in enumerate(ragged_prompts(5))])
     for histories, drawn, tokens, probs in calls:
         for i, (history, n) in enumerate(zip(histories, drawn)):
-            if n == 0:
-                continue
-            logits = from_scratch_block_logits(target, drafter, history, n)  # (n, V)
-            if probs[i] is None:
-                assert np.array(tokens[i, :n]).tolist() == logits.argmax(-1).tolist()
-                checked["greedy"] += 1
-            else:
-                expected = np.exp(logits - logits.max(-1, keepdims=True))
-                expected /= expected.sum(-1, keepdims=True)
-                assert np.allclose(np.array(probs[i]), expected, atol=2e-4), (layout, i)
-                checked["sampled"] += 1
-    assert min(checked.values()) >= 10, checked
+            if n:
+                yield i, history, np.array(tokens[i, :n]).tolist(), \
+                    None if probs[i] is None else np.array(probs[i])
 
 
 def test_rows_joining_and_cancelled_mid_batch_change_nobody_else(target, drafters):
@@ -228,6 +233,20 @@ def test_dflash2_rows_equal_their_own_greedy_decoding(target, dflash2_drafters, 
     assert engine.rounds.get(3, 0) > 0
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3_text"])
+def test_dflash2_rows_of_hybrid_and_sliding_window_targets_equal_their_greedy_decoding(
+        tmp_path, family):
+    target = make_family(family, seed=2)
+    drafter = make_dflash2(tmp_path / "d2", 32, [0, 1], block_size=6, seed=5,
+                           conv_kernel_size=2, conv_group_size=8, is_causal=True)
+    prompts = ragged_prompts(3)
+    engine = BatchEngine(target, drafter, num_draft_tokens=3)
+    got = run(engine, [RowRequest(p, 20, prompt_lookup=False) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, 20)
+    assert engine.rounds.get(3, 0) > 0
+
+
 @pytest.mark.parametrize("layout", ["bidirectional", "causal"])
 def test_dflash2_rows_walk_as_a_from_scratch_forward(target, dflash2_drafters, layout):
     """Mixed greedy and sampled rows with rejections: each row's greedy drafts, or the q of
@@ -235,25 +254,16 @@ def test_dflash2_rows_walk_as_a_from_scratch_forward(target, dflash2_drafters, l
     walk over that row's kept context (a predecessor, a scale or a row's key mixed up
     between rows fails)."""
     drafter = dflash2_drafters[layout]
-    engine = BatchEngine(target, drafter, num_draft_tokens=3, prefill_step_size=4)
-    calls = record_proposals(engine)
-    requests = [RowRequest(p, 16, SamplingConfig(temp=1.0) if i % 2 else SamplingConfig(),
-                           seed=i, prompt_lookup=False)
-                for i, p in enumerate(ragged_prompts(5))]
-    run(engine, requests)
     checked = {"greedy": 0, "sampled": 0}
-    for histories, drawn, tokens, probs in calls:
-        for i, (history, n) in enumerate(zip(histories, drawn)):
-            if n == 0:
-                continue
-            drafted = np.array(tokens[i, :n]).tolist()
-            if probs[i] is None:
-                assert drafted == from_scratch_drafts(target, drafter, history, n, drafted, 0)
-                checked["greedy"] += 1
-            else:
-                expected = from_scratch_drafts(target, drafter, history, n, drafted, 1.0)
-                assert np.allclose(np.array(probs[i]), expected, atol=2e-4), (layout, i)
-                checked["sampled"] += 1
+    for i, history, drafted, q in mixed_rows_proposals(target, drafter):
+        if q is None:
+            assert drafted == from_scratch_drafts(target, drafter, history, len(drafted),
+                                                  drafted, 0)
+            checked["greedy"] += 1
+        else:
+            expected = from_scratch_drafts(target, drafter, history, len(drafted), drafted, 1.0)
+            assert np.allclose(q, expected, atol=2e-4), (layout, i)
+            checked["sampled"] += 1
     assert min(checked.values()) >= 10, checked
 
 

@@ -94,9 +94,11 @@ class Selector(nn.Module):
 def scores(selector, candidates, unary, hidden, previous):
     """The scores (..., K) of candidates (..., K) with logits `unary`, the rows' hidden
     (..., H) and the tokens before them (...), by a `Selector` or the `CandidateSelector` of a
-    loaded DFlash2 drafter (the same weights)."""
-    context = selector.predecessor_codebook[previous] * selector.hidden_projection(hidden)
-    return unary + (selector.successor_codebook[candidates] * context[..., None, :]).sum(-1)
+    loaded DFlash2 drafter (the same weights): mlx-spec's own `selector_scores`."""
+    from mlx_spec.dflash.dflash2 import selector_scores
+
+    return selector_scores(selector, candidates, unary, selector.hidden_projection(hidden),
+                           previous)
 
 
 def block_features(drafter, target, sequences, features, anchors, rows, top_k, theta, mask_id,

@@ -32,7 +32,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..attention import round_attention
-from ..dflash.dflash2 import draft_logits
+from ..dflash.dflash2 import draft_logits, selector_scores
 from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head, tapped
 from ..drafters.dflash import DFlashContext, embedding_scale
@@ -149,9 +149,8 @@ class BatchDFlash:
         previous = mx.array([row.history[-1] for row in rows], mx.uint32)
         tokens, probs = [], [[] for _ in rows]
         for i in range(k):
-            context = selector.predecessor_codebook[previous] * projected[:, i]  # (B, rank)
-            scores = unary[:, i] + (selector.successor_codebook[candidates[:, i]]
-                                    @ context[..., None])[..., 0].astype(mx.float32)  # (B, K)
+            scores = selector_scores(selector, candidates[:, i], unary[:, i], projected[:, i],
+                                     previous)  # (B, K)
             best = mx.argmax(scores, axis=-1)
             picks = []
             for j, row in enumerate(rows):

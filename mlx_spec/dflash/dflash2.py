@@ -123,13 +123,11 @@ class CandidateSelector(nn.Module):
         candidates = mx.argpartition(-logits, self.top_k - 1, axis=-1)[:, :self.top_k]  # (k, K)
         unary = mx.take_along_axis(logits, candidates, axis=-1).astype(mx.float32)  # (k, K)
         projected = self.hidden_projection(hidden)  # (k, rank)
-        successors = self.successor_codebook[candidates]  # (k, K, rank)
         keys = [None] * k if key is None else list(mx.random.split(key, k))
         previous = mx.array(anchor, mx.uint32)
         tokens, q_rows = [], []
         for i in range(k):
-            context = self.predecessor_codebook[previous] * projected[i]  # (rank,)
-            scores = unary[i] + (successors[i] @ context).astype(mx.float32)  # (K,)
+            scores = selector_scores(self, candidates[i], unary[i], projected[i], previous)
             if temp > 0:
                 scaled = scores * (1.0 / temp)
                 chosen = mx.random.categorical(scaled, key=keys[i])
@@ -143,6 +141,17 @@ class CandidateSelector(nn.Module):
             return tokens, None
         q = mx.zeros((k, V), mx.float32)
         return tokens, mx.put_along_axis(q, candidates, mx.stack(q_rows), axis=-1)  # (k, V)
+
+
+def selector_scores(selector, candidates: mx.array, unary: mx.array, projected: mx.array,
+                    previous: mx.array) -> mx.array:
+    """The selector's scores (..., K) of candidates (..., K) whose logits are `unary`, after
+    the tokens `previous` (...), the rows' hidden states projected (..., rank):
+    unary + < predecessor_codebook[previous] * projected, successor_codebook[candidates] >.
+    One computation for a walk alone, a batch's rows and training."""
+    context = selector.predecessor_codebook[previous] * projected  # (..., rank)
+    pairwise = selector.successor_codebook[candidates] @ context[..., None]  # (..., K, 1)
+    return unary.astype(mx.float32) + pairwise[..., 0].astype(mx.float32)
 
 
 class DFlash2Model(DFlashModel):
