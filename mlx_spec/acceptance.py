@@ -57,6 +57,15 @@ def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool
     return num_accepted, next_token
 
 
+def acceptance_chances(draft_tokens, draft_probs, target_logprobs) -> mx.array:
+    """(k,) the chance the residual rule keeps each draft, given the drafts before it:
+    sum_x min(p_i(x), q_i(x)). The coin flip that decides a round averaged out (a
+    Rao-Blackwell estimate): what a policy learns the source's acceptance from at T > 0, where
+    one round's kept count is mostly the flips' noise."""
+    k = draft_tokens.shape[0]
+    return mx.minimum(mx.exp(target_logprobs[:k]), draft_probs).sum(axis=-1)
+
+
 def keyed_rule(residual: bool = True):
     """The residual rule drawing from a random key of its own, passed as a fourth argument:
     a batch row's draws then do not depend on the other rows. `residual=False` gives the

@@ -17,7 +17,8 @@ from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequenc
 
 import mlx.core as mx
 
-from .acceptance import AcceptanceRule, greedy_accept, rule_for
+from .acceptance import AcceptanceRule, acceptance_chances, greedy_accept, rule_for, \
+    speculative_accept
 from .attention import round_attention
 from .cache import ModelCache
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
@@ -33,6 +34,9 @@ class Round:
     num_accepted: int
     source: str  # "draft", "lookup", "mtp" or "target" (a plain decoding step)
     logprobs: mx.array  # (len(tokens), V) the target's own log-probabilities (as mlx-lm), lazy
+    # Under the residual rule (T > 0): each draft's chance of being kept given the drafts
+    # before it (acceptance_chances), for the policy; None otherwise.
+    chances: Optional[List[float]] = None
 
 
 @dataclass
@@ -75,8 +79,8 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
                                   proposal.tokens, target_logits)
     hidden = decoder.target.hidden  # (k+1, H) when an MTP drafts; before a rewind replaces it
     target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (k+1, V)
-    n, token, drafted = _judge(decoder.accept, proposal, target_logits, target_logprobs,
-                               decoder.agree)  # the only sync
+    n, token, drafted, chances = _judge(decoder.accept, proposal, target_logits,
+                                        target_logprobs, decoder.agree)  # the only sync
     n, token = _stop_at(decoder.stop_tokens, drafted, n, token)
     decoder.target.fed(decoder.history[-1:] + drafted)
     decoder.target.keep(n + 1)  # y and the accepted drafts
@@ -85,7 +89,8 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
     _follow(decoder, tokens, hidden)
     decoder.history.extend(tokens)
     return Round(tokens, len(drafted), n, proposal.source,
-                 _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling))
+                 _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling),
+                 chances)
 
 
 def processed(processors, seen: mx.array, drafts: mx.array, logits: mx.array) -> mx.array:
@@ -102,8 +107,12 @@ def processed(processors, seen: mx.array, drafts: mx.array, logits: mx.array) ->
     return mx.concatenate(rows)
 
 
+CHANCE_SCALE = 2**20  # a chance rides in the round's integer summary as chance * this
+
+
 def _judge(accept, proposal, target_logits, target_logprobs, agree=lambda x: x):
-    """(accepted n, the target's next token, the drafted tokens) as host values: one sync.
+    """(accepted n, the target's next token, the drafted tokens, each draft's chance of being
+    kept or None) as host values: one sync.
 
     Greedy acceptance compares on the host, as mlx-lm does: the target's k + 1
     argmax tokens and the drafts come back in one transfer, and the prefix
@@ -121,12 +130,16 @@ def _judge(accept, proposal, target_logits, target_logprobs, agree=lambda x: x):
         n = 0
         while n < k and drafted[n] == target_tokens[n]:
             n += 1
-        return n, target_tokens[n], drafted
+        return n, target_tokens[n], drafted, None
     num_accepted, next_token = accept(proposal.tokens, proposal.probs, target_logprobs)
-    summary = mx.concatenate([num_accepted[None].astype(mx.uint32), next_token[None],
-                              proposal.tokens])
-    n, token, *drafted = agree(summary).tolist()  # the only sync of the round
-    return n, token, drafted
+    parts = [num_accepted[None].astype(mx.uint32), next_token[None], proposal.tokens]
+    residual = accept is speculative_accept
+    if residual:  # the chances ride along as integers (a sharded target agrees on them too)
+        chances = acceptance_chances(proposal.tokens, proposal.probs, target_logprobs)
+        parts.append(mx.round(mx.clip(chances, 0.0, 1.0) * CHANCE_SCALE).astype(mx.uint32))
+    n, token, *rest = agree(mx.concatenate(parts)).tolist()  # the only sync of the round
+    drafted = rest[:k]
+    return n, token, drafted, [c / CHANCE_SCALE for c in rest[k:]] if residual else None
 
 
 def _follow(decoder: Decoder, tokens: List[int], hidden) -> None:
@@ -294,7 +307,7 @@ def _without_own_token(decoder: Decoder, round_: Round) -> Round:
     target cache then holds the whole history (the generation ends here)."""
     decoder.history.pop()
     return Round(round_.tokens[:-1], round_.num_drafted, round_.num_accepted, round_.source,
-                 round_.logprobs[:-1])
+                 round_.logprobs[:-1], round_.chances)
 
 
 def _offers(drafters) -> Callable[[List[int]], bool]:

@@ -12,7 +12,7 @@ randomness leaves the output distribution untouched.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Protocol
+from typing import Dict, Optional, Protocol, Sequence
 
 from .costmodel import CostPrior, expected_tokens_per_round
 from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_LOOKUP_TOKENS,
@@ -125,6 +125,12 @@ COSTLY_DRAFT_OFF = True  # False: the first look decides (the negative control o
 WAIT_FOR_MATCH = True  # False: the old rule (the negative control of a test)
 MATCH_GAP_TOKENS = 8
 MATCH_RECORD = 0.75  # the host search's acceptance estimate, after two rounds or more
+# At T > 0 a round's kept count is mostly the rule's coin flips: one k = 1 round says 0 or 1
+# whether the source keeps 85% or 50% of its drafts. Its acceptance is learned instead from
+# each draft's chance of being kept given the drafts before it (sum_x min(p, q), read in the
+# round's one sync: loop._judge): expected kept drafts and the chance of a rejection in place
+# of the counts (the same mean, far less noise).
+SOFT_ACCEPTANCE = True  # False: the counts (the negative control of a test)
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration
@@ -246,17 +252,22 @@ class SourceEstimate:
         return self.k
 
     def observe(self, k: int, accepted: int, seconds: Optional[float],
-                catches_up: bool = False) -> None:
+                catches_up: bool = False, chances: Optional[Sequence[float]] = None) -> None:
         """One round of k drafts, `accepted` of them kept, in `seconds`. With `catches_up`
         (a draft model's first round, or its first after sitting out CATCH_UP_TOKENS) the
-        round also fed the tokens it missed: its time is not its k's."""
+        round also fed the tokens it missed: its time is not its k's. `chances` (T > 0): each
+        draft's chance of being kept given those before it, counted in place of the flips
+        (SOFT_ACCEPTANCE)."""
         if UNTIMED_CATCH_UP and catches_up and self.catching_up():
             seconds = None
         self._forget(k)
         self.rounds += 1
         d = self.decay
-        self.accepted = d * self.accepted + accepted
-        self.rejected = d * self.rejected + (accepted < k)
+        kept, rejections = accepted, float(accepted < k)
+        if SOFT_ACCEPTANCE and chances:
+            kept, rejections = expected_kept(chances)
+        self.accepted = d * self.accepted + kept
+        self.rejected = d * self.rejected + rejections
         self._best = None
         if seconds is not None:
             self.add(k, seconds)
@@ -295,6 +306,16 @@ class SourceEstimate:
         self.switched_off += 1
         self.losing = False
         self.probing = True
+
+
+def expected_kept(chances: Sequence[float]):
+    """(expected kept drafts, chance some draft is rejected) of a round whose drafts are kept
+    with these chances, each given those before it."""
+    kept, survive = 0.0, 1.0
+    for chance in chances:
+        survive *= chance
+        kept += survive
+    return kept, 1.0 - survive
 
 
 class AdaptivePolicy:
@@ -572,7 +593,8 @@ class AdaptivePolicy:
             if steady:
                 self.catch_up_seconds[round_.source] = max(seconds - steady, 0.0) / estimate.since
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds,
-                         catches_up=round_.source not in FREE_SOURCES)
+                         catches_up=round_.source not in FREE_SOURCES,
+                         chances=getattr(round_, "chances", None))
         held = (MATCH_HOLDS and round_.source in FREE_SOURCES
                 and round_.num_accepted == round_.num_drafted)
         self._judge(estimate, match_held=held)

@@ -164,11 +164,15 @@ def test_with_that_rule_a_rejected_first_look_that_could_win_goes_on(prior, seco
     assert sum(1 for k in asked if k > 0) >= 2
 
 
-def drafts_with_catch_up(policy, accepted_of, tokens, steady, catch_up, first_plain=PLAIN_STEP):
+def drafts_with_catch_up(policy, accepted_of, tokens, steady, catch_up, first_plain=PLAIN_STEP,
+                         chances_of=None, spent=None):
     """A draft model's rounds as the loop sees them: a round of k costs steady(k), plus
     `catch_up` seconds when the draft missed more than one token since its last round (its
     first round after the cold start's trial, or after an off period); the first plain step
-    takes `first_plain`. Returns the k asked per round (0: a plain block)."""
+    takes `first_plain`. `chances_of(k)`, when given, gives the round's chances (T > 0) and
+    `accepted_of(chances)` the kept count; `spent`, a list, gets every round's seconds.
+    Returns the k asked per round (0: a plain block)."""
+    spent = [] if spent is None else spent
     asked, emitted, missed = [], 0, 0
     while emitted < tokens:
         k = policy.proposal_length("draft")
@@ -176,14 +180,16 @@ def drafts_with_catch_up(policy, accepted_of, tokens, steady, catch_up, first_pl
         if k == 0:
             steps = policy.plain_steps()
             for _ in range(steps):
-                policy.observe(Round([0], 0, 0, "target", None),
-                               first_plain if emitted == 0 else PLAIN_STEP)
+                spent.append(first_plain if emitted == 0 else PLAIN_STEP)
+                policy.observe(Round([0], 0, 0, "target", None), spent[-1])
                 emitted += 1
             missed += steps
             continue
-        n = accepted_of(k)
+        chances = chances_of(k) if chances_of else None
+        n = accepted_of(chances if chances_of else k)
         seconds = steady(k) + (catch_up if missed > 1 else 0.0)
-        policy.observe(Round([0] * (n + 1), k, n, "draft", None), seconds)
+        spent.append(seconds)
+        policy.observe(Round([0] * (n + 1), k, n, "draft", None, chances), seconds)
         emitted, missed = emitted + n + 1, 0
     return asked
 
@@ -216,6 +222,46 @@ def test_a_draft_models_catch_up_round_does_not_switch_a_winner_off(monkeypatch)
     assert switched_off_runs(0.88, steady, catch_up=1.0) <= 2
     monkeypatch.setattr(policy_module, "UNTIMED_CATCH_UP", False)
     assert switched_off_runs(0.88, steady, catch_up=1.0) >= 4
+
+
+def sampled_runs(accept_rate, steady, tokens=96, seeds=100, spread=0.3):
+    """(runs switched off at least once, tokens per plain step) over `seeds` runs at
+    T > 0, each draft's chance of being kept drawn around `accept_rate` (+- spread) and the
+    rule's coin flipped with it; every round hands the policy its chances."""
+    runs, emitted, seconds = 0, 0, 0.0
+    for seed in range(seeds):
+        rng = random.Random(seed)
+
+        def chances_of(k):
+            return [min(1.0, max(0.0, accept_rate + rng.uniform(-spread, spread)))
+                    for _ in range(k)]
+
+        def accepted_of(chances):
+            n = 0
+            while n < len(chances) and rng.random() < chances[n]:
+                n += 1
+            return n
+        spent = []
+        policy = AdaptivePolicy(acceptance_prior=0.5)
+        drafts_with_catch_up(policy, accepted_of, tokens, steady, 0.0, chances_of=chances_of,
+                             spent=spent)
+        runs += policy.switched_off > 0
+        emitted += tokens
+        seconds += sum(spent)
+    return runs, emitted * PLAIN_STEP / seconds
+
+
+def test_a_sampled_winner_is_judged_by_its_chances_not_its_coin_flips(monkeypatch):
+    """A draft kept half the time at T > 0 wins (~1.1x plain at these costs), but a few
+    rejected rounds in a row make the kept counts predict a loss: with them (SOFT_ACCEPTANCE
+    off, the negative control) it was switched off in about a third of the runs; with each
+    round's chances, in none, and the runs decode faster."""
+    steady = lambda k: 1.1 + 0.25 * k  # noqa: E731
+    soft_offs, soft_rate = sampled_runs(0.5, steady)
+    monkeypatch.setattr(policy_module, "SOFT_ACCEPTANCE", False)
+    count_offs, count_rate = sampled_runs(0.5, steady)
+    assert soft_offs <= 2 and count_offs >= 15
+    assert soft_rate > count_rate
 
 
 def test_one_unlucky_verdict_does_not_switch_a_marginal_winner_off(monkeypatch):
