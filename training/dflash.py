@@ -85,10 +85,38 @@ def arguments():
     ap.add_argument("--lengths", default="16", help="block lengths the steps cycle through "
                     "(with --causal), each step --blocks * block-size rows per sequence")
     ap.add_argument("--seed", type=int, default=SEED)
+    add_sampled_arguments(ap)
     ap.add_argument("--init", default=None, help="continue from the drafter a previous run wrote")
     ap.add_argument("--evaluate", default=None, metavar="DIR",
                     help="only measure the drafter in DIR on both held-out sets, then stop")
     return ap.parse_args()
+
+
+def add_sampled_arguments(ap) -> None:
+    """Sampled text beside the greedy text (both stages)."""
+    ap.add_argument("--sampled-sequences", type=int, default=0,
+                    help="also this many prompts continued by SAMPLING from the target at "
+                         "--sample-temp (seed --seed + 1): text as decoding at T > 0 meets it")
+    ap.add_argument("--sample-temp", type=float, default=1.0)
+
+
+def sampled_flags(args) -> str:
+    """The sampled-text flags of a reproduce line ('' with none)."""
+    if not args.sampled_sequences:
+        return ""
+    return f" --sampled-sequences {args.sampled_sequences} --sample-temp {args.sample_temp}"
+
+
+def training_data(target, args, taps, say):
+    """(sequences, taps, final hidden) of the greedy training text (--sequences, --seed),
+    followed by the sampled text (--sampled-sequences at --sample-temp, seed --seed + 1)."""
+    data = prepared(target, "train", args.sequences, args.prompt_tokens, args.generate_tokens,
+                    taps, args.seed, say)
+    if not args.sampled_sequences:
+        return data
+    sampled = prepared(target, "train", args.sampled_sequences, args.prompt_tokens,
+                       args.generate_tokens, taps, args.seed + 1, say, temp=args.sample_temp)
+    return tuple(np.concatenate([a, b]) for a, b in zip(data, sampled))
 
 
 def load_target():
@@ -112,18 +140,25 @@ def corpus_prompts(n, length, seed, split):
     return np.stack(make_prompts(ids, n, length, seed, 0, 96))
 
 
-def generate(target, prompts: np.ndarray, count: int, batch: int = 256) -> np.ndarray:
-    """Greedy continuations of `count` tokens for every prompt, batched."""
+def generate(target, prompts: np.ndarray, count: int, batch: int = 256,
+             temp: float = 0.0, seed: int = 0) -> np.ndarray:
+    """Continuations of `count` tokens for every prompt, batched: greedy, or sampled at `temp`
+    (keys from `seed`)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     out = []
+    key = mx.random.key(seed)
     for start in range(0, len(prompts), batch):
         x = mx.array(prompts[start:start + batch])
         cache = make_prompt_cache(target)
         logits = target(x, cache=cache)[:, -1]
         rows = []
         for _ in range(count):
-            token = mx.argmax(logits, axis=-1)
+            if temp > 0:
+                key, draw = mx.random.split(key)
+                token = mx.random.categorical(logits * (1.0 / temp), axis=-1, key=draw)
+            else:
+                token = mx.argmax(logits, axis=-1)
             rows.append(token)
             logits = target(token[:, None], cache=cache)[:, -1]
             mx.eval(logits)
@@ -146,16 +181,20 @@ def target_rows(target, sequences: np.ndarray, taps, batch: int = 128):
     return np.concatenate(features), np.concatenate(finals)
 
 
-def prepared(target, split, n, prompt_tokens, generate_tokens, taps, seed, say):
+def prepared(target, split, n, prompt_tokens, generate_tokens, taps, seed, say,
+             temp: float = 0.0):
     """(sequences, taps, final hidden) for n prompts of `split`; the sequences are cached on
-    disk (the target's greedy continuations), the rows recomputed from them."""
-    path = CACHE / f"{split}-n{n}-p{prompt_tokens}-g{generate_tokens}-s{seed}.npy"
+    disk (the target's continuations: greedy, or sampled at `temp`), the rows recomputed from
+    them."""
+    sampled = f"-T{temp:g}" if temp > 0 else ""
+    path = CACHE / f"{split}-n{n}-p{prompt_tokens}-g{generate_tokens}-s{seed}{sampled}.npy"
     if path.exists():
         sequences = np.load(path)
     else:
-        say(f"{split}: {n} prompts x {prompt_tokens} tokens, continued greedily by the target")
+        how = f"sampled at T = {temp:g}" if temp > 0 else "greedily"
+        say(f"{split}: {n} prompts x {prompt_tokens} tokens, continued {how} by the target")
         sequences = generate(target, corpus_prompts(n, prompt_tokens, seed, split),
-                             generate_tokens)
+                             generate_tokens, temp=temp, seed=seed)
         CACHE.mkdir(parents=True, exist_ok=True)
         np.save(path, sequences)
     rows = path.with_name(path.stem + f"-t{'_'.join(map(str, taps))}.npz")
@@ -362,8 +401,7 @@ def main():
     target = load_target()
     vocab = target.args.vocab_size
     mask_id = vocab - 1  # the shipped vocabulary has no spare token: the last id is the mask
-    data = prepared(target, "train", args.sequences, args.prompt_tokens, args.generate_tokens,
-                    taps, args.seed, say)
+    data = training_data(target, args, taps, say)
     held_out = prepared(target, "val", args.eval_sequences, args.prompt_tokens,
                         args.generate_tokens, taps, SEED + 1, say)
     sequences, features, finals = data
@@ -460,7 +498,7 @@ def main():
                  f"{args.batch} --blocks {args.blocks} --lr {args.lr} --warmup {args.warmup} "
                  f"--decay {args.decay} --kl {args.kl} --fc-init {args.fc_init} "
                  + (f"--causal --lengths {args.lengths} " if causal else "")
-                 + f"--seed {args.seed}"
+                 + f"--seed {args.seed}" + sampled_flags(args)
                  + (" --init PREVIOUS_STAGE_DIR" if args.init else ""))
     metrics = {"reproduce": reproduce, "seconds": round(time.perf_counter() - start, 1),
                "loss_first_100": round(float(np.mean(losses[:100])), 4),

@@ -48,8 +48,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from training.dflash import (EVAL_BLOCKS, REPO, SEED, block_rows, blocks_at, load_target,
-                             prepared, rounds_mean)
+from training.dflash import (EVAL_BLOCKS, REPO, SEED, add_sampled_arguments, block_rows,
+                             blocks_at, load_target, prepared, rounds_mean, sampled_flags,
+                             training_data)
 
 DEFAULT_INIT = REPO / "mlx_spec" / "default_models" / "dflash"
 TRAIN_ROWS = 7  # block rows 1..7 per anchor in training (causal: the start of any block)
@@ -75,6 +76,7 @@ def arguments(argv=None):
     ap.add_argument("--kl", type=float, default=0.0,
                     help="weight of KL(target || selector) over each row's candidates")
     ap.add_argument("--seed", type=int, default=777, help="the data's seed (training.dflash's)")
+    add_sampled_arguments(ap)
     ap.add_argument("--evaluate", default=None, metavar="DIR",
                     help="only measure the DFlash2 drafter in DIR on the held-out text")
     return ap.parse_args(argv)
@@ -322,8 +324,7 @@ def main(argv=None):
     taps, mask_id, theta = list(dflash["target_layer_ids"]), dflash["mask_token_id"], \
         config["rope_theta"]
 
-    sequences, features, finals = prepared(target, "train", args.sequences, args.prompt_tokens,
-                                           args.generate_tokens, taps, args.seed, say)
+    sequences, features, finals = training_data(target, args, taps, say)
     T = sequences.shape[1]
     anchors = np.stack([np.sort(rng.choice(np.arange(args.prompt_tokens, T - TRAIN_ROWS),
                                            args.anchors, replace=False))
@@ -354,7 +355,8 @@ def main(argv=None):
                       f"--init DFLASH_DIR --sequences {args.sequences} --anchors {args.anchors} "
                       f"--top-k {args.top_k} --rank {args.rank} --steps {args.steps} "
                       f"--batch {args.batch} --lr {args.lr} --weight-decay {args.weight_decay} "
-                      f"--decay {args.decay} --kl {args.kl} --seed {args.seed}"),
+                      f"--decay {args.decay} --kl {args.kl} --seed {args.seed}"
+                      + sampled_flags(args)),
         "seconds": round(time.perf_counter() - start, 1),
         "stage": "candidate selector (DFlash2) on the frozen drafter of previous_stage",
         "selector_top_k": args.top_k, "selector_rank": args.rank,
