@@ -36,7 +36,10 @@ def greedy_accept(draft_tokens, draft_probs, target_logprobs):
     return num_accepted, target_tokens[num_accepted]
 
 
-def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool, key=None):
+def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool, key=None,
+                      chances: bool = False):
+    """(n accepted, next token), and with `chances` each draft's chance of being kept from
+    the same p (see acceptance_chances)."""
     k = draft_tokens.shape[0]
     u_key, token_key = mx.random.split(key) if key is not None else (None, None)
     p = mx.exp(target_logprobs)  # (k+1, V)
@@ -54,7 +57,13 @@ def _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual: bool
     # p == q leaves no mass (and then rejection had probability 0): fall back to p.
     leftover = mx.where(leftover.sum() > 0, leftover, p_n)
     next_token = mx.random.categorical(mx.log(leftover), key=token_key).astype(mx.uint32)
+    if chances:
+        return num_accepted, next_token, _overlap(p[:k], draft_probs)
     return num_accepted, next_token
+
+
+def _overlap(p, q):
+    return mx.minimum(p, q).sum(axis=-1)
 
 
 def acceptance_chances(draft_tokens, draft_probs, target_logprobs) -> mx.array:
@@ -62,8 +71,7 @@ def acceptance_chances(draft_tokens, draft_probs, target_logprobs) -> mx.array:
     sum_x min(p_i(x), q_i(x)). The coin flip that decides a round averaged out (a
     Rao-Blackwell estimate): what a policy learns the source's acceptance from at T > 0, where
     one round's kept count is mostly the flips' noise."""
-    k = draft_tokens.shape[0]
-    return mx.minimum(mx.exp(target_logprobs[:k]), draft_probs).sum(axis=-1)
+    return _overlap(mx.exp(target_logprobs[:draft_tokens.shape[0]]), draft_probs)
 
 
 def keyed_rule(residual: bool = True):
@@ -79,6 +87,14 @@ def keyed_rule(residual: bool = True):
 def speculative_accept(draft_tokens, draft_probs, target_logprobs):
     """temp > 0: exact speculative sampling; output tokens are distributed as p."""
     return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual=True)
+
+
+@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
+def speculative_accept_with_chances(draft_tokens, draft_probs, target_logprobs):
+    """speculative_accept (the same draws), and acceptance_chances from its own p: (n, next
+    token, chances (k,)). What the loop runs at T > 0: p's exponential is taken once."""
+    return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual=True,
+                             chances=True)
 
 
 def resample_from_target_accept(draft_tokens, draft_probs, target_logprobs):

@@ -17,8 +17,8 @@ from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequenc
 
 import mlx.core as mx
 
-from .acceptance import AcceptanceRule, acceptance_chances, greedy_accept, rule_for, \
-    speculative_accept
+from .acceptance import AcceptanceRule, greedy_accept, rule_for, speculative_accept, \
+    speculative_accept_with_chances
 from .attention import round_attention
 from .cache import ModelCache
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
@@ -131,11 +131,14 @@ def _judge(accept, proposal, target_logits, target_logprobs, agree=lambda x: x):
         while n < k and drafted[n] == target_tokens[n]:
             n += 1
         return n, target_tokens[n], drafted, None
-    num_accepted, next_token = accept(proposal.tokens, proposal.probs, target_logprobs)
-    parts = [num_accepted[None].astype(mx.uint32), next_token[None], proposal.tokens]
     residual = accept is speculative_accept
+    if residual:  # the same rule, its chances from the same p
+        num_accepted, next_token, chances = speculative_accept_with_chances(
+            proposal.tokens, proposal.probs, target_logprobs)
+    else:
+        num_accepted, next_token = accept(proposal.tokens, proposal.probs, target_logprobs)
+    parts = [num_accepted[None].astype(mx.uint32), next_token[None], proposal.tokens]
     if residual:  # the chances ride along as integers (a sharded target agrees on them too)
-        chances = acceptance_chances(proposal.tokens, proposal.probs, target_logprobs)
         parts.append(mx.round(mx.clip(chances, 0.0, 1.0) * CHANCE_SCALE).astype(mx.uint32))
     n, token, *rest = agree(mx.concatenate(parts)).tolist()  # the only sync of the round
     drafted = rest[:k]

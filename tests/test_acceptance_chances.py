@@ -112,3 +112,16 @@ def test_the_policy_reads_a_rounds_chances(monkeypatch):
     before = policy.source("draft").acceptance
     policy.observe(Round([0], 1, 0, "draft", None, [0.99]), 1.0)
     assert policy.source("draft").acceptance > before  # rejected, yet a 99% chance
+
+
+def test_a_lookup_drafts_chance_is_the_targets_probability_of_it(target_model):
+    """Prompt lookup proposes a point mass, so its first draft's chance is p(d1) itself."""
+    sampling = SamplingConfig(temp=1.0)
+    prompt = [7, 8, 9, 10, 11, 12, 7, 8, 9]  # "7 8 9" again: lookup proposes 10, 11, ...
+    mx.random.seed(0)
+    first = next(r for r in speculative_generate_step(
+        prompt, target_model, None, max_tokens=4, sampling=sampling, prompt_lookup=True,
+        num_draft_tokens=3) if r.num_drafted)
+    p = mx.exp(logprobs_from_logits(target_model(mx.array(prompt)[None])[0, -1:], sampling))[0]
+    assert first.source == "lookup" and len(first.chances) == first.num_drafted
+    assert first.chances[0] == pytest.approx(p[10].item(), abs=1e-4)

@@ -94,10 +94,21 @@ def arguments():
 
 def add_sampled_arguments(ap) -> None:
     """Sampled text beside the greedy text (both stages)."""
-    ap.add_argument("--sampled-sequences", type=int, default=0,
+    ap.add_argument("--sampled-sequences", type=_checked(int, lambda v: v >= 0, ">= 0"), default=0,
                     help="also this many prompts continued by SAMPLING from the target at "
                          "--sample-temp (seed --seed + 1): text as decoding at T > 0 meets it")
-    ap.add_argument("--sample-temp", type=float, default=1.0)
+    ap.add_argument("--sample-temp", type=_checked(float, lambda v: v > 0, "> 0"),
+                    default=1.0)
+
+
+def _checked(kind, holds, says):
+    """An argparse type: `kind(text)`, refused in one sentence unless it `holds` (`says`)."""
+    def parse(text):
+        value = kind(text)
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {says}, got {text}")
+        return value
+    return parse
 
 
 def sampled_flags(args) -> str:
