@@ -594,7 +594,7 @@ class AdaptivePolicy:
                 self.catch_up_seconds[round_.source] = max(seconds - steady, 0.0) / estimate.since
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds,
                          catches_up=round_.source not in FREE_SOURCES,
-                         chances=round_.chances)
+                         chances=getattr(round_, "chances", None))  # (batch rows: none)
         held = (MATCH_HOLDS and round_.source in FREE_SOURCES
                 and round_.num_accepted == round_.num_drafted)
         self._judge(estimate, match_held=held)
