@@ -35,6 +35,7 @@ from .loading import check_pair, vocab_size
 from .loading import load as load_model
 from .mtp import load_mtp, split_target
 from .policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, make_policy
+from .precision import prepare_drafter
 from .sampling import SamplingConfig
 from .session import held_context, held_tokens, take_over
 
@@ -62,6 +63,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         draft_model = str(draft_model)
     mtp_head = mtp_head_for(model, draft_model, mtp_weights)
     if mtp_head is not None:
+        mtp_head = mtp_head.drafting()  # float32 on the CPU backend (precision.py)
         draft_model = None  # no second model: no draft cache, no pair to check
     block_drafter = block_drafter_for(model, draft_model)
     if block_drafter is not None:
@@ -70,6 +72,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         draft_model = load_model(draft_model)[0]
     if draft_model is not None:
         check_pair(model, draft_model)
+        prepare_drafter(draft_model, model)  # float32 on the CPU backend (precision.py)
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
     suffix_index = suffix_index_for(suffix)
     if prompt_lookup is None:
@@ -201,7 +204,7 @@ def block_drafter_for(model, draft_model) -> Optional[DFlashModel]:
         raise ValueError("A DFlash drafter reads the target's hidden states, which a sharded "
                          "target does not hold whole on every rank; draft with a draft model, "
                          "prompt lookup or MTP there.")
-    return draft_model
+    return prepare_drafter(draft_model)
 
 
 def mtp_head_for(model, draft_model, mtp_weights):

@@ -92,3 +92,22 @@ def test_sampled_training_text_is_drawn_from_the_target(target):
     rate, chance = float((drawn == top).mean()), float(p[top])
     assert 0.05 < chance < 0.95  # a distribution to sample, not a point mass
     assert abs(rate - chance) < 4 * np.sqrt(chance * (1 - chance) / len(drawn))
+
+
+def test_grown_layers_start_as_the_identity_and_then_learn(target):
+    """`--grow`: the appended layers leave the drafter's rows unchanged at first (o_proj and
+    down_proj zero), yet are real layers: once moved off zero the rows change."""
+    drafter = drafter_for(target, True)
+    drafter.set_dtype(mx.float32)
+    config = training.drafter_config(target, TAPS, 2, BLOCK, MASK)
+    config["is_causal"] = True
+    grown, grown_config = training.grown(drafter, config, 2, target)
+    assert len(grown.layers) == 4 and grown_config["num_hidden_layers"] == 4
+    sequences = np.random.default_rng(2).integers(0, 4000, size=(1, 40))
+    anchors = np.array([[9, 21]])
+    _, before = batched_rows(target, drafter, sequences, anchors, BLOCK, True)
+    _, after = batched_rows(target, grown, sequences, anchors, BLOCK, True)
+    np.testing.assert_allclose(after, before, atol=1e-5)
+    grown.layers[3].mlp.down_proj.weight = mx.ones_like(grown.layers[3].mlp.down_proj.weight)
+    _, moved = batched_rows(target, grown, sequences, anchors, BLOCK, True)
+    assert not np.allclose(moved, before, atol=1e-3)

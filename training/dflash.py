@@ -87,6 +87,9 @@ def arguments():
     ap.add_argument("--seed", type=int, default=SEED)
     add_sampled_arguments(ap)
     ap.add_argument("--init", default=None, help="continue from the drafter a previous run wrote")
+    ap.add_argument("--grow", type=_checked(int, lambda v: v >= 0, ">= 0"), default=0,
+                    help="with --init: append this many layers that start as the identity "
+                         "(copies of the target's last layers, o_proj and down_proj zero)")
     ap.add_argument("--evaluate", default=None, metavar="DIR",
                     help="only measure the drafter in DIR on both held-out sets, then stop")
     return ap.parse_args()
@@ -237,6 +240,25 @@ def init_from_target(drafter, target):
     for mine, theirs in zip(drafter.layers, source):
         weights = dict(tree_flatten(theirs.parameters()))
         mine.load_weights([(k, v) for k, v in weights.items()], strict=False)
+
+
+def grown(drafter, config, extra: int, target):
+    """`drafter` with `extra` more layers after its own, each starting as the identity: a copy
+    of one of the target's last layers whose o_proj and down_proj are zero, so the grown
+    drafter computes exactly what `drafter` did and training moves the new layers off zero."""
+    from mlx_spec.dflash import DFlashModel, parse_config
+
+    config = {**config, "num_hidden_layers": config["num_hidden_layers"] + extra}
+    bigger = DFlashModel(parse_config(config))
+    init_from_target(bigger, target)
+    bigger.set_dtype(mx.float32)
+    old = len(drafter.layers)
+    weights = dict(tree_flatten(drafter.parameters()))
+    for layer in bigger.layers[old:]:
+        layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+    bigger.load_weights(list(weights.items()), strict=False)  # its own layers, fc, norms
+    return bigger, config
 
 
 def rope(x, positions, theta):
@@ -436,6 +458,10 @@ def main():
         drafter.set_dtype(mx.float32)
         config = json.loads((Path(args.init) / "config.json").read_text())
         previous = json.loads((Path(args.init) / "metrics.json").read_text())
+        if args.grow:
+            drafter, config = grown(drafter, config, args.grow, target)
+    elif args.grow:
+        raise SystemExit("--grow adds layers to a trained drafter: pass --init DIR too.")
     embed, head = target.model.embed_tokens, target.lm_head
     theta = config["rope_theta"]
     B = args.block_size
@@ -510,7 +536,8 @@ def main():
                  f"--decay {args.decay} --kl {args.kl} --fc-init {args.fc_init} "
                  + (f"--causal --lengths {args.lengths} " if causal else "")
                  + f"--seed {args.seed}" + sampled_flags(args)
-                 + (" --init PREVIOUS_STAGE_DIR" if args.init else ""))
+                 + (" --init PREVIOUS_STAGE_DIR" if args.init else "")
+                 + (f" --grow {args.grow}" if args.grow else ""))
     metrics = {"reproduce": reproduce, "seconds": round(time.perf_counter() - start, 1),
                "loss_first_100": round(float(np.mean(losses[:100])), 4),
                "loss_last_100": round(float(np.mean(losses[-100:])), 4),

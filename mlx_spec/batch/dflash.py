@@ -37,6 +37,7 @@ from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head, tapped
 from ..drafters.dflash import DFlashContext, embedding_scale
 from ..drafters.dflash2 import logit_scale
+from ..precision import compute_dtype, head_for
 from .drafts import draw_rows
 from .kv import BatchCache
 from .rows import Row
@@ -59,7 +60,7 @@ class BatchDFlash:
         self.config = drafter.dflash_config
         self.capture = batch_taps(target_model, self.config.target_layer_ids)
         self.embed = embedding(target_model)
-        self.head = output_head(target_model)
+        self.head = head_for(output_head(target_model), compute_dtype(drafter))
         self.embed_scale = embedding_scale(target_model)
         self.selector = None  # DFlash2: its candidate selector and its logits' (multiplier, cap)
         if self.config.dflash2 is not None:

@@ -38,6 +38,7 @@ from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
 from ..loading import vocab_size
 from ..policy import AdaptivePolicy
+from ..precision import prepare_drafter
 from ..sampling import model_logprobs
 from ..session import CONTEXT, held_context
 from ..mtp import load_mtp, split_target
@@ -84,13 +85,14 @@ class BatchEngine:
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None):
         check_batchable(target_model, draft_model)
+        prepare_drafter(draft_model, target_model)  # float32 on the CPU backend (precision.py)
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)
         self.target = BatchCache(target_model)
         self.mtp = self.dflash = None
         if draft_model == "mtp":  # the target drafts with its own MTP head
-            self.mtp = BatchMTP(load_mtp(target_model, mtp_weights))
+            self.mtp = BatchMTP(load_mtp(target_model, mtp_weights).drafting())
             self.target.split = split_target(target_model)
             draft_model = None
         elif draft_model is not None and is_dflash_model(draft_model):  # a block drafter

@@ -44,6 +44,7 @@ from ..generate import speculative_generate_step
 from ..loading import vocab_size
 from ..mtp import load_mtp
 from ..mtp.heads import split_target
+from ..precision import prepare_drafter
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .acceptance import iid_rate, measure_point
 from .forward import verify_curve
@@ -199,6 +200,7 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
     """
     say = progress or (lambda message: None)
     sources = []  # (fingerprint, what draft_model= takes, its options, step seconds)
+    prepare_drafter(draft_model, target_model)  # timed in the dtype generation drafts in
     if is_dflash_model(draft_model):  # its block pass is timed inside the real rounds
         sources.append((dflash_key(draft_model), draft_model, {}, 0.0))
     elif draft_model is not None:
@@ -206,7 +208,7 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
         sources.append((model_fingerprint(draft_model), draft_model, {},
                         draft_step_seconds(draft_model)))
     if mtp:
-        head = load_mtp(target_model, mtp_weights)
+        head = load_mtp(target_model, mtp_weights).drafting()
         say("MTP step")
         sources.append((mtp_key(head), "mtp", {"mtp_weights": mtp_weights},
                         mtp_step_seconds(target_model, head)))

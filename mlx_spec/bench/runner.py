@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..dflash import is_dflash_model
 from ..policy import DEFAULT_NUM_DRAFT_TOKENS
+from ..precision import prepare_drafter
 from . import acceptance as acc
 from . import block_drafter, endtoend, scaling, sources
 from .bandwidth import DEFAULT_BANDWIDTH_MB, Bandwidth, measure_bandwidth
@@ -115,6 +116,7 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
               progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     say = progress or (lambda message: None)
     start = time.perf_counter()
+    prepare_drafter(draft_model, target_model)  # measured in the dtype generation drafts in
     block = is_dflash_model(draft_model)
     notes, skipped = [], {}
     if block:

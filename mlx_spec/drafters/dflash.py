@@ -35,6 +35,7 @@ from ..attention import round_attention
 from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head
 from ..mtp.heads import model_type, text_model
+from ..precision import compute_dtype, head_for
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
 
@@ -79,7 +80,7 @@ class DFlashDrafter:
         self.sampling = sampling
         self.block_size = self.config.block_size
         self.embed = embedding(target_model)
-        self.head = output_head(target_model)
+        self.head = head_for(output_head(target_model), compute_dtype(drafter))
         self.embed_scale = embedding_scale(target_model)
         self.call_start = start
         if context is not None and context.drafter is drafter and \

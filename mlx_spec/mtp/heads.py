@@ -34,6 +34,8 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, gather_last_axis
 from mlx_lm.models.cache import KVCache
 
+from ..precision import compute_dtype, head_for, prepare_drafter
+
 QWEN, DEEPSEEK = "qwen", "deepseek"
 STYLES = {"qwen3_next": QWEN, "qwen3_5": QWEN, "qwen3_5_moe": QWEN,
           "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK}
@@ -182,6 +184,12 @@ class MTPHead:
 
     def make_cache(self) -> List[KVCache]:
         return [KVCache()]
+
+    def drafting(self) -> "MTPHead":
+        """This head as drafting runs it: its block converted in place to float32 on the CPU
+        backend, the target's output head fed to match (mlx_spec.precision)."""
+        prepare_drafter(self.block)
+        return replace(self, head=head_for(self.head, compute_dtype(self.block)))
 
 
 def bind(model, block: nn.Module, source: str = "") -> MTPHead:

@@ -38,6 +38,7 @@ from mlx_spec.bench.studies.mtp_speed import held_out_prompts
 from mlx_spec.dflash import load_dflash
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loading import default_target_path
+from mlx_spec.precision import upcasting
 from mlx_spec.sampling import SamplingConfig
 
 KS = (3, 7, 15)
@@ -101,7 +102,9 @@ def main():
                          (r["tokens"] / r["seconds"]) / (p["tokens"] / p["seconds"])
                          for r, p in zip(runs, plain)), 3)})
     drafter_flag = f"--dflash {args.dflash} " if args.dflash else ""
-    result = {"command": "python -m mlx_spec.bench.studies.dflash_acceptance " + drafter_flag +
+    native = "" if upcasting() else "MLX_SPEC_DRAFT_DTYPE=native "  # drafters in their dtype
+    result = {"command": native + "python -m mlx_spec.bench.studies.dflash_acceptance " +
+                         drafter_flag +
                          f"--prompts {args.prompts} --tokens {args.tokens} --temp {args.temp} "
                          f"--out {args.out}",
               "drafter": str(dflash_dir),
