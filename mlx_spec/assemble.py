@@ -16,6 +16,7 @@ from typing import Callable, List, Optional, Union
 
 import mlx.core as mx
 
+from . import policy as policy_rules
 from .arguments import check_instance
 from .cache import (DEFAULT_RESERVE, ModelCache, cache_length, check_prompt_cache,
                     check_rewindable, make_cache, make_rewindable)
@@ -76,7 +77,8 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
     suffix_index = suffix_index_for(suffix)
     if prompt_lookup is None:
-        prompt_lookup = (drafting or suffix_index is not None) and sampling.greedy
+        prompt_lookup = (drafting or suffix_index is not None) and \
+            (sampling.greedy or policy_rules.LOOKUP_WHEN_SAMPLING)
     block = block_drafter.dflash_config.block_size if block_drafter is not None else 0
     reserve = max(DEFAULT_RESERVE,
                   max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS,

@@ -69,6 +69,18 @@ def test_prompt_lookup_is_on_by_default_only_for_greedy_with_a_draft(target_mode
     assert "lookup" not in sources(None)  # no draft: plain decoding unless asked
 
 
+def test_lookup_when_sampling_turns_lookup_on_at_temperature(target_model, drafts,
+                                                              monkeypatch):
+    from mlx_spec import policy
+
+    prompt = [1, 2, 3, 4, 5] * 6
+    monkeypatch.setattr(policy, "LOOKUP_WHEN_SAMPLING", True)
+    rounds = list(speculative_generate_step(prompt, target_model, drafts["related"],
+                                            max_tokens=30, sampling=SamplingConfig(temp=1.0),
+                                            num_draft_tokens=3))
+    assert "lookup" in {r.source for r in rounds}
+
+
 def test_acceptance_tracks_draft_quality(target_model, drafts):
     """The identical draft is always accepted; worse drafts less often."""
     rates = {}
