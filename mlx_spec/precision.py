@@ -37,7 +37,10 @@ _head_copies: Dict[int, Tuple[mx.array, mx.array]] = {}  # id(weight) -> (weight
 
 def upcasting() -> bool:
     """Whether half-precision drafters compute in float32 here (the CPU backend)."""
-    if not UPCAST_ON_CPU or os.environ.get("MLX_SPEC_DRAFT_DTYPE", "auto") == "native":
+    setting = os.environ.get("MLX_SPEC_DRAFT_DTYPE", "auto")
+    if setting not in ("auto", "native"):
+        raise ValueError(f"MLX_SPEC_DRAFT_DTYPE must be auto or native, got {setting!r}.")
+    if not UPCAST_ON_CPU or setting == "native":
         return False
     return mx.default_device().type == mx.DeviceType.cpu
 

@@ -4,6 +4,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from dflash_tiny import make_dflash
+from mlx.utils import tree_flatten
 from tiny import make_llama
 
 from mlx_spec import precision
@@ -29,7 +30,6 @@ def tokens_of(target, draft=None, **kwargs):
 
 
 def weight_dtypes(module):
-    from mlx.utils import tree_flatten
     return {w.dtype for _, w in tree_flatten(module.parameters())}
 
 
@@ -102,3 +102,31 @@ def test_a_head_too_large_to_copy_gets_rows_in_its_own_dtype(monkeypatch):
     quantized.set_dtype(mx.float16)
     out = precision.head_for(quantized, mx.float32)(mx.random.normal((2, 64)))
     assert out.dtype == mx.float16
+
+
+def test_the_shipped_mtp_head_and_lookup_in_front_stay_exact_in_float32(on_cpu):
+    """The float16 shipped target: its MTP layer drafts in float32, with prompt lookup in front
+    of the draft model too; both give the target's own greedy tokens."""
+    from mlx_spec import load_default_pair
+
+    target, draft, tokenizer = load_default_pair()
+    ids = tokenizer.encode("def fibonacci(n):\n    a, b = 0, 1\n    for")
+    def run(draft_model, **kwargs):
+        out = []
+        for round_ in speculative_generate_step(ids, target, draft_model, max_tokens=32,
+                                                sampling=SamplingConfig(), calibration=None,
+                                                **kwargs):
+            out += round_.tokens
+        return out[:32]
+    reference = run(None, prompt_lookup=False)
+    assert run("mtp", num_draft_tokens=3) == reference
+    assert run(draft, prompt_lookup=True) == reference
+    assert weight_dtypes(draft) == {mx.float32}
+    assert weight_dtypes(target) == {mx.float16}
+
+
+def test_an_unknown_draft_dtype_setting_is_one_sentence(monkeypatch):
+    monkeypatch.setenv("MLX_SPEC_DRAFT_DTYPE", "fp16")
+    with pytest.raises(ValueError) as error:
+        precision.upcasting()
+    assert str(error.value).count(".") == 1 and "fp16" in str(error.value)

@@ -420,6 +420,8 @@ def save_drafter(out: Path, drafter, config) -> None:
 
 def main():
     args = arguments()
+    if args.grow and not args.init:  # before minutes of data preparation
+        raise SystemExit("--grow adds layers to a trained drafter: pass --init DIR too.")
     taps = [int(t) for t in args.taps.split(",")]
     rng = np.random.default_rng(args.seed)
     mx.random.seed(args.seed)
@@ -460,8 +462,6 @@ def main():
         previous = json.loads((Path(args.init) / "metrics.json").read_text())
         if args.grow:
             drafter, config = grown(drafter, config, args.grow, target)
-    elif args.grow:
-        raise SystemExit("--grow adds layers to a trained drafter: pass --init DIR too.")
     embed, head = target.model.embed_tokens, target.lm_head
     theta = config["rope_theta"]
     B = args.block_size
