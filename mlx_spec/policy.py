@@ -69,6 +69,15 @@ OFF_MARGIN = 0.05  # switch off only when predicted >5% slower: estimates are no
 # source off costs a whole off period, keeping a losing one a round costs little.
 CLEAR_LOSS = 0.15
 HOPELESS = 0.7  # predicted this much of plain's speed: off without the remaining first rounds
+# At T > 0 a source in its first rounds (or a probe's) is also off without the rest when it
+# cannot win at ANY k: a round keeps at most 1 / (1 - a) tokens on average however long it
+# drafts, and costs at least its k = 1 round (verifying more costs more), so at its acceptance
+# estimate a (the round's chances, with the prior) it makes at most that many tokens per
+# t(1) seconds: a bound that needs no slope, unlike a prediction from k = 1 rounds alone
+# (FIRST_ROUNDS_OPTIMISTIC, below). Only with chances (SOFT_ACCEPTANCE): at T = 0 two rejected
+# k = 1 rounds are coin flips, chances measure. A weak draft at T = 0.7 then skips its k = 3
+# first round (the early-exit float16 pair: 2.4 plain steps for one token).
+CANNOT_WIN_OFF = True  # False: the first rounds run out (the negative control of a test)
 # Tried and left off: also ending the first rounds (and a probe's first) when even at the better
 # of its acceptance and its prior the source is predicted slower than plain by CLEAR_LOSS, its
 # cost taken as proportional to k + 1 from k = 1 rounds alone. On a CPU's fast float32 targets
@@ -204,6 +213,7 @@ class SourceEstimate:
         self.losing = False  # the last verdict found it slower than plain (by OFF_MARGIN)
         self.probing = False  # switched off, and not yet probed again
         self.little_to_win = False  # its last off period was long: even its prior hardly wins
+        self.soft = False  # its last round came with each draft's chance (T > 0)
 
     @property
     def acceptance(self) -> float:
@@ -597,6 +607,7 @@ class AdaptivePolicy:
             steady = estimate.seconds(round_.num_drafted)
             if steady:
                 self.catch_up_seconds[round_.source] = max(seconds - steady, 0.0) / estimate.since
+        estimate.soft = bool(getattr(round_, "chances", None))
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds,
                          catches_up=round_.source not in FREE_SOURCES,
                          chances=getattr(round_, "chances", None))  # (batch rows: none)
@@ -658,11 +669,24 @@ class AdaptivePolicy:
         ratio = self._predicted_ratio(estimate)
         if ratio is not None and ratio < HOPELESS:
             return True
+        if self._cannot_win(estimate):
+            return True
         if not FIRST_ROUNDS_OPTIMISTIC:
             return False
         optimistic = self._predicted_ratio(
             estimate, max(estimate.acceptance, estimate.prior_acceptance))
         return optimistic is not None and optimistic < 1.0 - CLEAR_LOSS
+
+    def _cannot_win(self, estimate: SourceEstimate) -> bool:
+        """Whether, at its acceptance estimate, even an unbounded k would leave the source slower
+        than plain by OFF_MARGIN (CANNOT_WIN_OFF; only with chances, T > 0)."""
+        if not (CANNOT_WIN_OFF and estimate.soft) or estimate.acceptance >= 1.0:
+            return False
+        round_seconds, plain = estimate.seconds(1), self.plain_seconds
+        if not round_seconds or not plain:
+            return False
+        most_tokens = 1.0 / (1.0 - estimate.acceptance)
+        return most_tokens * plain / round_seconds < 1.0 - OFF_MARGIN
 
     def _judge(self, estimate: SourceEstimate, match_held: bool = False) -> None:
         """A verdict after a round (the first rounds: only a hopeless one); `match_held`: a host

@@ -609,3 +609,61 @@ def test_a_copy_tasks_first_lookup_round_is_timed_while_a_first_look_is_due():
     for _ in range(PLAIN_TRIAL_STEPS):
         policy.observe(Round([0], 0, 0, "target", None), PLAIN_STEP)
     assert policy.proposal_length("lookup") >= 4
+
+
+class OffWatch(AdaptivePolicy):
+    """The policy, counting the rounds drafted before its first switch-off, and the tokens."""
+
+    drafted_before_off, emitted = 0, 0
+
+    def observe(self, round_, seconds):
+        if round_.num_drafted and not self.switched_off:
+            self.drafted_before_off += 1
+        self.emitted += len(round_.tokens)
+        super().observe(round_, seconds)
+
+
+def first_rounds_drafted(accept_rate, steady, seeds=40, spread=0.15):
+    """Per 96-token run at T > 0 (chances drawn around accept_rate), the rounds drafted before
+    the source was first switched off (all of them when it never was), and the tokens per
+    plain step over all runs."""
+    counts, emitted, seconds = [], 0, 0.0
+    for seed in range(seeds):
+        rng = random.Random(seed)
+
+        def chances_of(k):
+            return [min(1.0, max(0.0, accept_rate + rng.uniform(-spread, spread)))
+                    for _ in range(k)]
+
+        def accepted_of(chances):
+            n = 0
+            while n < len(chances) and rng.random() < chances[n]:
+                n += 1
+            return n
+        policy, spent = OffWatch(acceptance_prior=0.5), []
+        drafts_with_catch_up(policy, accepted_of, 96, steady, 0.0, chances_of=chances_of,
+                             spent=spent)
+        counts.append(policy.drafted_before_off)
+        emitted, seconds = emitted + policy.emitted, seconds + sum(spent)
+    return counts, emitted * PLAIN_STEP / seconds
+
+def test_a_sampled_draft_that_cannot_win_at_any_k_is_off_before_its_k3_round(monkeypatch):
+    """A weak draft at T = 0.7 (its drafts kept ~20% of the time, a k = 1 round costing 1.9
+    plain steps: the early-exit float16 pair on a CPU) keeps at most 1 / (1 - a) tokens a round
+    however long it drafts, so after its two k = 1 rounds it cannot win at any k and is off
+    without the k = 3 round (2.6 plain steps for about one token). Negative control
+    (CANNOT_WIN_OFF off): the three first rounds run out, and the runs decode slower."""
+    weak = lambda k: 1.55 + 0.35 * k  # noqa: E731
+    counts, rate = first_rounds_drafted(0.2, weak)
+    assert max(counts) <= 2
+    monkeypatch.setattr(policy_module, "CANNOT_WIN_OFF", False)
+    control, control_rate = first_rounds_drafted(0.2, weak)
+    assert min(control) >= 3 and control_rate < rate
+
+
+@pytest.mark.parametrize("accept_rate,steady", [
+    (0.8, lambda k: 2.0 + 0.15 * k),  # a strong draft whose k = 1 round costs 2 plain steps
+    (0.55, lambda k: 1.1 + 0.25 * k)])  # a marginal winner (the shipped pair at T = 0.7)
+def test_the_bound_does_not_end_a_sampled_winners_first_rounds(accept_rate, steady):
+    counts, _ = first_rounds_drafted(accept_rate, steady)
+    assert sum(1 for c in counts if c < 3) <= 2
