@@ -75,8 +75,11 @@ HOPELESS = 0.7  # predicted this much of plain's speed: off without the remainin
 # estimate a (the round's chances, with the prior) it makes at most that many tokens per
 # t(1) seconds: a bound that needs no slope, unlike a prediction from k = 1 rounds alone
 # (FIRST_ROUNDS_OPTIMISTIC, below). Only with chances (SOFT_ACCEPTANCE): at T = 0 two rejected
-# k = 1 rounds are coin flips, chances measure. A weak draft at T = 0.7 then skips its k = 3
-# first round (the early-exit float16 pair: 2.4 plain steps for one token).
+# k = 1 rounds are coin flips, chances measure. Where it fires (OpenBLAS, T = 0.7 / 1, 9 runs
+# each, bench/results/cannot-win-fires-openblas.md): the float32 early exit mostly right after
+# its first look (a k = 1 round of 1.9 plain steps, a = 0.4) in 8 / 9 runs; the float16 early
+# exit in its probe after an off period (a = 0.1-0.2) in 5 / 2; the MTP head at T = 1 in 5;
+# never on the zoo's winning pairs (docs/benchmarks.md).
 CANNOT_WIN_OFF = True  # False: the first rounds run out (the negative control of a test)
 # Tried and left off: also ending the first rounds (and a probe's first) when even at the better
 # of its acceptance and its prior the source is predicted slower than plain by CLEAR_LOSS, its

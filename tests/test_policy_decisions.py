@@ -647,9 +647,10 @@ def first_rounds_drafted(accept_rate, steady, seeds=40, spread=0.15):
         emitted, seconds = emitted + policy.emitted, seconds + sum(spent)
     return counts, emitted * PLAIN_STEP / seconds
 
+
 def test_a_sampled_draft_that_cannot_win_at_any_k_is_off_before_its_k3_round(monkeypatch):
     """A weak draft at T = 0.7 (its drafts kept ~20% of the time, a k = 1 round costing 1.9
-    plain steps: the early-exit float16 pair on a CPU) keeps at most 1 / (1 - a) tokens a round
+    plain steps, as the float32 early-exit pair's on a CPU) keeps at most 1 / (1 - a) tokens a round
     however long it drafts, so after its two k = 1 rounds it cannot win at any k and is off
     without the k = 3 round (2.6 plain steps for about one token). Negative control
     (CANNOT_WIN_OFF off): the three first rounds run out, and the runs decode slower."""
@@ -667,3 +668,21 @@ def test_a_sampled_draft_that_cannot_win_at_any_k_is_off_before_its_k3_round(mon
 def test_the_bound_does_not_end_a_sampled_winners_first_rounds(accept_rate, steady):
     counts, _ = first_rounds_drafted(accept_rate, steady)
     assert sum(1 for c in counts if c < 3) <= 2
+
+
+def test_the_rule_fires_study_sees_the_rule_act_and_puts_the_policy_back():
+    """rule_fires wraps the predicate: on the weak stream it records firings (with the
+    acceptance then), on the winning one none, and afterwards the policy is as it was."""
+    from mlx_spec.bench.studies.rule_fires import watched
+    original = AdaptivePolicy._cannot_win
+    log = []
+    restore = watched("_cannot_win", log)
+    try:
+        first_rounds_drafted(0.2, lambda k: 1.55 + 0.35 * k, seeds=5)
+        assert log and all(f["acceptance"] < 0.5 for f in log)
+        log.clear()
+        first_rounds_drafted(0.8, lambda k: 2.0 + 0.15 * k, seeds=5)
+        assert not log
+    finally:
+        restore()
+    assert AdaptivePolicy._cannot_win is original
