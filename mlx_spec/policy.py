@@ -667,8 +667,8 @@ class AdaptivePolicy:
 
     def _hopeless(self, estimate: SourceEstimate) -> bool:
         """Whether a source in its first rounds goes off without the rest: predicted below
-        HOPELESS (or, with FIRST_ROUNDS_OPTIMISTIC, slower than plain by CLEAR_LOSS even at the
-        better of its acceptance and its prior)."""
+        HOPELESS, unable to win at any k (_cannot_win), or (with FIRST_ROUNDS_OPTIMISTIC)
+        slower than plain by CLEAR_LOSS even at the better of its acceptance and its prior."""
         ratio = self._predicted_ratio(estimate)
         if ratio is not None and ratio < HOPELESS:
             return True
