@@ -224,23 +224,27 @@ def test_a_draft_models_catch_up_round_does_not_switch_a_winner_off(monkeypatch)
     assert switched_off_runs(0.88, steady, catch_up=1.0) >= 4
 
 
+def sampled_stream(rng, accept_rate, spread):
+    """(chances_of(k), accepted_of(chances)) of a run at T > 0: each draft's chance of being kept
+    drawn around `accept_rate` (+- spread), the rule's coin flipped with it."""
+    def chances_of(k):
+        return [min(1.0, max(0.0, accept_rate + rng.uniform(-spread, spread))) for _ in range(k)]
+
+    def accepted_of(chances):
+        n = 0
+        while n < len(chances) and rng.random() < chances[n]:
+            n += 1
+        return n
+    return chances_of, accepted_of
+
+
 def sampled_runs(accept_rate, steady, tokens=96, seeds=100, spread=0.3):
     """(runs switched off at least once, tokens per plain step) over `seeds` runs at
     T > 0, each draft's chance of being kept drawn around `accept_rate` (+- spread) and the
     rule's coin flipped with it; every round hands the policy its chances."""
     runs, emitted, seconds = 0, 0, 0.0
     for seed in range(seeds):
-        rng = random.Random(seed)
-
-        def chances_of(k):
-            return [min(1.0, max(0.0, accept_rate + rng.uniform(-spread, spread)))
-                    for _ in range(k)]
-
-        def accepted_of(chances):
-            n = 0
-            while n < len(chances) and rng.random() < chances[n]:
-                n += 1
-            return n
+        chances_of, accepted_of = sampled_stream(random.Random(seed), accept_rate, spread)
         spent = []
         policy = AdaptivePolicy(acceptance_prior=0.5)
         drafts_with_catch_up(policy, accepted_of, tokens, steady, 0.0, chances_of=chances_of,
@@ -629,17 +633,7 @@ def first_rounds_drafted(accept_rate, steady, seeds=40, spread=0.15):
     plain step over all runs."""
     counts, emitted, seconds = [], 0, 0.0
     for seed in range(seeds):
-        rng = random.Random(seed)
-
-        def chances_of(k):
-            return [min(1.0, max(0.0, accept_rate + rng.uniform(-spread, spread)))
-                    for _ in range(k)]
-
-        def accepted_of(chances):
-            n = 0
-            while n < len(chances) and rng.random() < chances[n]:
-                n += 1
-            return n
+        chances_of, accepted_of = sampled_stream(random.Random(seed), accept_rate, spread)
         policy, spent = OffWatch(acceptance_prior=0.5), []
         drafts_with_catch_up(policy, accepted_of, 96, steady, 0.0, chances_of=chances_of,
                              spent=spent)

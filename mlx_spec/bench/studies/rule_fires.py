@@ -51,6 +51,8 @@ def main(argv=None):
     parser.add_argument("--predicate", default="_cannot_win")
     parser.add_argument("--out", default="rule-fires")
     args = parser.parse_args(argv)
+    if not callable(getattr(policy_module.AdaptivePolicy, args.predicate, None)):
+        parser.error(f"--predicate {args.predicate!r} is not a method of AdaptivePolicy.")
     log: list = []
     restore = watched(args.predicate, log)
     rows = []
