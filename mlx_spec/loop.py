@@ -17,6 +17,7 @@ from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequenc
 
 import mlx.core as mx
 
+from . import prompt_look
 from .acceptance import AcceptanceRule, greedy_accept, rule_for, speculative_accept, \
     speculative_accept_with_chances
 from .attention import round_attention
@@ -263,19 +264,29 @@ def generate_rounds(
     # the first token.
     progress = prompt_progress_callback or (lambda done, total: None)
     progress(0, len(prompt))
+    look_rows = _look_rows(drafters, policy, agree, decoder.processors, sampling)
+    split = look_rows > 0 and prompt_look.keep_hidden(target)
     prefill(target, prompt[:-1], prefill_step_size, lambda done, _: progress(done, len(prompt)),
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1])
+    target_tail = prompt_look.tail_logits(target, look_rows) if look_rows else None
+    if split:
+        prompt_look.drop_hidden(target)
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             started = time.perf_counter()
-            drafter.prefill(prompt, prefill_step_size)  # evaluated: its time is its own
+            looks = {"look_rows": look_rows} if hasattr(drafter, "prompt_logits") else {}
+            drafter.prefill(prompt, prefill_step_size, **looks)  # evaluated: its time is its own
             if hasattr(policy, "observe_catch_up"):  # what a catch-up costs it per token
                 policy.observe_catch_up(drafter.source, len(prompt) - 1,
                                         time.perf_counter() - started)
-            if getattr(policy, "wants_draft_step", lambda source: False)(drafter.source):
-                policy.observe_draft_step(drafter.source, drafter.step_seconds(prompt[-1]))
+        if hasattr(drafter, "step_seconds") and \
+                getattr(policy, "wants_draft_step", lambda source: False)(drafter.source):
+            policy.observe_draft_step(drafter.source, drafter.step_seconds(prompt[-1]))
         if hasattr(drafter, "attach"):  # it reads the history as it grows (suffix drafting)
             drafter.attach(decoder.history)
+    if look_rows:
+        for source, (acceptance, rows) in prompt_look.look(target_tail, drafters, sampling).items():
+            policy.observe_prompt_look(source, acceptance, rows)
     emitted = 0
     clock = RoundClock()
     while emitted < max_tokens:
@@ -303,6 +314,17 @@ def generate_rounds(
             yield round_
             if round_.tokens[-1] in decoder.stop_tokens:
                 return
+
+
+def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) -> int:
+    """How many prompt positions the prompt look compares (0: none): at T > 0 when the policy
+    wants one, not on a sharded target (each rank would judge on its own) nor with logits
+    processors (they change p). Greedy, a target's own continuation is easier to guess than
+    the prompt (the shipped pair's look read 0.66, its rounds 0.87: docs/benchmarks.md)."""
+    wanted = (not sampling.greedy and getattr(policy, "wants_prompt_look", lambda: False)()
+              and agree is None and not processors
+              and any(hasattr(d, "prompt_logits") for d in drafters))
+    return prompt_look.ROWS if wanted else 0
 
 
 def _without_own_token(decoder: Decoder, round_: Round) -> Round:

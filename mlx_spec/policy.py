@@ -81,6 +81,17 @@ HOPELESS = 0.7  # predicted this much of plain's speed: off without the remainin
 # exit in its probe after an off period (a = 0.1-0.2) in 5 / 2; the MTP head at T = 1 in 5;
 # never on the zoo's winning pairs (docs/benchmarks.md).
 CANNOT_WIN_OFF = True  # False: the first rounds run out (the negative control of a test)
+# ... and each draft after the first costs at least its paid source's timed step (the step the
+# loop times after the prefill: a draft model's, an MTP head's). A round at k = 1 on the
+# mtp-f32 pair costs 2.1 plain steps with OpenBLAS (a 2-token verify pass is 1.5 plain
+# steps), each further draft 0.4-0.5: at its acceptance of 0.5-0.6 at T = 0.7 no k wins, where
+# 1 / (1 - a) tokens a round of t(1) said 1.2x plain. It needs a measured acceptance (the
+# prompt look's, below): the strong pair's first look costs as much and its step is timed as
+# dear, and at the guessed prior of 0.5 it would be off too (docs/benchmarks.md).
+DRAFT_STEPS_IN_BOUND = True  # False: the bound without them (the negative control of a test)
+# At T > 0 with no calibration a source's prior acceptance is measured on the prompt's last
+# positions from the prefill's passes (mlx_spec/prompt_look.py), in place of the guess.
+PROMPT_LOOK = True  # False: the guessed prior (the negative control of a test)
 # Tried and left off: also ending the first rounds (and a probe's first) when even at the better
 # of its acceptance and its prior the source is predicted slower than plain by CLEAR_LOSS, its
 # cost taken as proportional to k + 1 from k = 1 rounds alone. On a CPU's fast float32 targets
@@ -465,6 +476,22 @@ class AdaptivePolicy:
                 return 0
         return estimate.length()
 
+    def wants_prompt_look(self) -> bool:
+        """Whether the loop should measure the drafters' acceptance on the prompt (PROMPT_LOOK;
+        a calibration measured it, and without the off switch nothing reads it early)."""
+        return PROMPT_LOOK and self.auto_off and self.prior is None
+
+    def observe_prompt_look(self, source: str, acceptance: float, rows: int) -> None:
+        """The source's acceptance measured on the prompt's last `rows` positions
+        (mlx_spec/prompt_look.py), in place of the guessed prior, weighing as much."""
+        estimate = self.source(source)
+        if not self.wants_prompt_look() or estimate.rounds or rows < 1:
+            return
+        a = min(max(acceptance, 0.0), 1.0)
+        weight = estimate.accepted + estimate.rejected
+        estimate.prior_acceptance = a
+        estimate.accepted, estimate.rejected = a * weight, (1.0 - a) * weight
+
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
         """A paid source was fed `tokens` it had not seen (its prompt prefill) in `seconds`:
         what a probe's catch-up will cost per token. A short prompt's is mostly fixed cost."""
@@ -478,8 +505,9 @@ class AdaptivePolicy:
                 and source not in FREE_SOURCES)
 
     def observe_draft_step(self, source: str, seconds: float) -> None:
-        """One step of a paid source took `seconds` (timed after its prefill)."""
-        self.draft_step_seconds[source] = seconds
+        """One step of a paid source took `seconds` (timed after its prefill; None: not timed)."""
+        if seconds:
+            self.draft_step_seconds[source] = seconds
 
     def _costly(self, name: str) -> bool:
         """Whether a paid source's timed step costs at least a target step: the plain steps'
@@ -681,15 +709,24 @@ class AdaptivePolicy:
         return optimistic is not None and optimistic < 1.0 - CLEAR_LOSS
 
     def _cannot_win(self, estimate: SourceEstimate) -> bool:
-        """Whether, at its acceptance estimate, even an unbounded k would leave the source slower
-        than plain by OFF_MARGIN (CANNOT_WIN_OFF; only with chances, T > 0)."""
+        """Whether, at its acceptance estimate, no k would make the source faster than plain
+        less OFF_MARGIN (CANNOT_WIN_OFF; only with chances, T > 0), even with a verify pass
+        that costs no more for k + 1 tokens than for 2: a round of k then costs its timed
+        k = 1 round plus k - 1 more draft steps (DRAFT_STEPS_IN_BOUND: each its timed step;
+        else none, and the bound is 1 / (1 - a) tokens a round of t(1))."""
         if not (CANNOT_WIN_OFF and estimate.soft) or estimate.acceptance >= 1.0:
             return False
         round_seconds, plain = estimate.seconds(1), self.plain_seconds
         if not round_seconds or not plain:
             return False
-        most_tokens = 1.0 / (1.0 - estimate.acceptance)
-        return most_tokens * plain / round_seconds < 1.0 - OFF_MARGIN
+        if not DRAFT_STEPS_IN_BOUND:
+            most_tokens = 1.0 / (1.0 - estimate.acceptance)
+            return most_tokens * plain / round_seconds < 1.0 - OFF_MARGIN
+        step = next((self.draft_step_seconds.get(name, 0.0)
+                     for name, s in self.sources.items() if s is estimate), 0.0)
+        best = max(expected_tokens_per_round(estimate.acceptance, k)
+                   / (round_seconds + (k - 1) * step) for k in range(1, estimate.k_max + 1))
+        return best * plain < 1.0 - OFF_MARGIN
 
     def _judge(self, estimate: SourceEstimate, match_held: bool = False) -> None:
         """A verdict after a round (the first rounds: only a hopeless one); `match_held`: a host

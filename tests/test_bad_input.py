@@ -279,13 +279,22 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(model_dirs):
 
 
 @pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--temps", "x"], ["--tokens", "0"],
-                                  ["--flip", "PLAIN_BLOCK"], ["--flip", "nope"]])
+                                  ["--flip", "PLAIN_BLOCK"], ["--flip", "nope"],
+                                  ["--flip", "CANNOT_WIN_OFF,nope"]])
 def test_long_replies_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
     from mlx_spec.bench.studies.long_replies import main
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
     assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_prompt_look_study_refuses_an_unknown_pair_in_one_sentence(capsys):
+    from mlx_spec.bench.studies.prompt_look import main
+    with pytest.raises(SystemExit) as exited:
+        main(["--pairs", "nope"])
+    assert exited.value.code == 2
+    assert ": error: unknown pair 'nope'" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--repeats", "0"]])

@@ -627,14 +627,19 @@ class OffWatch(AdaptivePolicy):
         super().observe(round_, seconds)
 
 
-def first_rounds_drafted(accept_rate, steady, seeds=40, spread=0.15):
+def first_rounds_drafted(accept_rate, steady, seeds=40, spread=0.15, step=None, look=None):
     """Per 96-token run at T > 0 (chances drawn around accept_rate), the rounds drafted before
     the source was first switched off (all of them when it never was), and the tokens per
-    plain step over all runs."""
+    plain step over all runs. `step`: the draft step the loop timed after the prefill (plain
+    steps); `look`: the prompt look's acceptance."""
     counts, emitted, seconds = [], 0, 0.0
     for seed in range(seeds):
         chances_of, accepted_of = sampled_stream(random.Random(seed), accept_rate, spread)
         policy, spent = OffWatch(acceptance_prior=0.5), []
+        if step is not None:
+            policy.observe_draft_step("draft", step * PLAIN_STEP)
+        if look is not None:
+            policy.observe_prompt_look("draft", look, 32)
         drafts_with_catch_up(policy, accepted_of, 96, steady, 0.0, chances_of=chances_of,
                              spent=spent)
         counts.append(policy.drafted_before_off)
@@ -664,6 +669,40 @@ def test_the_bound_does_not_end_a_sampled_winners_first_rounds(accept_rate, stea
     assert sum(1 for c in counts if c < 3) <= 2
 
 
+# The MTP head on the float32 target at T = 0.7 with OpenBLAS (mtp-f32): a k = 1 round costs 2
+# plain steps (a 2-token verify pass is 1.5), each further draft 0.45 (its timed step 0.43);
+# the prompt look reads 0.6, the rounds' chances 0.5-0.6. The strong pair: the same k = 1
+# round, its step timed at 0.47 and costing 0.34 in its rounds, its drafts kept 0.85-0.95.
+MTP_F32 = dict(steady=lambda k: 1.55 + 0.45 * k, step=0.43)
+STRONG = dict(steady=lambda k: 1.66 + 0.34 * k, step=0.47)
+
+
+def test_a_sampled_source_that_no_k_can_make_win_is_off_after_its_first_look(monkeypatch):
+    """At acceptance 0.6 and those costs no k wins (k = 1: 1.6 tokens in 2 steps; k = 3: 2.2 in
+    2.9), but 1 / (1 - a) tokens a round of t(1) says 1.25x: with each further draft costing
+    its timed step (DRAFT_STEPS_IN_BOUND) and the prompt look's acceptance in place of the
+    guessed 0.5, the source is off after its first look, in nearly every run, and the runs
+    decode faster. Negative control: without them its first rounds run out."""
+    counts, rate = first_rounds_drafted(0.55, look=0.6, **MTP_F32)
+    assert sum(1 for c in counts if c <= 1) >= 0.9 * len(counts)
+    monkeypatch.setattr(policy_module, "DRAFT_STEPS_IN_BOUND", False)
+    monkeypatch.setattr(policy_module, "PROMPT_LOOK", False)
+    control, control_rate = first_rounds_drafted(0.55, look=0.6, **MTP_F32)
+    assert sum(1 for c in control if c >= 3) >= 0.5 * len(control) and control_rate < rate
+
+
+def test_the_draft_step_bound_spares_a_strong_draft_the_prompt_look_vouches_for(monkeypatch):
+    """The strong pair's first look costs what the MTP head's does and its step is timed as
+    dear: only acceptance tells them apart. The prompt look gives it (0.9), and its first
+    rounds run. Without the look the bound reads the guessed 0.5 and ends them: the look is
+    what makes the bound safe."""
+    counts, _ = first_rounds_drafted(0.88, look=0.9, **STRONG)
+    assert sum(1 for c in counts if c < 3) <= 2
+    monkeypatch.setattr(policy_module, "PROMPT_LOOK", False)
+    blind, _ = first_rounds_drafted(0.88, look=0.9, **STRONG)
+    assert sum(1 for c in blind if c < 3) >= 0.5 * len(blind)
+
+
 def test_the_rule_fires_study_sees_the_rule_act_and_puts_the_policy_back():
     """rule_fires wraps the predicate: on the weak stream it records firings (with the
     acceptance then), on the winning one none, and afterwards the policy is as it was."""
@@ -680,3 +719,13 @@ def test_the_rule_fires_study_sees_the_rule_act_and_puts_the_policy_back():
     finally:
         restore()
     assert AdaptivePolicy._cannot_win is original
+
+
+def test_the_long_replies_study_flips_several_rules_together():
+    from mlx_spec.bench.studies.long_replies import _with_flag, flipped_label
+    rules = "PROMPT_LOOK,DRAFT_STEPS_IN_BOUND"
+    read = lambda ids: (policy_module.PROMPT_LOOK, policy_module.DRAFT_STEPS_IN_BOUND)  # noqa: E731
+    assert _with_flag(rules, True, read)(None) == (False, False)
+    assert _with_flag(rules, False, read)(None) == (True, True)
+    assert (policy_module.PROMPT_LOOK, policy_module.DRAFT_STEPS_IN_BOUND) == (True, True)
+    assert flipped_label(rules) == "defaults, PROMPT_LOOK = False, DRAFT_STEPS_IN_BOUND = False"

@@ -21,6 +21,7 @@ import mlx.core as mx
 from ..attention import round_attention
 from ..cache import ModelCache, make_cache
 from ..cache.prefill import prefill
+from ..prompt_look import drop_hidden, keep_hidden, tail_logits
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
 
@@ -51,12 +52,24 @@ class DraftModelDrafter:
         self._start = None
         self._steps = []  # checkpoints after each draft step (recurrent drafts only)
         self._ahead = None  # (undo, tokens) of a lazy forward shown to the caller, see peek()
+        self._prompt_tail = None  # the prefill's last logits, for the prompt look
 
-    def prefill(self, prompt: List[int], step_size: int, progress=None) -> None:
-        """Process all prompt tokens but the last, in chunks."""
+    def prefill(self, prompt: List[int], step_size: int, progress=None,
+                look_rows: int = 0) -> None:
+        """Process all prompt tokens but the last, in chunks. `look_rows` > 0: keep the logits
+        of the last ones for `prompt_logits` (the prompt look)."""
         self.drop_look_ahead()
+        split = look_rows > 0 and keep_hidden(self.draft)
         prefill(self.draft, prompt[:-1], step_size, progress)
         self.cached = len(prompt) - 1
+        self._prompt_tail = tail_logits(self.draft, look_rows) if look_rows > 0 else None
+        if split:
+            drop_hidden(self.draft)
+
+    def prompt_logits(self, rows: int):
+        """Its logits (r <= rows, V) at the prefill's last positions (lazy), once; or None."""
+        tail, self._prompt_tail = self._prompt_tail, None
+        return None if tail is None else tail[-rows:]
 
     def step_seconds(self, token: int, repeats: int = 2) -> float:
         """Seconds of one draft step on `token` after what the cache holds, undone each time;

@@ -16,6 +16,7 @@ with the target's hidden states, as vLLM and mlx-vlm do.
 
 from __future__ import annotations
 
+import time
 from typing import List, Optional
 
 import mlx.core as mx
@@ -38,6 +39,7 @@ class MTPDrafter:
         self._hidden: List[mx.array] = []  # queued: (m, H) blocks of target hidden states
         self._last: Optional[mx.array] = None  # (H,) output at the last pair fed: drafts d1
         self._chained = 0  # cache entries the last proposal's chained steps added
+        self._fed: Optional[mx.array] = None  # (m, H) outputs of the last catch-up (prompt look)
 
     def follow(self, tokens: List[int], hidden: mx.array) -> None:
         """The target's hidden states (len(tokens), H) and the token after each position."""
@@ -49,9 +51,33 @@ class MTPDrafter:
         if self._tokens:
             hidden = self._hidden[0] if len(self._hidden) == 1 else mx.concatenate(self._hidden)
             g = self.head(mx.array(self._tokens, mx.uint32), hidden, self.cache[0])  # (m, H)
-            self._last = g[-1]
+            self._last, self._fed = g[-1], g
             self._tokens, self._hidden = [], []
         return [c.state for c in self.cache] + ([self._last] if self._last is not None else [])
+
+    def prompt_logits(self, rows: int) -> Optional[mx.array]:
+        """Its logits (r <= rows, V) for the last prompt tokens, from the prefill's last pairs
+        (lazy), once; or None. The output at pair (h_i, x_{i+1}) predicts x_{i+2}: the last
+        pair's predicts the token after the prompt, so it is left out."""
+        fed, self._fed = self._fed, None
+        if fed is None or fed.shape[0] < 2:
+            return None
+        return self.head.logits(fed[-(rows + 1):-1])
+
+    def step_seconds(self, token: int, repeats: int = 2) -> Optional[float]:
+        """Seconds of one chained step (the layer on its last output and `token`, then its
+        logits), undone each time; the fastest of `repeats`: what each draft after the first
+        costs, known before any round (host syncs of its own). None before any pair was fed."""
+        if self._last is None:
+            return None
+        fastest = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            g = self.head(mx.array([token], mx.uint32), self._last[None], self.cache[0])
+            mx.eval(self.head.logits(g[0]))
+            fastest = min(fastest, time.perf_counter() - start)
+            rewind(self.cache, 1)
+        return fastest
 
     def can_propose(self, history: List[int]) -> bool:
         return self._last is not None or bool(self._tokens)
@@ -59,6 +85,7 @@ class MTPDrafter:
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
         with round_attention():  # the catch-up is a short multi-token pass
             self.catch_up()
+        self._fed = None
         if self._last is None:  # nothing seen yet (a one-token prompt): a plain step first
             return None
         g, draft_tokens, draft_probs = self._last, [], []

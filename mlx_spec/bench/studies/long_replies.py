@@ -13,9 +13,9 @@ off for its long off period (128 tokens) is never probed again inside it. Over
 a longer reply the probes come, and a draft model's probe first catches up on
 every token decoded meanwhile. This study times, interleaved per prompt,
 plain decoding, the defaults, and the defaults with one of the policy's
-on/off rules flipped (`--flip NAME`, a boolean constant of mlx_spec/policy.py;
-by default CATCH_UP_IN_BUDGET: the probe rule before the catch-up was counted
-in the probe budget), on the zoo's held-out pairs unless `--pairs` names
+on/off rules flipped (`--flip NAME`, a boolean constant of mlx_spec/policy.py,
+or several separated by commas, flipped together; by default CATCH_UP_IN_BUDGET:
+the probe rule before the catch-up was counted in the probe budget), on the zoo's held-out pairs unless `--pairs` names
 others, uncalibrated (`--copy`: on the never-behind table's copy task instead
 of the three prompts, with prompt lookup alone beside them); ratios are
 medians of per-repeat ratios with an order-statistics interval
@@ -47,25 +47,28 @@ def flippable_rules() -> List[str]:
 
 
 def flipped_label(flag: str) -> str:
-    """The column of the defaults with `flag` flipped, as the policy now sets it."""
-    return f"defaults, {flag} = {not getattr(policy_module, flag)}"
+    """The column of the defaults with `flag` (one rule, or several separated by commas)
+    flipped, as the policy now sets it."""
+    return "defaults, " + ", ".join(f"{name} = {not getattr(policy_module, name)}"
+                                    for name in flag.split(","))
 
 
-def _with_flag(flag: str, value: bool, run):
-    """`run` with policy.<flag> set to `value` while it runs."""
+def _with_flag(flag: str, flipped: bool, run):
+    """`run` with each rule of `flag` flipped (`flipped`) or as shipped while it runs."""
     def wrapped(ids):
-        saved = getattr(policy_module, flag)
-        setattr(policy_module, flag, value)
+        saved = {name: getattr(policy_module, name) for name in flag.split(",")}
+        for name, value in saved.items():
+            setattr(policy_module, name, value != flipped)
         try:
             return run(ids)
         finally:
-            setattr(policy_module, flag, saved)
+            for name, value in saved.items():
+                setattr(policy_module, name, value)
     return wrapped
 
 
 def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int,
             flag: str = DEFAULT_FLIP, copy: bool = False) -> List[dict]:
-    shipped = getattr(policy_module, flag)
     flipped = flipped_label(flag)
     by_name = {p.name: p for p in PROMPTS}
     rows = []
@@ -81,8 +84,8 @@ def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int
             methods = {
                 PLAIN: lambda ids, pair=pair, temp=temp: run_target_alone(
                     pair.target_model, ids, temp, tokens),
-                DEFAULTS: _with_flag(flag, shipped, defaults),
-                flipped: _with_flag(flag, not shipped, defaults),
+                DEFAULTS: _with_flag(flag, False, defaults),
+                flipped: _with_flag(flag, True, defaults),
             }
             if copy:
                 methods[LOOKUP] = lambda ids, pair=pair, temp=temp: run_defaults(
@@ -131,12 +134,15 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="long-replies")
     parser.add_argument("--flip", default=DEFAULT_FLIP,
-                        help="a boolean constant of mlx_spec/policy.py to compare flipped")
+                        help="a boolean constant of mlx_spec/policy.py to compare flipped "
+                             "(several, separated by commas: flipped together)")
     parser.add_argument("--copy", action="store_true",
                         help="the copy task (prompt lookup alone beside it) instead of the prompts")
     args = parser.parse_args(argv)
-    if args.flip not in flippable_rules():
-        parser.error(f"--flip takes one of the policy's on/off rules: {', '.join(flippable_rules())}.")
+    unknown_rules = [name for name in args.flip.split(",") if name not in flippable_rules()]
+    if unknown_rules:
+        parser.error(f"--flip takes the policy's on/off rules ({', '.join(flippable_rules())}), "
+                     f"not {unknown_rules[0]!r}.")
     pairs = args.pairs.split(",")
     unknown = [name for name in pairs if name not in ZOO_NAMES]
     if unknown:

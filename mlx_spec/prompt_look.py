@@ -1,0 +1,88 @@
+"""The prompt look: a drafter's acceptance measured on the prompt's last tokens, before any round.
+
+The prefill already ran the target and each model drafter over the prompt.
+At its last positions both predicted tokens that are known, so each
+position's chance that the acceptance rule keeps a draft there is
+sum_x min(p(x), q(x)) (T > 0, under the sampling transform of the round) or
+whether the two argmaxes agree (greedy). Their mean, over up to ROWS
+positions, is the source's starting acceptance estimate in place of a guess
+(policy.AdaptivePolicy.observe_prompt_look, policy.PROMPT_LOOK).
+
+The cost: the target's and each drafter's output layer over ROWS positions
+(their trunks ran anyway) and one host sync after the prefill. Only the
+policy reads the result; no token depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import mlx.core as mx
+
+from .cache import ModelCache
+from .mtp.heads import split_target
+from .sampling import SamplingConfig, logprobs_from_logits
+
+ROWS = 32  # prompt positions compared, at most
+MIN_ROWS = 4  # fewer (a short prompt, a reused cache): no look
+
+
+def keep_hidden(cache: ModelCache) -> bool:
+    """Make `cache` keep the hidden states of its forwards (its model split into trunk and
+    head; the cache's contents are the same). True when it was split here (undo with
+    `drop_hidden`); False when it already keeps them or cannot (a tap capture, a model
+    without mlx-lm's trunk-and-head layout)."""
+    if cache.split is not None or cache.capture is not None:
+        return False
+    try:
+        cache.split = split_target(cache.model)
+    except (AttributeError, KeyError, TypeError):
+        return False
+    return True
+
+
+def drop_hidden(cache: ModelCache) -> None:
+    cache.split, cache.hidden = None, None
+
+
+def tail_logits(cache: ModelCache, rows: int) -> Optional[mx.array]:
+    """The logits (r, V) of the last r <= `rows` positions of the cache's last forward, from
+    its kept hidden states (lazy); None when it kept none."""
+    if cache.split is None or cache.hidden is None or cache.hidden.shape[0] < 1:
+        return None
+    return cache.split[1](cache.hidden[-rows:])
+
+
+def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingConfig) -> mx.array:
+    """(r,) each position's chance the round's rule keeps the draft's proposal there, for
+    logits aligned on their last rows (the longer one cut)."""
+    rows = min(target_logits.shape[0], draft_logits.shape[0])
+    target_logits, draft_logits = target_logits[-rows:], draft_logits[-rows:]
+    vocab, pad = target_logits.shape[-1], target_logits.shape[-1] - draft_logits.shape[-1]
+    if pad > 0:  # a draft vocabulary padded shorter than the target's: those tokens never drafted
+        draft_logits = mx.pad(draft_logits, [(0, 0), (0, pad)], constant_values=-mx.inf)
+    draft_logits = draft_logits[:, :vocab]
+    if sampling.greedy:
+        same = mx.argmax(target_logits, axis=-1) == mx.argmax(draft_logits, axis=-1)
+        return same.astype(mx.float32)
+    p = mx.exp(logprobs_from_logits(target_logits, sampling))
+    q = mx.exp(logprobs_from_logits(draft_logits, sampling))
+    return mx.minimum(p, q).sum(axis=-1)
+
+
+def look(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) -> Dict[str, tuple]:
+    """{source: (mean chance, positions)} for each drafter that offers its prompt logits
+    (`prompt_logits(rows)`: predicting the same last prompt tokens as `target_tail`)."""
+    if target_tail is None or target_tail.shape[0] < MIN_ROWS:
+        return {}
+    pending = {}
+    for drafter in drafters:
+        offer = getattr(drafter, "prompt_logits", None)
+        draft_tail = offer(target_tail.shape[0]) if offer is not None else None
+        if draft_tail is not None and draft_tail.shape[0] >= MIN_ROWS:
+            pending[drafter.source] = chances(target_tail, draft_tail, sampling)
+    if not pending:
+        return {}
+    means = {source: c.mean() for source, c in pending.items()}
+    mx.eval(list(means.values()))  # the look's one host sync
+    return {source: (means[source].item(), pending[source].shape[0]) for source in pending}

@@ -1,0 +1,123 @@
+"""The prompt look: a drafter's acceptance measured on the prompt's last tokens after the prefill.
+
+Each value the loop hands the policy is checked against an independent
+computation: the target and the draft (or the MTP layer over the target's
+hidden states) run from scratch over the whole prompt, the rows that predict
+the prompt's last tokens picked by hand, and sum_x min(p, q) taken in numpy.
+An off-by-one in which rows are compared fails these tests.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from test_mtp import PROMPT as MTP_PROMPT, make_target, mtp_params, write_original
+from tiny import make_llama, perturbed
+
+from mlx_spec import policy as policy_module
+from mlx_spec import prompt_look
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.mtp import load_mtp, split_target
+from mlx_spec.policy import AdaptivePolicy
+from mlx_spec.sampling import SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_llama(seed=0)
+    return target, perturbed(target, noise=0.3, seed=2)
+
+
+def looked(monkeypatch):
+    """Every (source, acceptance, rows) the loop hands the policy."""
+    seen = []
+    original = AdaptivePolicy.observe_prompt_look
+
+    def record(self, source, acceptance, rows):
+        seen.append((source, acceptance, rows))
+        return original(self, source, acceptance, rows)
+    monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", record)
+    return seen
+
+
+def decode(target, draft, prompt, temp=0.7, **kwargs):
+    options = dict(max_tokens=8, sampling=SamplingConfig(temp=temp), calibration=None,
+                   prompt_lookup=False)
+    options.update(kwargs)
+    return [t for r in speculative_generate_step(prompt, target, draft, **options) for t in r.tokens]
+
+
+def numpy_chances(target_logits, draft_logits, temp):
+    def softmax(x):
+        x = np.asarray(x, np.float64) / temp
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    return np.minimum(softmax(target_logits), softmax(draft_logits)).sum(axis=-1)
+
+
+def prompt_of(n, seed=0):
+    return [int(t) for t in np.random.default_rng(seed).integers(1, 60, n)]
+
+
+@pytest.mark.parametrize("length,step,rows", [(20, 512, 19), (50, 512, prompt_look.ROWS),
+                                              (40, 16, 7)])  # (chunks 16, 16, 7: the last one's)
+def test_a_draft_models_look_equals_its_chances_on_the_prompt(pair, monkeypatch, length, step, rows):
+    target, draft = pair
+    prompt = prompt_of(length)
+    seen = looked(monkeypatch)
+    decode(target, draft, prompt, prefill_step_size=step)
+    assert [(s, r) for s, _, r in seen] == [("draft", rows)]
+    x = mx.array([prompt[:-1]])  # row i predicts prompt[i + 1]: the last rows, the last tokens
+    expected = numpy_chances(target(x)[0, -rows:], draft(x)[0, -rows:], 0.7).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
+    shifted = numpy_chances(target(x)[0, 1 - rows:], draft(x)[0, -rows:-1], 0.7).mean()
+    assert abs(shifted - expected) > 1e-3  # (the check can tell an off-by-one)
+
+
+def test_an_mtp_heads_look_pairs_each_hidden_state_with_the_token_after_it(tmp_path, monkeypatch):
+    target = make_target("qwen3_5")
+    weights = write_original(tmp_path / "mtp", target, mtp_params(target))
+    prompt = MTP_PROMPT + prompt_of(12, seed=3)
+    seen = looked(monkeypatch)
+    decode(target, "mtp", prompt, mtp_weights=str(weights))
+    n = len(prompt)
+    assert [(s, r) for s, _, r in seen] == [("mtp", n - 2)]
+    trunk, head = split_target(target)
+    hidden = trunk(mx.array([prompt[:-1]]))[0]  # h_0 .. h_{n-2}
+    mtp = load_mtp(target, str(weights)).drafting()
+    g = mtp(mx.array(prompt[1:]), hidden, mtp.make_cache()[0])  # pairs (h_i, x_{i+1})
+    draft_logits = mtp.logits(g[:-1])  # g_i predicts x_{i+2}: x_2 .. x_{n-1}
+    target_logits = head(hidden[1:])  # h_i predicts x_{i+1}: x_2 .. x_{n-1}
+    expected = numpy_chances(target_logits, draft_logits, 0.7).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("case", ["greedy", "fixed k", "processors", "short prompt", "flag off"])
+def test_no_look_where_it_is_not_wanted(pair, monkeypatch, case):
+    """Greedy (a target's own continuation is easier than its prompt), a pinned k (no policy
+    reads it), logits processors (they change p), a prompt too short, PROMPT_LOOK off."""
+    target, draft = pair
+    seen = looked(monkeypatch)
+    prompt, options = prompt_of(30), {}
+    if case == "greedy":
+        options["temp"] = 0.0
+    elif case == "fixed k":
+        options["num_draft_tokens"] = 2
+    elif case == "processors":
+        options["logits_processors"] = [lambda tokens, logits: logits]
+    elif case == "short prompt":
+        prompt = prompt[:prompt_look.MIN_ROWS]
+    else:
+        monkeypatch.setattr(policy_module, "PROMPT_LOOK", False)
+    assert len(decode(target, draft, prompt, **options)) == 8
+    assert seen == []
+
+
+def test_the_look_replaces_the_guess_and_keeps_its_weight():
+    policy = AdaptivePolicy(acceptance_prior=0.5)
+    before = policy.source("draft")
+    weight = before.accepted + before.rejected
+    policy.observe_prompt_look("draft", 0.2, 32)
+    after = policy.source("draft")
+    assert after.acceptance == pytest.approx(0.2) and after.prior_acceptance == pytest.approx(0.2)
+    assert after.accepted + after.rejected == pytest.approx(weight)
