@@ -264,7 +264,8 @@ def generate_rounds(
     # the first token.
     progress = prompt_progress_callback or (lambda done, total: None)
     progress(0, len(prompt))
-    look_rows = _look_rows(drafters, policy, agree, decoder.processors, sampling)
+    look_rows = _look_rows(drafters, policy, agree, decoder.processors, sampling) \
+        if len(prompt) > prompt_look.MIN_ROWS else 0  # (a reused cache: the new tokens only)
     split = look_rows > 0 and prompt_look.keep_hidden(target)
     prefill(target, prompt[:-1], prefill_step_size, lambda done, _: progress(done, len(prompt)),
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1])

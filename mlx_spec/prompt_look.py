@@ -73,13 +73,12 @@ def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingC
 def look(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) -> Dict[str, tuple]:
     """{source: (mean chance, positions)} for each drafter that offers its prompt logits
     (`prompt_logits(rows)`: predicting the same last prompt tokens as `target_tail`)."""
-    if target_tail is None or target_tail.shape[0] < MIN_ROWS:
-        return {}
     pending = {}
-    for drafter in drafters:
+    for drafter in drafters:  # each asked once, even with no target rows: it lets its go
         offer = getattr(drafter, "prompt_logits", None)
-        draft_tail = offer(target_tail.shape[0]) if offer is not None else None
-        if draft_tail is not None and draft_tail.shape[0] >= MIN_ROWS:
+        draft_tail = offer(ROWS) if offer is not None else None
+        if draft_tail is not None and draft_tail.shape[0] >= MIN_ROWS \
+                and target_tail is not None and target_tail.shape[0] >= MIN_ROWS:
             pending[drafter.source] = chances(target_tail, draft_tail, sampling)
     if not pending:
         return {}
