@@ -92,6 +92,11 @@ DRAFT_STEPS_IN_BOUND = True  # False: the bound without them (the negative contr
 # At T > 0 with no calibration a source's prior acceptance is measured on the prompt's last
 # positions from the prefill's passes (mlx_spec/prompt_look.py), in place of the guess.
 PROMPT_LOOK = True  # False: the guessed prior (the negative control of a test)
+# With the look's acceptance a paid source need not look at all when even a verify pass as cheap
+# as a plain step leaves it below 0.95x plain at every k: a round of k then costs one plain step
+# plus k of its timed draft steps. The sliding pair's first look (a k = 1 round of 3.7 plain
+# steps, its draft step 0.8 of the target's first) was 2% of a 96-token reply at T > 0.
+LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control of a test)
 # Tried and left off: also ending the first rounds (and a probe's first) when even at the better
 # of its acceptance and its prior the source is predicted slower than plain by CLEAR_LOSS, its
 # cost taken as proportional to k + 1 from k = 1 rounds alone. On a CPU's fast float32 targets
@@ -228,6 +233,7 @@ class SourceEstimate:
         self.probing = False  # switched off, and not yet probed again
         self.little_to_win = False  # its last off period was long: even its prior hardly wins
         self.soft = False  # its last round came with each draft's chance (T > 0)
+        self.looked = False  # its acceptance started from the prompt look's
 
     @property
     def acceptance(self) -> float:
@@ -491,6 +497,7 @@ class AdaptivePolicy:
         weight = estimate.accepted + estimate.rejected
         estimate.prior_acceptance = a
         estimate.accepted, estimate.rejected = a * weight, (1.0 - a) * weight
+        estimate.looked = True
 
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
         """A paid source was fed `tokens` it had not seen (its prompt prefill) in `seconds`:
@@ -510,16 +517,30 @@ class AdaptivePolicy:
             self.draft_step_seconds[source] = seconds
 
     def _costly(self, name: str) -> bool:
-        """Whether a paid source's timed step costs at least a target step: the plain steps'
-        average once any is timed, else the target's first plain step (slower than a steady one:
-        the step before a first look is not timed as a plain step)."""
+        """Whether a paid source's timed step costs at least a target step (the plain steps'
+        average once any is timed, else the target's first plain step, slower than a steady one:
+        the step before a first look is not timed as a plain step), or, its acceptance read by
+        the prompt look, it loses even with a free verify pass (LOOKED_DRAFT_OFF)."""
         step = self.draft_step_seconds.get(name)
         target = self.measured_plain_seconds or self.first_step_seconds
-        return bool(COSTLY_DRAFT_OFF and step and target and step >= target)
+        if not (COSTLY_DRAFT_OFF and step and target):
+            return False
+        return step >= target or self._loses_with_a_free_verify(name, step / target)
+
+    def _loses_with_a_free_verify(self, name: str, step_share: float) -> bool:
+        """LOOKED_DRAFT_OFF: whether a source whose acceptance the prompt look measured stays
+        below plain less OFF_MARGIN at every k with rounds of one plain step plus k draft steps
+        of `step_share` of a target step each (no verify pass costs less)."""
+        estimate = self.sources.get(name)
+        if not (LOOKED_DRAFT_OFF and estimate is not None and estimate.looked):
+            return False
+        best = max(expected_tokens_per_round(estimate.acceptance, k) / (1.0 + k * step_share)
+                   for k in range(1, estimate.k_max + 1))
+        return best < 1.0 - OFF_MARGIN
 
     def _off_if_costly(self) -> None:
         """Switch off, for its long off period, each paid source in its first rounds whose
-        timed step costs a target step (_costly): it cannot win, not even a look."""
+        timed step costs too much (_costly): it cannot win, not even a look."""
         if not self.draft_step_seconds:  # nothing timed (calibrated, or no draft model)
             return
         for name, estimate in self.sources.items():

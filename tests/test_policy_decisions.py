@@ -501,6 +501,27 @@ def test_a_draft_whose_step_costs_a_target_step_never_drafts(monkeypatch):
     assert cold_start_with_a_timed_step(1.25)[1] == 1
 
 
+def looked_cold_start(look, step_over_first=0.8, tokens=96):
+    """cold_start_with_a_timed_step at T > 0 with the prompt look's acceptance `look` (the sliding
+    pair's: a 4-bit copy whose step is 0.8 of the target's first)."""
+    policy = AdaptivePolicy(acceptance_prior=0.5)
+    policy.observe_draft_step("draft", step_over_first * 2 * PLAIN_STEP)
+    policy.observe_prompt_look("draft", look, 32)
+    return drafts_with_catch_up(policy, lambda k: 0, tokens, lambda k: 1.4 + 2.5 * k, catch_up=0.0,
+                                first_plain=2 * PLAIN_STEP)
+
+
+def test_a_draft_the_prompt_look_shows_losing_even_with_a_free_verify_never_looks(monkeypatch):
+    """At the look's 0.3 a draft stepping at 0.8 of a target step makes at best 1.3 tokens for
+    1.8 steps (k = 1): off before its first look. At 0.9 it may win (k = 3: 3.4 tokens for
+    3.4 steps, more at a cheaper verify): it looks. Negative control (LOOKED_DRAFT_OFF off):
+    the first look decides."""
+    assert sum(looked_cold_start(0.3)) == 0
+    assert looked_cold_start(0.9)[1] == 1
+    monkeypatch.setattr(policy_module, "LOOKED_DRAFT_OFF", False)
+    assert looked_cold_start(0.3)[1] == 1
+
+
 def test_after_a_costly_draft_is_off_lookup_drafts_in_the_trial():
     """The costly draft goes off as soon as the target's first step is timed, so prompt lookup,
     asked first each round, need not wait out the trial for its first look (a copy task)."""
