@@ -2,9 +2,10 @@
 
 The prefill already ran the target and each model drafter over the prompt.
 At its last positions both predicted tokens that are known, so each
-position's chance that the acceptance rule keeps a draft there is
-sum_x min(p(x), q(x)) (T > 0, under the sampling transform of the round) or
-whether the two argmaxes agree (greedy). Their mean, over up to ROWS
+position's chance that the residual rule keeps a draft there is
+sum_x min(p(x), q(x)) under the sampling transform of the round (T > 0 only:
+greedy, a target's own continuation is easier than its prompt, and the loop
+takes no look). Their mean, over up to ROWS
 positions, is the source's starting acceptance estimate in place of a guess
 (policy.AdaptivePolicy.observe_prompt_look, policy.PROMPT_LOOK).
 
@@ -54,17 +55,14 @@ def tail_logits(cache: ModelCache, rows: int) -> Optional[mx.array]:
 
 
 def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingConfig) -> mx.array:
-    """(r,) each position's chance the round's rule keeps the draft's proposal there, for
-    logits aligned on their last rows (the longer one cut)."""
+    """(r,) each position's chance the residual rule (T > 0: the loop looks only then) keeps
+    the draft's proposal there, for logits aligned on their last rows (the longer one cut)."""
     rows = min(target_logits.shape[0], draft_logits.shape[0])
     target_logits, draft_logits = target_logits[-rows:], draft_logits[-rows:]
     vocab, pad = target_logits.shape[-1], target_logits.shape[-1] - draft_logits.shape[-1]
     if pad > 0:  # a draft vocabulary padded shorter than the target's: those tokens never drafted
         draft_logits = mx.pad(draft_logits, [(0, 0), (0, pad)], constant_values=-mx.inf)
     draft_logits = draft_logits[:, :vocab]
-    if sampling.greedy:
-        same = mx.argmax(target_logits, axis=-1) == mx.argmax(draft_logits, axis=-1)
-        return same.astype(mx.float32)
     p = mx.exp(logprobs_from_logits(target_logits, sampling))
     q = mx.exp(logprobs_from_logits(draft_logits, sampling))
     return mx.minimum(p, q).sum(axis=-1)

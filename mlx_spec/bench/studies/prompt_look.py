@@ -36,8 +36,7 @@ def look_of(pair, ids, temp: float) -> list:
         seen.append(acceptance)
         return original(self, source, acceptance, rows)
     AdaptivePolicy.observe_prompt_look = record
-    forced = temp == 0
-    if forced:  # greedy the loop takes no look: read it at a tiny temperature's transform
+    if temp == 0:  # greedy the loop takes no look: read it at a tiny temperature's transform
         temp = 1e-4
     try:
         for _ in speculative_generate_step(ids, pair.target_model, pair.draft_model, max_tokens=2,
