@@ -12,7 +12,10 @@ randomness leaves the output distribution untouched.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Protocol, Sequence
+import statistics
+from collections import deque
+
+from typing import Deque, Dict, List, Optional, Protocol, Sequence
 
 from .costmodel import CostPrior, expected_tokens_per_round
 from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_LOOKUP_TOKENS,
@@ -41,7 +44,8 @@ CATCH_UP_TOKENS = 16
 UNTIMED_CATCH_UP = True  # False: fit such rounds too (the negative control of a test)
 PROBE_ROUNDS = 2  # rounds tried after an off period before the source is judged again (the first
 # catches a draft model up: its acceptance counts, its time does not)
-PLAIN_TRIAL_STEPS = 4  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
+PLAIN_TRIAL_STEPS = 6  # plain steps timed before the first switch-off (the fit's t(0) is noisy)
+SHORT_TRIAL_STEPS = 4  # the trial with STEADY_PLAIN_STEPS off (as before it: one steady lap)
 # With no calibration a paid source (a draft model, an MTP head, a block drafter) drafts its
 # first round inside that trial, after its first step (which carries the prefill), while it
 # is nearly in step with the prompt: a round after the trial would first catch it up on the
@@ -97,6 +101,15 @@ PROMPT_LOOK = True  # False: the guessed prior (the negative control of a test)
 # plus k of its timed draft steps. The sliding pair's first look (a k = 1 round of 3.7 plain
 # steps, its draft step 0.8 of the target's first) was 2% of a 96-token reply at T > 0.
 LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control of a test)
+# A plain block's steps are queued back to back: its first lap carries the pipeline's fill (about
+# two steps, more right after a round), its last is short (its step ran during the lap before).
+# Averaging every lap is unbiased over long blocks but not over the cold start's 3-step trial
+# after a first look: 5.1-6.1 ms a step against 4.7-5.0 in the blocks after it (mtp-f32,
+# OpenBLAS), so a source losing 10% looked level with plain and drafted on. With the rule a
+# plain step is the median of the recent laps that have a lap before and after them in their
+# block (one such lap read 6.5 ms once: the trial is 5 steps, 3 of them steady).
+STEADY_PLAIN_STEPS = True  # False: every lap weighs (the negative control of a test)
+STEADY_LAPS = 64  # the steady laps the median is over
 # Tried and left off: also ending the first rounds (and a probe's first) when even at the better
 # of its acceptance and its prior the source is predicted slower than plain by CLEAR_LOSS, its
 # cost taken as proportional to k + 1 from k = 1 rounds alone. On a CPU's fast float32 targets
@@ -178,6 +191,11 @@ class DraftPolicy(Protocol):
     def plain_steps(self) -> int: ...
     def observe(self, round_, seconds: Optional[float]) -> None: ...
     def describe(self) -> dict: ...
+
+
+def trial_steps() -> int:
+    """The cold start's plain trial, its first step included (STEADY_PLAIN_STEPS: longer)."""
+    return PLAIN_TRIAL_STEPS if STEADY_PLAIN_STEPS else SHORT_TRIAL_STEPS
 
 
 class FixedPolicy:
@@ -397,10 +415,12 @@ class AdaptivePolicy:
         # Timed plain steps only: a calibrated plain step may be from another load on
         # the machine; the fits' t(0) (seeded by it, then today's rounds) follows the load.
         self.plain_time = [0.0, 0.0]  # sums of 1 and seconds over timed plain steps
+        self.steady_laps: Deque[float] = deque(maxlen=STEADY_LAPS)  # (STEADY_PLAIN_STEPS)
+        self._block: List[Optional[float]] = []  # the laps of the plain block under way
         # Plain steps still to time before speculating or judging. With no calibration the
         # first tokens are decoded plainly: every later verdict compares against a timed
         # plain step, not the round-time fit's t(0), which carries the round's overhead.
-        self.plain_trial = PLAIN_TRIAL_STEPS if prior is None and auto_off else 0
+        self.plain_trial = trial_steps() if prior is None and auto_off else 0
         self.elapsed = 0.0  # seconds of every timed round and plain step
         self.lost = 0.0  # speculative rounds' seconds beyond plain decoding's for their tokens
         self.catch_up_seconds: Dict[str, float] = {}  # per backlog token, by paid source
@@ -445,8 +465,20 @@ class AdaptivePolicy:
 
     @property
     def measured_plain_seconds(self):
+        if STEADY_PLAIN_STEPS and self.steady_laps:
+            return statistics.median(self.steady_laps)
         n, seconds = self.plain_time
         return seconds / n if n > 0 else None
+
+    def _time_plain_step(self, seconds: Optional[float]) -> None:
+        """Add a plain step's lap (None: untimed) to its block; the lap before it, with one
+        before it too, is a steady step (STEADY_PLAIN_STEPS)."""
+        if seconds is not None:  # equal weights: a block's first step carries the
+            # pipeline's fill and its last is short (4 steps timed 32, 17, 17, 4 ms)
+            self.plain_time = [s + x for s, x in zip(self.plain_time, (1.0, seconds))]
+        self._block.append(seconds)
+        if len(self._block) >= 3 and self._block[-2] is not None:
+            self.steady_laps.append(self._block[-2])
 
     @property
     def plain_seconds(self):
@@ -617,6 +649,7 @@ class AdaptivePolicy:
         return self.proposal_length("draft")
 
     def plain_steps(self) -> int:
+        self._block = []  # the loop asks before each plain block
         if self.plain_trial:
             return FIRST_LOOK_AFTER if self._looks_due() else self.plain_trial
         steps = min((s.off_left for s in self.sources.values() if s.off_left > 0),
@@ -644,14 +677,13 @@ class AdaptivePolicy:
             if name != round_.source:
                 estimate.passed(tokens)
         if round_.num_drafted == 0:
-            if seconds is not None:  # equal weights: a block's first step carries the
-                # pipeline's fill and its last is short (4 steps timed 32, 17, 17, 4 ms)
-                self.plain_time = [s + x for s, x in zip(self.plain_time, (1.0, seconds))]
+            self._time_plain_step(seconds)
             if self.plain_trial == 1:
                 self._judge_first_looks()
             self.plain_trial = max(self.plain_trial - 1, 0)
             self._off_if_costly()
             return
+        self._block = []  # a round ends any plain block
         estimate = self.source(round_.source)
         estimate.probing = False
         if (seconds is not None and round_.source not in FREE_SOURCES
@@ -768,7 +800,7 @@ class AdaptivePolicy:
             # The verdict rests on the fit's extrapolated t(0), which timing noise
             # easily halves: time a few real plain steps, then judge again (a
             # calibrated fit measured t(0): no trial).
-            self.plain_trial = PLAIN_TRIAL_STEPS
+            self.plain_trial = trial_steps()
         else:
             self._switch_off(estimate)
 

@@ -678,8 +678,9 @@ def test_a_sampled_draft_that_cannot_win_at_any_k_is_off_before_its_k3_round(mon
     counts, rate = first_rounds_drafted(0.2, weak)
     assert max(counts) <= 2
     monkeypatch.setattr(policy_module, "CANNOT_WIN_OFF", False)
-    control, control_rate = first_rounds_drafted(0.2, weak)
-    assert min(control) >= 3 and control_rate < rate
+    control, control_rate = first_rounds_drafted(0.2, weak)  # (the trial's 5 steps decay the
+    # prior a little more than 3 did: 2 runs of 40 end at a hopeless verdict after 2 rounds)
+    assert sum(1 for c in control if c >= 3) >= 0.9 * len(control) and control_rate < rate
 
 
 @pytest.mark.parametrize("accept_rate,steady", [
@@ -750,3 +751,74 @@ def test_the_long_replies_study_flips_several_rules_together():
     assert _with_flag(rules, False, read)(None) == (True, True)
     assert (policy_module.PROMPT_LOOK, policy_module.DRAFT_STEPS_IN_BOUND) == (True, True)
     assert flipped_label(rules) == "defaults, PROMPT_LOOK = False, DRAFT_STEPS_IN_BOUND = False"
+
+
+def pipelined_laps(steps, fill=0.4):
+    """A plain block's laps as the loop times them: its steps are queued back to back, so the
+    first lap carries the pipeline's fill (two steps and `fill`, less the last lap's) and the
+    last is short (its step ran during the lap before); the block costs steps + fill."""
+    if steps == 1:
+        return [PLAIN_STEP + fill]
+    return [2 * PLAIN_STEP + fill - 0.2] + [PLAIN_STEP] * (steps - 2) + [0.2]
+
+
+def run_with_pipelined_laps(policy, steady, chances_of, accepted_of, tokens=96, spent=None):
+    """drafts_with_catch_up's rounds, each plain block timed lap by lap as the loop times it
+    (pipelined_laps); the step before the first look is untimed, as in the loop."""
+    spent = [] if spent is None else spent
+    emitted = 0
+    while emitted < tokens:
+        k = policy.proposal_length("draft")
+        if k == 0:
+            laps = pipelined_laps(policy.plain_steps())
+            for lap in laps:
+                policy.observe(Round([0], 0, 0, "target", None), lap)
+            spent.extend(laps)
+            emitted += len(laps)
+            continue
+        chances = chances_of(k)
+        n = accepted_of(chances)
+        spent.append(steady(k))
+        policy.observe(Round([0] * (n + 1), k, n, "draft", None, chances), spent[-1])
+        emitted += n + 1
+    return spent
+
+
+def test_a_plain_step_is_timed_by_the_laps_inside_its_block(monkeypatch):
+    """The cold start's trial is one block: its first lap carries the pipeline's fill, its last
+    is short. The median of the laps between them is the plain step; every lap averaged (the
+    rule off, the trial 3 steps) reads a step and a third of the fill."""
+    for rule, expected in ((True, PLAIN_STEP), (False, PLAIN_STEP + 0.4 / 3)):
+        monkeypatch.setattr(policy_module, "STEADY_PLAIN_STEPS", rule)
+        policy = AdaptivePolicy()
+        policy.proposal_length("draft")
+        policy.observe(Round([0], 0, 0, "target", None), policy.plain_steps() * 3.0)  # untimed
+        policy.observe(Round([0, 0], 1, 1, "draft", None), cpu_round(1))  # the first look
+        assert policy.proposal_length("draft") == 0
+        for lap in pipelined_laps(policy.plain_steps()):
+            policy.observe(Round([0], 0, 0, "target", None), lap)
+        assert policy.measured_plain_seconds == pytest.approx(expected)
+
+
+def test_a_source_losing_a_tenth_is_off_when_plain_steps_are_timed_steady(monkeypatch):
+    """An MTP-like source at T > 0 (chances ~0.7, a round of k costing 1.6 + 0.4 k plain steps:
+    at best 0.91x plain at k = 2 or 3). Against the trial's steady laps it is switched off in
+    its first rounds; against every lap averaged (the fill a third of a step in a 3-step trial)
+    it looks level with plain, drafts on in most runs, and the runs decode slower."""
+    mtp_like = lambda k: 1.6 + 0.4 * k  # noqa: E731
+
+    def runs():
+        drafting_on, emitted, seconds = 0, 0, 0.0
+        for seed in range(40):
+            chances_of, accepted_of = sampled_stream(random.Random(seed), 0.7, 0.1)
+            policy = OffWatch(acceptance_prior=0.5)
+            spent = run_with_pipelined_laps(policy, mtp_like, chances_of, accepted_of)
+            drafting_on += policy.drafted_before_off > 8  # past its first rounds and a verdict
+            emitted, seconds = emitted + policy.emitted, seconds + sum(spent)
+        return drafting_on, emitted * PLAIN_STEP / seconds
+
+    on, rate = runs()
+    assert on <= 4
+    monkeypatch.setattr(policy_module, "STEADY_PLAIN_STEPS", False)
+    control_on, control_rate = runs()
+    assert control_on >= 20 and control_rate < rate
