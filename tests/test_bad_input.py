@@ -304,3 +304,13 @@ def test_draft_step_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
         main(argv)
     assert exited.value.code == 2
     assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv,message", [(["--pairs", "nope"], "unknown pair 'nope'"),
+                                          (["--repeats", "0"], "--repeats must be >= 1")])
+def test_plain_laps_study_refuses_bad_arguments_in_one_sentence(argv, message, capsys):
+    from mlx_spec.bench.studies.plain_laps import main
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert f": error: {message}" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -822,3 +822,27 @@ def test_a_source_losing_a_tenth_is_off_when_plain_steps_are_timed_steady(monkey
     monkeypatch.setattr(policy_module, "STEADY_PLAIN_STEPS", False)
     control_on, control_rate = runs()
     assert control_on >= 20 and control_rate < rate
+
+
+def test_the_plain_laps_study_reads_both_estimates_as_the_trial_ends():
+    """plain_laps wraps _judge_first_looks: on a run with pipelined laps it reads the steady
+    median (a plain step) and every lap's mean (a step and a fifth of the fill over the 5-step
+    trial), and afterwards the policy is as it was."""
+    from mlx_spec.bench.studies import plain_laps
+    from types import SimpleNamespace
+    original = AdaptivePolicy._judge_first_looks
+
+    def run(*args, **kwargs):  # the run of the defaults, replaced by the synthetic stream
+        chances_of, accepted_of = sampled_stream(random.Random(0), 0.7, 0.1)
+        run_with_pipelined_laps(AdaptivePolicy(acceptance_prior=0.5), lambda k: 1.6 + 0.4 * k,
+                                chances_of, accepted_of)
+        return iter(())
+    plain_laps.speculative_generate_step, saved = run, plain_laps.speculative_generate_step
+    try:
+        pair = SimpleNamespace(target_model=None, draft_model=None, draft_options={})
+        seen = plain_laps.trial_readings(pair, [1, 2], 0.7, 96)
+    finally:
+        plain_laps.speculative_generate_step = saved
+    assert seen["steady"] == pytest.approx(PLAIN_STEP)
+    assert seen["every_lap"] == pytest.approx(PLAIN_STEP + 0.4 / (PLAIN_TRIAL_STEPS - 1))
+    assert AdaptivePolicy._judge_first_looks is original
