@@ -38,6 +38,9 @@ class Round:
     # Under the residual rule (T > 0): each draft's chance of being kept given the drafts
     # before it (acceptance_chances), for the policy; None otherwise.
     chances: Optional[List[float]] = None
+    # The first step of a plain block: its time carries the queue's fill (the policy's
+    # STEADY_PLAIN_STEPS times a plain step by the laps after it).
+    opens_block: bool = False
 
 
 @dataclass
@@ -197,7 +200,7 @@ def plain_rounds(decoder: Decoder, count: int,
         value = token.item()  # the only sync of the step
         _follow(decoder, [value], hidden)
         decoder.history.append(value)
-        yield Round([value], 0, 0, "target", logprobs[None])
+        yield Round([value], 0, 0, "target", logprobs[None], opens_block=i == 0)
         if value in decoder.stop_tokens or pending is None:
             return
         if until is not None and i + 2 < count and until(decoder.history):

@@ -417,6 +417,7 @@ class AdaptivePolicy:
         self.plain_time = [0.0, 0.0]  # sums of 1 and seconds over timed plain steps
         self.steady_laps: Deque[float] = deque(maxlen=STEADY_LAPS)  # (STEADY_PLAIN_STEPS)
         self._block: List[Optional[float]] = []  # the laps of the plain block under way
+        # (a block opens at a round that says so, Round.opens_block, and ends at any drafted one)
         # Plain steps still to time before speculating or judging. With no calibration the
         # first tokens are decoded plainly: every later verdict compares against a timed
         # plain step, not the round-time fit's t(0), which carries the round's overhead.
@@ -649,7 +650,6 @@ class AdaptivePolicy:
         return self.proposal_length("draft")
 
     def plain_steps(self) -> int:
-        self._block = []  # the loop asks before each plain block
         if self.plain_trial:
             return FIRST_LOOK_AFTER if self._looks_due() else self.plain_trial
         steps = min((s.off_left for s in self.sources.values() if s.off_left > 0),
@@ -677,6 +677,8 @@ class AdaptivePolicy:
             if name != round_.source:
                 estimate.passed(tokens)
         if round_.num_drafted == 0:
+            if getattr(round_, "opens_block", False):
+                self._block = []
             self._time_plain_step(seconds)
             if self.plain_trial == 1:
                 self._judge_first_looks()

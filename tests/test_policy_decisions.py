@@ -771,8 +771,8 @@ def run_with_pipelined_laps(policy, steady, chances_of, accepted_of, tokens=96, 
         k = policy.proposal_length("draft")
         if k == 0:
             laps = pipelined_laps(policy.plain_steps())
-            for lap in laps:
-                policy.observe(Round([0], 0, 0, "target", None), lap)
+            for i, lap in enumerate(laps):
+                policy.observe(Round([0], 0, 0, "target", None, opens_block=i == 0), lap)
             spent.extend(laps)
             emitted += len(laps)
             continue
@@ -792,12 +792,18 @@ def test_a_plain_step_is_timed_by_the_laps_inside_its_block(monkeypatch):
         monkeypatch.setattr(policy_module, "STEADY_PLAIN_STEPS", rule)
         policy = AdaptivePolicy()
         policy.proposal_length("draft")
-        policy.observe(Round([0], 0, 0, "target", None), policy.plain_steps() * 3.0)  # untimed
+        policy.observe(Round([0], 0, 0, "target", None, opens_block=True),
+                       policy.plain_steps() * 3.0)  # untimed: the step before a first look
         policy.observe(Round([0, 0], 1, 1, "draft", None), cpu_round(1))  # the first look
         assert policy.proposal_length("draft") == 0
-        for lap in pipelined_laps(policy.plain_steps()):
-            policy.observe(Round([0], 0, 0, "target", None), lap)
+        for i, lap in enumerate(pipelined_laps(policy.plain_steps())):
+            policy.observe(Round([0], 0, 0, "target", None, opens_block=i == 0), lap)
         assert policy.measured_plain_seconds == pytest.approx(expected)
+        # a block opened without a drafted round between: its first lap is not steady
+        for i, lap in enumerate(pipelined_laps(3)):
+            policy.observe(Round([0], 0, 0, "target", None, opens_block=i == 0), lap)
+        steady = policy_module.trial_steps() - 3 + 1  # the trial's inner laps, and this one
+        assert list(policy.steady_laps) == pytest.approx([PLAIN_STEP] * steady)
 
 
 def test_a_source_losing_a_tenth_is_off_when_plain_steps_are_timed_steady(monkeypatch):
