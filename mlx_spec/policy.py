@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-
 from typing import Deque, Dict, List, Optional, Protocol, Sequence
 
 from .costmodel import CostPrior, expected_tokens_per_round
@@ -103,11 +102,13 @@ PROMPT_LOOK = True  # False: the guessed prior (the negative control of a test)
 LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control of a test)
 # A plain block's steps are queued back to back: its first lap carries the pipeline's fill (about
 # two steps, more right after a round), its last is short (its step ran during the lap before).
-# Averaging every lap is unbiased over long blocks but not over the cold start's 3-step trial
-# after a first look: 5.1-6.1 ms a step against 4.7-5.0 in the blocks after it (mtp-f32,
-# OpenBLAS), so a source losing 10% looked level with plain and drafted on. With the rule a
-# plain step is the median of the recent laps that have a lap before and after them in their
-# block (one such lap read 6.5 ms once: the trial is 5 steps, 3 of them steady).
+# Averaging every lap is unbiased over long blocks, not over the cold start's short trial
+# after a first look: an MTP head losing 10% (mtp-f32, OpenBLAS) could look level with plain,
+# and no plain step is timed while it drafts. With the rule a plain step is the median of the
+# recent laps that have a lap before and after them in their block; the trial is 5 timed
+# steps, 3 of them steady (one alone read 6.5 ms against 4.7 once). At the trial's end it reads
+# 1.01-1.08x plain decoding's step on the float32 zoo pairs, every lap's mean 1.07-1.14x
+# (bench/results/plain-laps-openblas.md; docs/benchmarks.md).
 STEADY_PLAIN_STEPS = True  # False: every lap weighs (the negative control of a test)
 STEADY_LAPS = 64  # the steady laps the median is over
 # Tried and left off: also ending the first rounds (and a probe's first) when even at the better
