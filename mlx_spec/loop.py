@@ -278,7 +278,7 @@ def generate_rounds(
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             started = time.perf_counter()
-            looks = {"look_rows": look_rows} if hasattr(drafter, "prompt_logits") else {}
+            looks = {"look_rows": look_rows} if prompt_look.offers(drafter) else {}
             drafter.prefill(prompt, prefill_step_size, **looks)  # evaluated: its time is its own
             if hasattr(policy, "observe_catch_up"):  # what a catch-up costs it per token
                 policy.observe_catch_up(drafter.source, len(prompt) - 1,
@@ -327,8 +327,10 @@ def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) ->
     the prompt (the shipped pair's look read 0.66, its rounds 0.87: docs/benchmarks.md)."""
     wanted = (not sampling.greedy and getattr(policy, "wants_prompt_look", lambda: False)()
               and agree is None and not processors
-              and any(hasattr(d, "prompt_logits") for d in drafters))
+              and any(prompt_look.offers(d) for d in drafters))
     return prompt_look.ROWS if wanted else 0
+
+
 
 
 def _without_own_token(decoder: Decoder, round_: Round) -> Round:

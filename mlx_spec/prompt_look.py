@@ -30,10 +30,10 @@ MIN_ROWS = 4  # fewer (a short prompt, a reused cache): no look
 
 def keep_hidden(cache: ModelCache) -> bool:
     """Make `cache` keep the hidden states of its forwards (its model split into trunk and
-    head; the cache's contents are the same). True when it was split here (undo with
-    `drop_hidden`); False when it already keeps them or cannot (a tap capture, a model
-    without mlx-lm's trunk-and-head layout)."""
-    if cache.split is not None or cache.capture is not None:
+    head; the cache's contents are the same; a block drafter's target keeps them beside its
+    taps, in `final`). True when it was split here (undo with `drop_hidden`); False when it
+    already keeps them or cannot (a model without mlx-lm's trunk-and-head layout)."""
+    if cache.split is not None:
         return False
     try:
         cache.split = split_target(cache.model)
@@ -43,41 +43,56 @@ def keep_hidden(cache: ModelCache) -> bool:
 
 
 def drop_hidden(cache: ModelCache) -> None:
-    cache.split, cache.hidden = None, None
+    cache.split, cache.final = None, None
+    if cache.capture is None:  # (a capture's hidden states are its taps)
+        cache.hidden = None
 
 
 def tail_logits(cache: ModelCache, rows: int) -> Optional[mx.array]:
     """The logits (r, V) of the last r <= `rows` positions of the cache's last forward, from
     its kept hidden states (lazy); None when it kept none."""
-    if cache.split is None or cache.hidden is None or cache.hidden.shape[0] < 1:
+    hidden = cache.final if cache.capture is not None else cache.hidden
+    if cache.split is None or hidden is None or hidden.shape[0] < 1:
         return None
-    return cache.split[1](cache.hidden[-rows:])
+    return cache.split[1](hidden[-rows:])
 
 
-def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingConfig) -> mx.array:
+def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingConfig,
+            draft_probs: bool = False) -> mx.array:
     """(r,) each position's chance the residual rule (T > 0: the loop looks only then) keeps
-    the draft's proposal there, for logits aligned on their last rows (the longer one cut)."""
+    the draft's proposal there, for logits aligned on their last rows (the longer one cut);
+    `draft_probs`: the draft's rows are q itself (a DFlash2 selector's), not logits."""
     rows = min(target_logits.shape[0], draft_logits.shape[0])
     target_logits, draft_logits = target_logits[-rows:], draft_logits[-rows:]
     vocab, pad = target_logits.shape[-1], target_logits.shape[-1] - draft_logits.shape[-1]
     if pad > 0:  # a draft vocabulary padded shorter than the target's: those tokens never drafted
-        draft_logits = mx.pad(draft_logits, [(0, 0), (0, pad)], constant_values=-mx.inf)
+        draft_logits = mx.pad(draft_logits, [(0, 0), (0, pad)],
+                              constant_values=0.0 if draft_probs else -mx.inf)
     draft_logits = draft_logits[:, :vocab]
     p = mx.exp(logprobs_from_logits(target_logits, sampling))
-    q = mx.exp(logprobs_from_logits(draft_logits, sampling))
+    q = draft_logits if draft_probs else mx.exp(logprobs_from_logits(draft_logits, sampling))
     return mx.minimum(p, q).sum(axis=-1)
 
 
+def offers(drafter) -> bool:
+    """Whether a drafter offers its prompt rows: `prompt_logits(rows)` or, when its q is not a
+    transform of logits, `prompt_probs(rows)` (either None: it cannot)."""
+    return getattr(drafter, "prompt_logits", None) is not None or \
+        getattr(drafter, "prompt_probs", None) is not None
+
+
 def look(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) -> Dict[str, tuple]:
-    """{source: (mean chance, positions)} for each drafter that offers its prompt logits
-    (`prompt_logits(rows)`: predicting the same last prompt tokens as `target_tail`)."""
+    """{source: (mean chance, positions)} for each drafter that offers its prompt rows
+    (predicting the same last prompt tokens as `target_tail`: see `offers`)."""
     pending = {}
     for drafter in drafters:  # each asked once, even with no target rows: it lets its go
-        offer = getattr(drafter, "prompt_logits", None)
-        draft_tail = offer(ROWS) if offer is not None else None
+        if not offers(drafter):
+            continue
+        as_probs = getattr(drafter, "prompt_logits", None) is None
+        draft_tail = (drafter.prompt_probs if as_probs else drafter.prompt_logits)(ROWS)
         if draft_tail is not None and draft_tail.shape[0] >= MIN_ROWS \
                 and target_tail is not None and target_tail.shape[0] >= MIN_ROWS:
-            pending[drafter.source] = chances(target_tail, draft_tail, sampling)
+            pending[drafter.source] = chances(target_tail, draft_tail, sampling, as_probs)
     if not pending:
         return {}
     means = {source: c.mean() for source, c in pending.items()}

@@ -159,8 +159,9 @@ def from_scratch_drafts(target, drafter, history, k, tokens, temp):
         else:
             q[i, candidates] = np.exp(scores / temp - (scores / temp).max())
             q[i] /= q[i].sum()
-            assert tokens[i] in candidates
-            previous = tokens[i]
+            if tokens is not None:  # (None: q of the first row alone, after history[-1])
+                assert tokens[i] in candidates
+                previous = tokens[i]
     return greedy if temp == 0 else q
 
 

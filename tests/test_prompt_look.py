@@ -92,6 +92,63 @@ def test_an_mtp_heads_look_pairs_each_hidden_state_with_the_token_after_it(tmp_p
     assert seen[0][1] == pytest.approx(expected, abs=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["full", "sliding", "causal"])
+def test_a_block_drafters_look_is_its_first_row_anchored_at_each_prompt_position(
+        tmp_path, monkeypatch, layout):
+    """A DFlash drafter's look: at each of the prompt's last positions a, the first draft row
+    of a block anchored at a over the target's taps before a (what a round there would draft;
+    from_scratch_block_logits, a dense numpy forward), against the target's own row at a. The
+    target keeps its taps and its final hidden states in the same prefill."""
+    from dflash_tiny import make_dflash
+    from test_dflash import from_scratch_block_logits
+
+    kwargs = {"full": {}, "sliding": dict(layer_types=["sliding_attention", "full_attention"],
+                                          sliding_window=4),
+              "causal": dict(is_causal=True)}[layout]
+    target = make_llama(layers=4, seed=0)
+    drafter = make_dflash(tmp_path / layout, 48, [1, 3], block_size=5, **kwargs)
+    prompt = prompt_of(14, seed=4)
+    seen = looked(monkeypatch)
+    decode(target, drafter, prompt)
+    n, rows = len(prompt), len(prompt) - 2  # anchors 1 .. n - 2: each has a context row before it
+    assert [(s, r) for s, _, r in seen] == [("dflash", rows)]
+    target_logits = target(mx.array([prompt[:-1]]))[0]  # row a predicts prompt[a + 1]
+    draft_logits = np.stack([from_scratch_block_logits(target, drafter, prompt[:a + 1], 1)[0]
+                             for a in range(1, n - 1)])  # anchored at a: predicts prompt[a + 1]
+    expected = numpy_chances(target_logits[1:], draft_logits, 0.7).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
+    shifted = numpy_chances(target_logits[2:], draft_logits[:-1], 0.7).mean()
+    assert abs(shifted - expected) > 1e-3  # (the check can tell an off-by-one)
+
+
+@pytest.mark.parametrize("layout", ["bidirectional", "causal"])
+def test_a_dflash2_drafters_look_is_its_selectors_first_draft_distribution(
+        tmp_path, monkeypatch, layout):
+    """DFlash2's q is not a transform of logits: its look compares p with the selector's
+    distribution over the first row's candidates after the anchor's token (from_scratch_drafts:
+    dense convolutions, scales, soft cap and selector), at each of the prompt's last positions."""
+    from dflash_tiny import make_dflash2
+    from test_dflash2 import EXTRAS, from_scratch_drafts
+
+    kwargs = {"bidirectional": {}, "causal": dict(is_causal=True)}[layout]
+    drafter = make_dflash2(tmp_path / layout, 48, [1, 3], block_size=5, conv_kernel_size=3,
+                           extra=EXTRAS, **kwargs)
+    target = make_llama(layers=4, seed=0)
+    prompt = prompt_of(14, seed=4)
+    seen = looked(monkeypatch)
+    decode(target, drafter, prompt)
+    n, rows = len(prompt), len(prompt) - 2
+    assert [(s, r) for s, _, r in seen] == [("dflash", rows)]
+    target_logits = np.asarray(target(mx.array([prompt[:-1]]))[0], np.float64) / 0.7
+    p = np.exp(target_logits - target_logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    q = np.concatenate([from_scratch_drafts(target, drafter, prompt[:a + 1], 1, None, 0.7)
+                        for a in range(1, n - 1)])  # anchored at a: predicts prompt[a + 1]
+    expected = np.minimum(p[1:], q).sum(-1).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
+    assert abs(np.minimum(p[2:], q[:-1]).sum(-1).mean() - expected) > 1e-3  # (off by one)
+
+
 @pytest.mark.parametrize("case", ["greedy", "fixed k", "processors", "short prompt", "flag off"])
 def test_no_look_where_it_is_not_wanted(pair, monkeypatch, case):
     """Greedy (a target's own continuation is easier than its prompt), a pinned k (no policy

@@ -37,6 +37,12 @@ two had never been measured when it was made:
   layers (two recurrent, one attention): a draft at half a target step whose
   recurrent state is rewound by checkpoints.
 
+Two more pairs are not in the zoo's halves (the never-behind tables): studies
+name them to measure the shipped DFlash block drafter (EXTRA_BUILDERS):
+
+- dflash-f16 / dflash-f32: the shipped target as stored / in float32 with the
+  shipped DFlash drafter (mlx_spec/default_models/dflash).
+
 The random targets use the shipped tokenizer's vocabulary, untied output
 heads and weights scaled up (as the tests' tiny models) so their text depends
 on the context.
@@ -56,6 +62,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import gemma3_text, llama, qwen3_5
 
+from ..dflash import load_dflash
 from ..loading import default_draft_path, default_target_path, load
 
 WEAK_DRAFT_SEED = 3
@@ -299,6 +306,22 @@ BUILDERS: Dict[str, Callable[[], Pair]] = {
     "hybrid-skip-f32": _hybrid_skip_f32,
 }
 ZOO_NAMES = tuple(BUILDERS)
+
+
+def _dflash(name: str, float32: bool) -> Pair:
+    target_model, _, tokenizer = _shipped()
+    if float32:
+        _as_f32(target_model)
+    dtype = "float32" if float32 else "float16, as stored"
+    return Pair(name, target_model, load_dflash(str(default_target_path().parent / "dflash")),
+                tokenizer, f"the shipped target ({dtype}) with the shipped DFlash drafter")
+
+
+EXTRA_BUILDERS: Dict[str, Callable[[], Pair]] = {
+    "dflash-f16": lambda: _dflash("dflash-f16", False),
+    "dflash-f32": lambda: _dflash("dflash-f32", True),
+}
+PAIR_NAMES = ZOO_NAMES + tuple(EXTRA_BUILDERS)  # what studies may name
 TUNED_NAMES = ("shipped-f16", "shipped-f32", "weak", "strong", "noisy-f32")
 HELD_OUT_NAMES = tuple(name for name in ZOO_NAMES if name not in TUNED_NAMES)
 
@@ -306,7 +329,8 @@ HELD_OUT_NAMES = tuple(name for name in ZOO_NAMES if name not in TUNED_NAMES)
 def build_zoo(names: Optional[Sequence[str]] = None) -> List[Pair]:
     """The named pairs (all of them by default), in the order asked."""
     names = list(ZOO_NAMES if names is None else names)
-    unknown = [name for name in names if name not in BUILDERS]
+    builders = {**BUILDERS, **EXTRA_BUILDERS}
+    unknown = [name for name in names if name not in builders]
     if unknown:
-        raise ValueError(f"Unknown pair {unknown[0]!r}; choose from {', '.join(ZOO_NAMES)}.")
-    return [BUILDERS[name]() for name in names]
+        raise ValueError(f"Unknown pair {unknown[0]!r}; choose from {', '.join(PAIR_NAMES)}.")
+    return [builders[name]() for name in names]

@@ -144,9 +144,12 @@ class ModelCache:
         # trunk's output in `hidden` (the logits are unchanged). None: no cost.
         # A block drafter's taps: capture(tokens (1, T), layers) -> (logits (1, T, V), hidden
         # (T, X)), the model's own forward with chosen layer outputs kept on the side.
+        # With both (the prompt look on a block drafter's target) the trunk's output of the last
+        # forward is kept in `final`, the taps in `hidden`.
         self.split = split
         self.capture = capture
         self.hidden: Optional[mx.array] = None  # (T, H) of the last forward, lazy
+        self.final: Optional[mx.array] = None
 
     @property
     def has_recurrent(self) -> bool:
@@ -173,6 +176,11 @@ class ModelCache:
         return logits
 
     def _run(self, tokens: mx.array) -> mx.array:
+        if self.capture is not None and self.split is not None:
+            trunk, head = self.split
+            final, self.hidden = self.capture(tokens[None], self.layers, forward=trunk)
+            self.final = final[0]
+            return head(final)[0]
         if self.capture is not None:
             logits, self.hidden = self.capture(tokens[None], self.layers)
             return logits[0]

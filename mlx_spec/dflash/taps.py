@@ -80,9 +80,11 @@ def concatenated(outputs: Dict[int, mx.array], ids: Sequence[int]) -> mx.array:
 
 
 def tap_capture(model, ids: Sequence[int]):
-    """For `ModelCache(capture=...)`: the model's own forward, plus its taps (T, len(ids) * H)."""
-    def capture(tokens: mx.array, cache):
+    """For `ModelCache(capture=...)`: the model's own forward, plus its taps (T, len(ids) * H).
+    `forward`, when given, runs in its place over the same layers (the trunk of a split model:
+    its output is then the trunk's, for the prompt look)."""
+    def capture(tokens: mx.array, cache, forward=None):
         with tapped(model, ids) as outputs:
-            logits = model(tokens, cache=cache)
-        return logits, concatenated(outputs, ids)
+            out = (forward or model)(tokens, cache=cache)
+        return out, concatenated(outputs, ids)
     return capture

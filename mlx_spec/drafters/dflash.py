@@ -40,6 +40,10 @@ from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
 
 
+LOOK_TOKENS = 64  # followed tokens kept for the prompt look (prompt_look.ROWS and one more)
+LOOK_BYTES = 64 << 20  # the prompt look's copies of the context keys/values, at most
+
+
 @dataclass
 class DFlashContext:
     """What a drafter has read of the target: its context keys/values per layer, from absolute
@@ -89,14 +93,60 @@ class DFlashDrafter:
         else:  # blind for what the cache holds
             context = DFlashContext(drafter, start, [KVCache() for _ in drafter.layers])
         self.context = context
+        self._after: List[int] = []  # the last LOOK_TOKENS tokens followed (the prompt look)
 
     @property
     def max_draft_tokens(self) -> int:
         return self.block_size - 1
 
     def follow(self, tokens: List[int], hidden: mx.array) -> None:
-        """The target's tapped hidden states (len(tokens), taps * H) at the positions it kept."""
+        """The target's tapped hidden states (len(tokens), taps * H) at the positions it kept;
+        `tokens`: the token after each."""
         self.context.queued.append(hidden)
+        self._after = (self._after + list(tokens))[-LOOK_TOKENS:]
+
+    def prompt_logits(self, rows: int) -> Optional[mx.array]:
+        """For the prompt look, right after the prefill: the logits (r, V), lazy, of the
+        block's first draft row at the last r <= `rows` prompt positions that have a context
+        row before them (they predict the prompt's last r tokens); None when fewer than two
+        positions were seen."""
+        anchored = self.anchored_rows(rows)
+        return None if anchored is None else self.head(anchored[0])
+
+    def anchored_rows(self, rows: int):
+        """(first draft rows (r, H), anchor tokens (r,)): at each of the last r <= `rows`
+        prompt positions a with a context row before them, the block [a's token] + masks at
+        positions a.. over the context before a, as a round anchored there would run it."""
+        self.catch_up()
+        context, caches = self.context, self.context.cache
+        count, after = caches[0].offset, self._after  # after[-1]: the token after the last row
+        r = min(rows, len(after) - 1, count - 1)
+        if r < 1:
+            return None
+        end = context.start + count  # the last prompt token's position (the next anchor)
+        anchors = mx.arange(end - r, end)
+        size = 2 if self.cuttable else self.block_size
+        anchor_tokens = after[-(r + 1):-1]
+        tokens = mx.array([[t] + [self.config.mask_token_id] * (size - 1)
+                           for t in anchor_tokens], mx.uint32)  # (r, size)
+        keys = [c.keys[..., :count, :] for c in caches]
+        values = [c.values[..., :count, :] for c in caches]
+        width = keys[0].shape[1] * keys[0].shape[-1] * keys[0].dtype.size * 2 * len(keys)
+        group = max(1, min(r, LOOK_BYTES // max(1, width * count)))  # broadcast context copies
+        first_rows = []
+        for first in range(0, r, group):
+            a = anchors[first:first + group]
+            n = a.shape[0]
+            x = self.embed(tokens[first:first + group]) * self.embed_scale  # (n, size, H)
+            masks = [anchored_mask(self.config, i, context.start, count, a, size)
+                     for i in range(len(caches))]
+            rows_ = self.drafter.block(
+                x.astype(self.drafter.fc.weight.dtype),
+                [mx.broadcast_to(k, (n,) + k.shape[1:]) for k in keys],
+                [mx.broadcast_to(v, (n,) + v.shape[1:]) for v in values], a, masks)
+            first_rows.append(rows_[:, 1])  # (n, H)
+        first_rows = first_rows[0] if len(first_rows) == 1 else mx.concatenate(first_rows)
+        return first_rows, mx.array(anchor_tokens, mx.uint32)
 
     def catch_up(self) -> list:
         """Turn the queued rows into context keys/values (lazily); the arrays holding them."""
@@ -197,6 +247,27 @@ def block_mask(config, layer: int, context_start: int, offset: int,
         see_context = see_context & (query - context < window)
         see_block = see_block & (query - block < window)
     return mx.concatenate([see_context, see_block], axis=1)
+
+
+def anchored_mask(config, layer: int, context_start: int, count: int, anchors: mx.array,
+                  size: int) -> mx.array:
+    """block_mask for a batch of blocks (n, 1, size, count + size), block j anchored at
+    position anchors[j] over the context rows count rows from context_start that come before
+    it (the prompt look: each sees what a round anchored there would see)."""
+    window, causal = config.window(layer), config.causal(layer)
+    query = anchors[:, None, None] + mx.arange(size)[None, :, None]  # (n, size, 1)
+    context = context_start + mx.arange(count)[None, None, :]  # (1, 1, count)
+    see_context = context < anchors[:, None, None]
+    offsets = mx.arange(size)
+    see_block = mx.ones((size, size), mx.bool_)
+    if causal:
+        see_block = offsets[None, :] <= offsets[:, None]
+    if window is not None:
+        see_context = see_context & (query - context < window)
+        see_block = see_block & (offsets[:, None] - offsets[None, :] < window)
+    see_context = mx.broadcast_to(see_context, (anchors.shape[0], size, count))
+    see_block = mx.broadcast_to(see_block[None], (anchors.shape[0], size, size))
+    return mx.concatenate([see_context, see_block], axis=-1)[:, None]
 
 
 def embedding_scale(target_model) -> float:

@@ -20,12 +20,14 @@ from typing import Optional, Tuple
 import mlx.core as mx
 
 from ..dflash.config import DFlash2Parts
-from ..dflash.dflash2 import draft_logits
+from ..dflash.dflash2 import draft_logits, selector_scores
 from ..mtp.heads import text_model
 from .dflash import DFlashDrafter
 
 
 class DFlash2Drafter(DFlashDrafter):
+    prompt_logits = None  # its q is the selector's, not a transform of logits: prompt_probs
+
     def __init__(self, drafter, target_model, sampling, start=0, context=None):
         super().__init__(drafter, target_model, sampling, start=start, context=context)
         self.embed_scale *= self.config.dflash2.input_embedding_scale
@@ -34,6 +36,24 @@ class DFlash2Drafter(DFlashDrafter):
     def logits(self, rows: mx.array) -> mx.array:
         """The drafter's logits (k, V) for its normed rows (k, H)."""
         return draft_logits(self.head(rows), *self.logit_scale)
+
+    def prompt_probs(self, rows: int) -> Optional[mx.array]:
+        """For the prompt look (T > 0), right after the prefill: q (r, V), lazy, of the first
+        draft row anchored at each of the last r <= `rows` prompt positions (see
+        anchored_rows): the selector's distribution over that row's candidates after the
+        anchor's token, softmax(score / T), as its walk draws the row; None as prompt_logits."""
+        anchored = self.anchored_rows(rows)
+        if anchored is None or self.sampling.greedy:
+            return None
+        hidden, anchors = anchored
+        selector = self.drafter.candidate_selector
+        logits = self.logits(hidden)  # (r, V)
+        candidates = mx.argpartition(-logits, selector.top_k - 1, axis=-1)[:, :selector.top_k]
+        unary = mx.take_along_axis(logits, candidates, axis=-1)
+        scores = selector_scores(selector, candidates, unary, selector.hidden_projection(hidden),
+                                 anchors)  # (r, K)
+        q = mx.softmax(scores * (1.0 / self.sampling.temp), axis=-1)
+        return mx.put_along_axis(mx.zeros(logits.shape, mx.float32), candidates, q, axis=-1)
 
     def draw(self, rows: mx.array, anchor: int):
         """The selector's drafts from rows 1..k (k, H) and q (k, V), or None when greedy."""
