@@ -140,11 +140,11 @@ class DFlashDrafter:
             x = self.embed(tokens[first:first + group]) * self.embed_scale  # (n, size, H)
             masks = [anchored_mask(self.config, i, context.start, count, a, size)
                      for i in range(len(caches))]
-            rows_ = self.drafter.block(
+            out = self.drafter.block(
                 x.astype(self.drafter.fc.weight.dtype),
                 [mx.broadcast_to(k, (n,) + k.shape[1:]) for k in keys],
                 [mx.broadcast_to(v, (n,) + v.shape[1:]) for v in values], a, masks)
-            first_rows.append(rows_[:, 1])  # (n, H)
+            first_rows.append(out[:, 1])  # (n, H)
         first_rows = first_rows[0] if len(first_rows) == 1 else mx.concatenate(first_rows)
         return first_rows, mx.array(anchor_tokens, mx.uint32)
 
@@ -251,9 +251,9 @@ def block_mask(config, layer: int, context_start: int, offset: int,
 
 def anchored_mask(config, layer: int, context_start: int, count: int, anchors: mx.array,
                   size: int) -> mx.array:
-    """block_mask for a batch of blocks (n, 1, size, count + size), block j anchored at
-    position anchors[j] over the context rows count rows from context_start that come before
-    it (the prompt look: each sees what a round anchored there would see)."""
+    """block_mask for a batch of blocks (n, 1, size, count + size): block j anchored at
+    position anchors[j], over the `count` context rows from position context_start, of which
+    it sees those before it (the prompt look: what a round anchored there would see)."""
     window, causal = config.window(layer), config.causal(layer)
     query = anchors[:, None, None] + mx.arange(size)[None, :, None]  # (n, size, 1)
     context = context_start + mx.arange(count)[None, None, :]  # (1, 1, count)
