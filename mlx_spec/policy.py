@@ -107,8 +107,8 @@ LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control o
 # and no plain step is timed while it drafts. With the rule a plain step is the median of the
 # recent laps that have a lap before and after them in their block; the trial is 5 timed
 # steps, 3 of them steady (one alone read 6.5 ms against 4.7 once). At the trial's end it reads
-# 1.01-1.08x plain decoding's step on the float32 zoo pairs, every lap's mean 1.07-1.14x
-# (bench/results/plain-laps-openblas.md; docs/benchmarks.md).
+# 1.01-1.08x plain decoding's step on the float32 zoo pairs; every lap's mean over the 3-step
+# trial before it, 1.07-1.22x (bench/results/plain-laps*-openblas.md; docs/benchmarks.md).
 STEADY_PLAIN_STEPS = True  # False: every lap weighs (the negative control of a test)
 STEADY_LAPS = 64  # the steady laps the median is over
 # Tried and left off: also ending the first rounds (and a probe's first) when even at the better
