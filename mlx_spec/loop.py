@@ -331,8 +331,6 @@ def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) ->
     return prompt_look.ROWS if wanted else 0
 
 
-
-
 def _without_own_token(decoder: Decoder, round_: Round) -> Round:
     """The round without its last token, the target's own after every draft was kept: the
     target cache then holds the whole history (the generation ends here)."""

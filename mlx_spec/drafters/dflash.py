@@ -93,7 +93,9 @@ class DFlashDrafter:
         else:  # blind for what the cache holds
             context = DFlashContext(drafter, start, [KVCache() for _ in drafter.layers])
         self.context = context
-        self._after: List[int] = []  # the last LOOK_TOKENS tokens followed (the prompt look)
+        # The last LOOK_TOKENS tokens followed before the first proposal (the prompt look's
+        # anchors); None once it has proposed: rounds record nothing.
+        self._after: Optional[List[int]] = []
 
     @property
     def max_draft_tokens(self) -> int:
@@ -103,7 +105,8 @@ class DFlashDrafter:
         """The target's tapped hidden states (len(tokens), taps * H) at the positions it kept;
         `tokens`: the token after each."""
         self.context.queued.append(hidden)
-        self._after = (self._after + list(tokens))[-LOOK_TOKENS:]
+        if self._after is not None:
+            self._after = (self._after + list(tokens))[-LOOK_TOKENS:]
 
     def prompt_logits(self, rows: int) -> Optional[mx.array]:
         """For the prompt look, right after the prefill: the logits (r, V), lazy, of the
@@ -119,7 +122,7 @@ class DFlashDrafter:
         positions a.. over the context before a, as a round anchored there would run it."""
         self.catch_up()
         context, caches = self.context, self.context.cache
-        count, after = caches[0].offset, self._after  # after[-1]: the token after the last row
+        count, after = caches[0].offset, self._after or []  # after[-1]: after the last row
         r = min(rows, len(after) - 1, count - 1)
         if r < 1:
             return None
@@ -165,6 +168,7 @@ class DFlashDrafter:
         return bool(self.context.queued) or self.context.cache[0].offset > 0
 
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
+        self._after = None  # past the prompt: the look is over
         k = min(k, self.block_size - 1)
         with round_attention():  # a causal block cut after row k is exactly its first rows
             rows = self.block_rows(history, k + 1 if self.cuttable else self.block_size)
