@@ -178,3 +178,43 @@ def test_the_look_replaces_the_guess_and_keeps_its_weight():
     after = policy.source("draft")
     assert after.acceptance == pytest.approx(0.2) and after.prior_acceptance == pytest.approx(0.2)
     assert after.accepted + after.rejected == pytest.approx(weight)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3_text", "qwen3_5-q4", "nemotron_h"])
+def test_a_block_drafters_look_on_hybrid_sliding_and_quantized_targets(tmp_path, monkeypatch,
+                                                                       family):
+    """A Gated-DeltaNet hybrid, a sliding-window target, a quantized one: the look equals,
+    anchor by anchor, a drafter fed the taps of the target's own whole-prompt forward up to
+    the anchor and asked for one block (block_rows: the rounds' path, not the batched one),
+    against the target's own logits. A Mamba hybrid (nemotron_h: its trunk is `backbone`,
+    which split_target does not split) takes no look and decodes as before."""
+    from dflash_tiny import make_dflash
+    from families import shared_family
+
+    from mlx_spec.dflash import tapped
+    from mlx_spec.dflash.taps import concatenated
+    from mlx_spec.drafters import DFlashDrafter
+
+    name, _, quant = family.partition("-q")
+    target = shared_family(name, seed=2, quantize_bits=int(quant) if quant else None)
+    drafter = make_dflash(tmp_path / "d", 32, [0, 2], block_size=6, seed=5,
+                          layer_types=["sliding_attention", "full_attention"], sliding_window=3)
+    prompt = prompt_of(14, seed=4)
+    seen = looked(monkeypatch)
+    assert len(decode(target, drafter, prompt)) == 8
+    n = len(prompt)
+    if family == "nemotron_h":
+        assert seen == []
+        return
+    assert [(s, r) for s, _, r in seen] == [("dflash", n - 2)]
+    ids = drafter.dflash_config.target_layer_ids
+    with tapped(target, ids) as outputs:
+        target_logits = target(mx.array([prompt[:-1]]))[0]
+    taps = concatenated(outputs, ids)
+    draft_logits = []
+    for a in range(1, n - 1):  # anchored at a: the context is the taps before a
+        one = DFlashDrafter(drafter, target, SamplingConfig(temp=0.7))
+        one.follow(prompt[1:a + 1], taps[:a])
+        draft_logits.append(one.head(one.block_rows(prompt[:a + 1])[0, 1]))
+    expected = numpy_chances(target_logits[1:], mx.stack(draft_logits), 0.7).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
