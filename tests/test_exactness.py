@@ -111,6 +111,34 @@ def test_rule_alone_negative_control():
     assert stats.chisquare(counts, P / P.sum() * counts.sum()).pvalue < ALPHA
 
 
+def sampled_counts(logprobs, draws=3000, seed=0):
+    """Counts of sampling.sample's draws, each row (a (2, V) input: both rows) per call."""
+    from mlx_spec.sampling import sample
+    mx.random.seed(seed)
+    rows = mx.array(logprobs, mx.float32)
+    counts = np.zeros(rows.shape, dtype=np.int64)
+    for _ in range(draws):
+        for row, token in enumerate(np.array(sample(rows, SamplingConfig(temp=1.0))).tolist()):
+            counts[row, token] += 1
+    return counts
+
+
+def test_sample_draws_from_its_distribution_row_by_row():
+    """The plain step's and the bonus token's draw (compiled with the global random state, as
+    mlx-lm's sampler is): each row's draws match its own p; a seed repeats them."""
+    rows = np.log(np.stack([P, Q]))
+    counts = sampled_counts(rows)
+    for row, p in zip(counts, (P, Q)):
+        assert stats.chisquare(row, p * row.sum()).pvalue > ALPHA
+    assert (sampled_counts(rows, draws=50, seed=3) == sampled_counts(rows, draws=50, seed=3)).all()
+    assert (sampled_counts(rows, draws=50, seed=3) != sampled_counts(rows, draws=50, seed=4)).any()
+
+
+def test_sample_negative_control_the_other_rows_p_is_caught():
+    counts = sampled_counts(np.log(np.stack([P, Q])))
+    assert stats.chisquare(counts[0], Q * counts[0].sum()).pvalue < ALPHA
+
+
 def test_a_pair_the_target_never_produces_fails_the_check():
     from mlx_spec.exactness import chi_square
 
