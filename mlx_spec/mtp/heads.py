@@ -72,17 +72,18 @@ def mtp_style(model, layer: Optional[dict] = None) -> str:
 def split_target(model) -> Tuple[Callable, Callable]:
     """(trunk, head): head(trunk(x, cache=c)) is exactly what `model(x, cache=c)` computes.
 
-    The trunk returns the hidden states after the final norm (B, T, H); the
-    head is `lm_head`, or the embedding as a linear layer when tied. On a
+    The trunk (`model`, or a Mamba hybrid's `backbone`) returns the hidden states after the
+    final norm (B, T, H); the head is `lm_head`, or the embedding as a linear layer when tied. On a
     sharded target the hidden states are whole on every rank (tensor parallel
     sums each layer's output; a pipeline gathers the last stage's), and a
     head that tensor parallelism split by vocabulary (qwen3_5's) is gathered
     as the model's own forward gathers it, so the logits are whole too.
     """
     text = text_model(model)
-    trunk = text.model
+    trunk = text.model if "model" in text else text.backbone  # (nemotron_h: `backbone`)
     tied = getattr(text.args, "tie_word_embeddings", False) or "lm_head" not in text
-    head = trunk.embed_tokens.as_linear if tied else text.lm_head
+    head = (trunk.embed_tokens if "embed_tokens" in trunk else trunk.embeddings).as_linear \
+        if tied else text.lm_head
     if isinstance(head, (nn.AllToShardedLinear, nn.QuantizedAllToShardedLinear)):
         return trunk, _gathered(head)
     return trunk, head
