@@ -159,6 +159,6 @@ def sample(logprobs: mx.array, config: SamplingConfig) -> mx.array:
 @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
 def _categorical(logprobs: mx.array) -> mx.array:
     """mx.random.categorical over the last axis, compiled with the global random state, as
-    mlx-lm's sampler is: the same draw, ~0.1 ms less per sampled step on a CPU (a plain
-    step at T = 0.7 on a tiny model: 1.46 ms -> 1.36, mlx-lm's own loop 1.36)."""
+    mlx-lm's sampler is: the same draw, built as one compiled graph per step (uncompiled it
+    cost ~0.1 ms more per sampled plain step on a CPU: bench/results/plain-loop-openblas.md)."""
     return mx.random.categorical(logprobs, axis=-1)

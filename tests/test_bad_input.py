@@ -314,3 +314,13 @@ def test_plain_laps_study_refuses_bad_arguments_in_one_sentence(argv, message, c
         main(argv)
     assert exited.value.code == 2
     assert f": error: {message}" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv,message", [(["--pairs", "nope"], "unknown pair 'nope'"),
+                                          (["--repeats", "0"], "--repeats must be >= 1")])
+def test_plain_loop_study_refuses_bad_arguments_in_one_sentence(argv, message, capsys):
+    from mlx_spec.bench.studies.plain_loop import main
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert f": error: {message}" in capsys.readouterr().err.strip().splitlines()[-1]

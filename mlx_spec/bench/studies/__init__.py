@@ -2,14 +2,13 @@
 
     python -m mlx_spec.bench.studies.<name> [--help]
 
-never_behind, long_replies, rule_fires, prompt_look, draft_step, mtp_speed, multiturn_reuse,
-dflash_acceptance, dflash_cost, lookup_track_record, off_switch, rewind_cost, round_overhead,
-serve_load,
-verify_cost_dtype, distributed_one_process, compare_results and run_bench
-(`mlx-spec bench` with a fixed seed and a file name per machine). Those that
-write files write them under RESULTS_DIR, `bench/results` relative to the
-current directory: the repository's own bench/results/ when run from its
-root, which bench/README.md lists file by file. `mlx-spec bench` itself
+never_behind, long_replies, rule_fires, prompt_look, plain_laps, plain_loop, draft_step,
+mtp_speed, multiturn_reuse, dflash_acceptance, dflash_cost, lookup_track_record, off_switch,
+rewind_cost, round_overhead, serve_load, verify_cost_dtype, distributed_one_process,
+compare_results and run_bench (`mlx-spec bench` with a fixed seed and a file name per
+machine). Those that write files write them under RESULTS_DIR, `bench/results` relative to
+the current directory: the repository's own bench/results/ when run from its root, which
+bench/README.md lists file by file. `mlx-spec bench` itself
 (mlx_spec/cli/bench.py) needs none of this package.
 """
 
