@@ -72,9 +72,9 @@ def mtp_style(model, layer: Optional[dict] = None) -> str:
 def split_target(model) -> Tuple[Callable, Callable]:
     """(trunk, head): head(trunk(x, cache=c)) is exactly what `model(x, cache=c)` computes.
 
-    The trunk (`model`, or a Mamba hybrid's `backbone`) returns the hidden states after the
-    final norm (B, T, H); the head is `lm_head`, or the embedding as a linear layer when tied. On a
-    sharded target the hidden states are whole on every rank (tensor parallel
+    The trunk (`model`, or a Mamba hybrid's `backbone`) returns the hidden states after
+    the final norm (B, T, H); the head is `lm_head`, or the embedding as a linear layer
+    when tied. On a sharded target the hidden states are whole on every rank (tensor parallel
     sums each layer's output; a pipeline gathers the last stage's), and a
     head that tensor parallelism split by vocabulary (qwen3_5's) is gathered
     as the model's own forward gathers it, so the logits are whole too.
