@@ -306,20 +306,12 @@ def test_draft_step_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
     assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("study", ["plain_laps", "plain_loop"])
 @pytest.mark.parametrize("argv,message", [(["--pairs", "nope"], "unknown pair 'nope'"),
                                           (["--repeats", "0"], "--repeats must be >= 1")])
-def test_plain_laps_study_refuses_bad_arguments_in_one_sentence(argv, message, capsys):
-    from mlx_spec.bench.studies.plain_laps import main
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 2
-    assert f": error: {message}" in capsys.readouterr().err.strip().splitlines()[-1]
-
-
-@pytest.mark.parametrize("argv,message", [(["--pairs", "nope"], "unknown pair 'nope'"),
-                                          (["--repeats", "0"], "--repeats must be >= 1")])
-def test_plain_loop_study_refuses_bad_arguments_in_one_sentence(argv, message, capsys):
-    from mlx_spec.bench.studies.plain_loop import main
+def test_plain_step_studies_refuse_bad_arguments_in_one_sentence(study, argv, message, capsys):
+    import importlib
+    main = importlib.import_module(f"mlx_spec.bench.studies.{study}").main
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2

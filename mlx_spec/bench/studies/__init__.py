@@ -34,3 +34,11 @@ def write_results(out: str, header: dict, rows: list, markdown: str) -> None:
     (RESULTS_DIR / f"{out}.json").write_text(json.dumps({**header, "rows": rows}, indent=1))
     (RESULTS_DIR / f"{out}.md").write_text(markdown)
     print(markdown)
+
+
+def check_pairs(parser, names: str, known) -> None:
+    """Refuse (argparse's one-sentence error, exit 2) the first of the comma-separated
+    `names` not among `known`."""
+    unknown = [name for name in names.split(",") if name not in known]
+    if unknown:
+        parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(known)}.")

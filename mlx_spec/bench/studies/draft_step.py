@@ -26,7 +26,7 @@ from ...generate import speculative_generate_step
 from ...policy import AdaptivePolicy
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import ZOO_NAMES, build_zoo
-from . import study_header, write_results
+from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 
@@ -89,9 +89,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="draft-step")
     args = parser.parse_args(argv)
     pairs = args.pairs.split(",")
-    unknown = [name for name in pairs if name not in ZOO_NAMES]
-    if unknown:
-        parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(ZOO_NAMES)}.")
+    check_pairs(parser, args.pairs, ZOO_NAMES)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1.")
     rows = measure(pairs, args.repeats)

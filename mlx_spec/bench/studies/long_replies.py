@@ -32,7 +32,7 @@ from ... import policy as policy_module
 from ..endtoend import interleave, run_target_alone
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import HELD_OUT_NAMES, PAIR_NAMES, build_zoo
-from . import study_header, write_results
+from . import check_pairs, study_header, write_results
 from .never_behind import (COPY_SOURCE_PROMPT, DEFAULT_PROMPTS, copy_prompt, paired_ratio,
                            run_defaults)
 
@@ -144,9 +144,7 @@ def main(argv=None) -> int:
         parser.error(f"--flip takes the policy's on/off rules ({', '.join(flippable_rules())}), "
                      f"not {unknown_rules[0]!r}.")
     pairs = args.pairs.split(",")
-    unknown = [name for name in pairs if name not in PAIR_NAMES]
-    if unknown:
-        parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(PAIR_NAMES)}.")
+    check_pairs(parser, args.pairs, PAIR_NAMES)
     try:
         temps = [float(t) for t in args.temps.split(",")]
     except ValueError:

@@ -29,7 +29,7 @@ from ...sampling import SamplingConfig
 from ..endtoend import run_target_alone
 from ..prompts import encode_prompts
 from ..zoo import ZOO_NAMES, build_zoo
-from . import study_header, write_results
+from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 DEFAULT_PAIRS = "mtp-f32,skip-f32,hybrid-skip-f32,sliding-f32,hybrid-f32,strong,shipped-f16"
@@ -71,9 +71,7 @@ def main(argv=None):
                         help="policy.STEADY_PLAIN_STEPS off (the shorter trial before it)")
     parser.add_argument("--out", default="plain-laps")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.pairs.split(",") if name not in ZOO_NAMES]
-    if unknown:
-        parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(ZOO_NAMES)}.")
+    check_pairs(parser, args.pairs, ZOO_NAMES)
     if args.repeats < 1 or args.tokens < 16:
         parser.error("--repeats must be >= 1 and --tokens >= 16.")
     shipped = policy_module.STEADY_PLAIN_STEPS

@@ -28,7 +28,7 @@ from ..endtoend import _prefilled, run_target_alone
 from ..prompts import encode_prompts
 from ..timing import median, median_interval
 from ..zoo import ZOO_NAMES, build_zoo
-from . import study_header, write_results
+from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 DEFAULT_PAIRS = "skip-f32,hybrid-f32,sliding-f32,mtp-f32,hybrid-skip-f32,shipped-f16"
@@ -125,9 +125,7 @@ def main(argv=None):
                         help="also time mlx-spec's loop with an uncompiled categorical draw")
     parser.add_argument("--out", default="plain-loop")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.pairs.split(",") if name not in ZOO_NAMES]
-    if unknown:
-        parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(ZOO_NAMES)}.")
+    check_pairs(parser, args.pairs, ZOO_NAMES)
     if args.repeats < 1 or args.tokens < 8:
         parser.error("--repeats must be >= 1 and --tokens >= 8.")
     rows = measure(args)

@@ -23,7 +23,7 @@ from ...policy import AdaptivePolicy, expected_kept
 from ...sampling import SamplingConfig
 from ..prompts import encode_prompts
 from ..zoo import PAIR_NAMES, ZOO_NAMES, build_zoo
-from . import study_header, write_results
+from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 
@@ -72,9 +72,7 @@ def main(argv=None):
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--out", default="prompt-look-accuracy")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.pairs.split(",") if name not in PAIR_NAMES]
-    if unknown:
-        parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(PAIR_NAMES)}.")
+    check_pairs(parser, args.pairs, PAIR_NAMES)
     if not policy_module.PROMPT_LOOK:
         parser.error("policy.PROMPT_LOOK is off: there is no look to measure.")
     rows = []
