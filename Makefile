@@ -1,6 +1,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Test workers (pytest-xdist): 2 fits a 2-core machine; JOBS=0 runs the tests in one process.
+JOBS ?= 2
 
 .PHONY: install test run bench clean
 
@@ -12,7 +14,7 @@ $(BIN)/mlx-spec:
 install: $(BIN)/mlx-spec
 
 test: install
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(JOBS) tests
 
 run: install
 	$(BIN)/mlx-spec generate --prompt "def fibonacci(n):" --max-tokens 120

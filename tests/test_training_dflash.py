@@ -81,14 +81,15 @@ def test_sampled_training_text_is_drawn_from_the_target(target):
     """`--sampled-sequences`: continuations drawn at T = 1 (seeded) follow the target's own
     distribution (the first token's frequency of the target's top token matches its
     probability within 4 standard errors); temp 0 is the greedy continuation."""
-    prompt = np.random.default_rng(2).integers(0, 4000, size=(1, 12))
+    prompt = np.random.default_rng(2).integers(0, 4000, size=(1, 3))  # short: 512 forwards
     prompts = np.repeat(prompt, 512, axis=0)
     p = mx.softmax(target(mx.array(prompt))[0, -1], axis=-1)
     top = int(mx.argmax(p))
     greedy = training.generate(target, prompts[:2], 1)
     assert (greedy[:, -1] == top).all()
     drawn = training.generate(target, prompts, 1, temp=1.0, seed=5)[:, -1]
-    assert (drawn == training.generate(target, prompts, 1, temp=1.0, seed=5)[:, -1]).all()
+    again = training.generate(target, prompts[:64], 1, temp=1.0, seed=5)[:, -1]
+    assert (again == training.generate(target, prompts[:64], 1, temp=1.0, seed=5)[:, -1]).all()
     rate, chance = float((drawn == top).mean()), float(p[top])
     assert 0.05 < chance < 0.95  # a distribution to sample, not a point mass
     assert abs(rate - chance) < 4 * np.sqrt(chance * (1 - chance) / len(drawn))
