@@ -8,8 +8,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Each test process (pytest-xdist runs two) keeps calibrations in its own directory: never the
-# user's ~/.cache/mlx-spec, never another worker's. A test that needs its own sets it again.
-os.environ.setdefault("MLX_SPEC_CACHE_DIR", tempfile.mkdtemp(prefix="mlx-spec-tests-"))
+# user's cache (nor a MLX_SPEC_CACHE_DIR of their shell), never another worker's.
+os.environ["MLX_SPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlx-spec-tests-")
 
 from tiny import make_llama, perturbed, write_model_dir  # noqa: E402
 

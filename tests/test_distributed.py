@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,20 +36,22 @@ pytestmark = pytest.mark.skipif(not mx.distributed.is_available(),
 
 
 def free_port(ranks: int = 2) -> int:
-    """A port p with p .. p + ranks - 1 free: the ring backend listens on one per rank."""
+    """A port p with p .. p + ranks - 1 free: the ring backend listens on one per rank.
+
+    Drawn below the ephemeral range (32768 up), which port-0 servers and client sockets take
+    from, and from a range of its own per pytest-xdist worker, so that between this check and
+    the ranks binding nobody else on the machine's tests takes p + 1."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    base = 20000 + 2000 * ((int(worker) if worker.isdigit() else 0) % 6)
     while True:
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            if port + ranks > 65536:
-                continue
-            try:
-                for offset in range(1, ranks):
-                    with socket.socket() as other:
-                        other.bind(("127.0.0.1", port + offset))
-            except OSError:
-                continue
-            return port
+        port = base + random.randrange(2000 - ranks)
+        try:
+            for offset in range(ranks):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
+        return port
 
 
 def launch(out: Path, target: Path, draft=None, scenarios=(), sharding="auto", ranks=2,

@@ -82,7 +82,8 @@ def test_abuse_gets_4xx_and_leaves_good_answers_unchanged(served):
             if case.category in UNSUPPORTED:
                 assert outcome.code == "unsupported_parameter"
         if "64 MiB" in case.category:
-            assert outcome.seconds < 2, (case.category, outcome.seconds)
+            # (a minute before the cap; 5 s leaves room for the other test worker's load)
+            assert outcome.seconds < 5, (case.category, outcome.seconds)
     assert sum(o.extra.get("disconnects", 0) for _, o in results) >= 3 * serve_abuse.FLOOD_SIZE
     assert errors.messages == []  # no 500 that the client never saw (one that left mid-body)
     assert health["status"] == "ok" and health["requests"]["admitted"] == 0
