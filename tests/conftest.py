@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -10,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # Each test process (pytest-xdist runs two) keeps calibrations in its own directory: never the
 # user's cache (nor a MLX_SPEC_CACHE_DIR of their shell), never another worker's.
 os.environ["MLX_SPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlx-spec-tests-")
+atexit.register(shutil.rmtree, os.environ["MLX_SPEC_CACHE_DIR"], ignore_errors=True)
 
 from tiny import make_llama, perturbed, write_model_dir  # noqa: E402
 
