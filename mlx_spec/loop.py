@@ -290,7 +290,7 @@ def generate_rounds(
             drafter.attach(decoder.history)
     if look_rows:
         for source, (acceptance, rows) in prompt_look.look(target_tail, drafters, sampling).items():
-            policy.observe_prompt_look(source, acceptance, rows)
+            policy.observe_prompt_look(source, acceptance, rows, greedy=sampling.greedy)
     emitted = 0
     clock = RoundClock()
     while emitted < max_tokens:
@@ -321,11 +321,11 @@ def generate_rounds(
 
 
 def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) -> int:
-    """How many prompt positions the prompt look compares (0: none): at T > 0 when the policy
-    wants one, not on a sharded target (each rank would judge on its own) nor with logits
-    processors (they change p). Greedy, a target's own continuation is easier to guess than
-    the prompt (the shipped pair's look read 0.66, its rounds 0.87: docs/benchmarks.md)."""
-    wanted = (not sampling.greedy and getattr(policy, "wants_prompt_look", lambda: False)()
+    """How many prompt positions the prompt look compares (0: none): when the policy wants one
+    (greedy too: policy.GREEDY_LOOK), not on a sharded target (each rank would judge on its
+    own) nor with logits processors (they change p)."""
+    wants = getattr(policy, "wants_prompt_look", None)
+    wanted = (wants is not None and wants(sampling.greedy)
               and agree is None and not processors
               and any(prompt_look.offers(d) for d in drafters))
     return prompt_look.ROWS if wanted else 0

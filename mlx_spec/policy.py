@@ -100,6 +100,16 @@ PROMPT_LOOK = True  # False: the guessed prior (the negative control of a test)
 # plus k of its timed draft steps. The sliding pair's first look (a k = 1 round of 3.7 plain
 # steps, its draft step 0.8 of the target's first) was 2% of a 96-token reply at T > 0.
 LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control of a test)
+# Greedy, the look reads how often the draft's argmax matched the target's on the prompt's last
+# positions, and a target's own greedy continuation is easier to guess than its prompt: on the
+# tuned half the rounds' per-draft acceptance raised the look's odds 1.6-3.4x (shipped 0.66 ->
+# 0.87, noisy-f32 0.59 -> 0.75, strong 0.92 -> 0.95; weak 0.00 -> 0.00:
+# bench/results/prompt-look-accuracy.md). So greedy the look is no prior: it only switches off
+# (LOOKED_DRAFT_OFF) a draft that loses even at GREEDY_LOOK_ODDS times the look's odds, one that
+# agrees with its target almost nowhere on the prompt. The weak pair without lookup spent its
+# first rounds and a probe, all rejected, and decoded at 0.97x plain (docs/benchmarks.md).
+GREEDY_LOOK = True  # False: no look at T = 0 (the negative control of a test)
+GREEDY_LOOK_ODDS = 4.0
 # A plain block's steps are queued back to back: its first lap carries the pipeline's fill (about
 # two steps, more right after a round), its last is short (its step ran during the lap before).
 # Averaging every lap is unbiased over long blocks, not over the cold start's short trial
@@ -253,6 +263,7 @@ class SourceEstimate:
         self.little_to_win = False  # its last off period was long: even its prior hardly wins
         self.soft = False  # its last round came with each draft's chance (T > 0)
         self.looked = False  # its acceptance started from the prompt look's
+        self.look_ceiling: Optional[float] = None  # greedy: the most the look allows (GREEDY_LOOK)
 
     @property
     def acceptance(self) -> float:
@@ -516,18 +527,26 @@ class AdaptivePolicy:
                 return 0
         return estimate.length()
 
-    def wants_prompt_look(self) -> bool:
+    def wants_prompt_look(self, greedy: bool = False) -> bool:
         """Whether the loop should measure the drafters' acceptance on the prompt (PROMPT_LOOK;
-        a calibration measured it, and without the off switch nothing reads it early)."""
-        return PROMPT_LOOK and self.auto_off and self.prior is None
+        greedy: GREEDY_LOOK; a calibration measured it, and without the off switch nothing reads
+        it early)."""
+        return (PROMPT_LOOK and self.auto_off and self.prior is None
+                and (GREEDY_LOOK or not greedy))
 
-    def observe_prompt_look(self, source: str, acceptance: float, rows: int) -> None:
+    def observe_prompt_look(self, source: str, acceptance: float, rows: int,
+                            greedy: bool = False) -> None:
         """The source's acceptance measured on the prompt's last `rows` positions
-        (mlx_spec/prompt_look.py), in place of the guessed prior, weighing as much."""
+        (mlx_spec/prompt_look.py), in place of the guessed prior, weighing as much; `greedy`:
+        the share of argmax agreements, only a ceiling for LOOKED_DRAFT_OFF (GREEDY_LOOK)."""
         estimate = self.source(source)
-        if not self.wants_prompt_look() or estimate.rounds or rows < 1:
+        if not self.wants_prompt_look(greedy) or estimate.rounds or rows < 1:
             return
         a = min(max(acceptance, 0.0), 1.0)
+        if greedy:
+            estimate.look_ceiling = greedy_look_ceiling(a, rows)
+            estimate.looked = True
+            return
         weight = estimate.accepted + estimate.rejected
         estimate.prior_acceptance = a
         estimate.accepted, estimate.rejected = a * weight, (1.0 - a) * weight
@@ -568,7 +587,8 @@ class AdaptivePolicy:
         estimate = self.sources.get(name)
         if not (LOOKED_DRAFT_OFF and estimate is not None and estimate.looked):
             return False
-        best = max(expected_tokens_per_round(estimate.acceptance, k) / (1.0 + k * step_share)
+        a = estimate.acceptance if estimate.look_ceiling is None else estimate.look_ceiling
+        best = max(expected_tokens_per_round(a, k) / (1.0 + k * step_share)
                    for k in range(1, estimate.k_max + 1))
         return best < 1.0 - OFF_MARGIN
 
@@ -816,6 +836,15 @@ class AdaptivePolicy:
             "switched_off": self.switched_off,
             "plain_seconds": self.plain_seconds,
         }
+
+
+def greedy_look_ceiling(agreement: float, rows: int) -> float:
+    """The per-draft acceptance a greedy look's `agreement` over `rows` positions allows at most
+    (GREEDY_LOOK): its odds, half a match added to the count and half a miss, times
+    GREEDY_LOOK_ODDS. No agreement on 32 rows allows 0.06, a quarter 0.58, a half 0.8."""
+    a = (agreement * rows + 0.5) / (rows + 1.0)
+    odds = GREEDY_LOOK_ODDS * a / (1.0 - a)
+    return odds / (1.0 + odds)
 
 
 def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_MAX_DRAFT_TOKENS,

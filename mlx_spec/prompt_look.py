@@ -3,11 +3,13 @@
 The prefill already ran the target and each model drafter over the prompt.
 At its last positions both predicted tokens that are known, so each
 position's chance that the residual rule keeps a draft there is
-sum_x min(p(x), q(x)) under the sampling transform of the round (T > 0 only:
-greedy, a target's own continuation is easier than its prompt, and the loop
-takes no look). Their mean, over up to ROWS
-positions, is the source's starting acceptance estimate in place of a guess
-(policy.AdaptivePolicy.observe_prompt_look, policy.PROMPT_LOOK).
+sum_x min(p(x), q(x)) under the sampling transform of the round. Their mean,
+over up to ROWS positions, is the source's starting acceptance estimate in
+place of a guess (policy.AdaptivePolicy.observe_prompt_look,
+policy.PROMPT_LOOK). Greedy, a position's chance is whether the two argmaxes
+agree, and the mean only bounds what the rounds may keep (a target's own
+continuation is easier to guess than its prompt): the policy reads it to
+switch off a draft that agrees almost nowhere (policy.GREEDY_LOOK).
 
 The cost: the target's and each drafter's output layer over ROWS positions
 (their trunks ran anyway) and one host sync after the prefill. Only the
@@ -59,9 +61,9 @@ def tail_logits(cache: ModelCache, rows: int) -> Optional[mx.array]:
 
 def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingConfig,
             draft_probs: bool = False) -> mx.array:
-    """(r,) each position's chance the residual rule (T > 0: the loop looks only then) keeps
-    the draft's proposal there, for logits aligned on their last rows (the longer one cut);
-    `draft_probs`: the draft's rows are q itself (a DFlash2 selector's), not logits."""
+    """(r,) each position's chance the residual rule keeps the draft's proposal there (greedy:
+    1 where the argmaxes agree, else 0), for logits aligned on their last rows (the longer one
+    cut); `draft_probs`: the draft's rows are q itself (a DFlash2 selector's), not logits."""
     rows = min(target_logits.shape[0], draft_logits.shape[0])
     target_logits, draft_logits = target_logits[-rows:], draft_logits[-rows:]
     vocab, pad = target_logits.shape[-1], target_logits.shape[-1] - draft_logits.shape[-1]
@@ -69,6 +71,8 @@ def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingC
         draft_logits = mx.pad(draft_logits, [(0, 0), (0, pad)],
                               constant_values=0.0 if draft_probs else -mx.inf)
     draft_logits = draft_logits[:, :vocab]
+    if sampling.greedy:
+        return (target_logits.argmax(axis=-1) == draft_logits.argmax(axis=-1)).astype(mx.float32)
     p = mx.exp(logprobs_from_logits(target_logits, sampling))
     q = draft_logits if draft_probs else mx.exp(logprobs_from_logits(draft_logits, sampling))
     return mx.minimum(p, q).sum(axis=-1)

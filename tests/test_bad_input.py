@@ -280,7 +280,8 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(model_dirs):
 
 @pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--temps", "x"], ["--tokens", "0"],
                                   ["--flip", "PLAIN_BLOCK"], ["--flip", "nope"],
-                                  ["--flip", "CANNOT_WIN_OFF,nope"]])
+                                  ["--flip", "CANNOT_WIN_OFF,nope"],
+                                  ["--copy", "--no-lookup"]])
 def test_long_replies_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
     from mlx_spec.bench.studies.long_replies import main
     with pytest.raises(SystemExit) as exited:

@@ -17,7 +17,7 @@ from mlx_spec.drafters import PromptLookupDrafter
 from mlx_spec.drafters.prompt_lookup import SHORT_LOOKUP_TOKENS
 from mlx_spec.loop import Round
 from mlx_spec import policy as policy_module
-from mlx_spec.policy import PLAIN_TRIAL_STEPS, PROBE_BUDGET, AdaptivePolicy
+from mlx_spec.policy import PLAIN_TRIAL_STEPS, PROBE_BUDGET, AdaptivePolicy, greedy_look_ceiling
 
 PLAIN_STEP = 1.0  # seconds
 
@@ -520,6 +520,47 @@ def test_a_draft_the_prompt_look_shows_losing_even_with_a_free_verify_never_look
     assert looked_cold_start(0.9)[1] == 1
     monkeypatch.setattr(policy_module, "LOOKED_DRAFT_OFF", False)
     assert looked_cold_start(0.3)[1] == 1
+
+
+def greedy_cold_start(agreement, step_over_first=0.3, tokens=96, accepted=0):
+    """A greedy cold start (the default prior 0.75) with the greedy look's argmax `agreement`
+    over 32 prompt rows, the draft stepping at `step_over_first` of the target's first step
+    (the weak pair's random draft: about 0.3); each round keeps `accepted` drafts."""
+    policy = AdaptivePolicy()
+    policy.observe_draft_step("draft", step_over_first * 2 * PLAIN_STEP)
+    policy.observe_prompt_look("draft", agreement, 32, greedy=True)
+    return drafts_with_catch_up(policy, lambda k: min(accepted, k), tokens,
+                                lambda k: 1.4 + 0.3 * k, catch_up=0.0, first_plain=2 * PLAIN_STEP)
+
+
+def test_a_greedy_look_is_only_a_ceiling():
+    """Greedy the look's agreement neither replaces the guessed prior nor weighs in the
+    acceptance estimate: the rounds of a target's own continuation keep more (tuned half,
+    bench/results/prompt-look-accuracy.md). The ceiling lies above each tuned pair's rounds."""
+    policy = AdaptivePolicy()
+    policy.observe_prompt_look("draft", 0.1, 32, greedy=True)
+    estimate = policy.source("draft")
+    assert estimate.acceptance == pytest.approx(0.75) and estimate.prior_acceptance == 0.75
+    assert estimate.look_ceiling == pytest.approx(greedy_look_ceiling(0.1, 32))
+    for look, rounds in ((0.66, 0.87), (0.59, 0.75), (0.92, 0.95), (0.0, 0.0)):
+        assert greedy_look_ceiling(look, 32) > rounds
+    assert greedy_look_ceiling(0.0, 32) < 0.1 < greedy_look_ceiling(0.0, 4)  # (few rows: less said)
+
+
+def test_a_draft_that_agrees_nowhere_on_the_prompt_never_drafts_greedy(monkeypatch):
+    """The weak pair's random draft agrees with its target on none of 32 prompt rows: at the
+    ceiling's 0.06 a k = 1 round makes 1.06 tokens for 1.3 steps even with a free verify, so
+    it is off before its first look and its first rounds (the weak pair without lookup: 0.97x
+    plain). The shipped pair's 0.66 still looks, and keeps drafting when its rounds win.
+    Negative controls: GREEDY_LOOK off, or LOOKED_DRAFT_OFF off, and the first look decides."""
+    assert sum(greedy_cold_start(0.0)) == 0
+    asked = greedy_cold_start(0.66, accepted=4)
+    assert asked[1] == 1 and sum(k > 0 for k in asked) > 10
+    monkeypatch.setattr(policy_module, "GREEDY_LOOK", False)
+    assert greedy_cold_start(0.0)[1] == 1
+    monkeypatch.setattr(policy_module, "GREEDY_LOOK", True)
+    monkeypatch.setattr(policy_module, "LOOKED_DRAFT_OFF", False)
+    assert greedy_cold_start(0.0)[1] == 1
 
 
 def test_after_a_costly_draft_is_off_lookup_drafts_in_the_trial():

@@ -33,9 +33,9 @@ def looked(monkeypatch):
     seen = []
     original = AdaptivePolicy.observe_prompt_look
 
-    def record(self, source, acceptance, rows):
+    def record(self, source, acceptance, rows, **options):
         seen.append((source, acceptance, rows))
-        return original(self, source, acceptance, rows)
+        return original(self, source, acceptance, rows, **options)
     monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", record)
     return seen
 
@@ -149,15 +149,32 @@ def test_a_dflash2_drafters_look_is_its_selectors_first_draft_distribution(
     assert abs(np.minimum(p[2:], q[:-1]).sum(-1).mean() - expected) > 1e-3  # (off by one)
 
 
-@pytest.mark.parametrize("case", ["greedy", "fixed k", "processors", "short prompt", "flag off"])
+def test_a_greedy_look_is_the_share_of_rows_whose_argmaxes_agree(pair, monkeypatch):
+    """Greedy the look's chance at a row is 1 where the target's and the draft's argmax agree."""
+    target, draft = pair
+    prompt = prompt_of(50, seed=5)
+    seen = looked(monkeypatch)
+    decode(target, draft, prompt, temp=0.0)
+    rows = prompt_look.ROWS
+    assert [(s, r) for s, _, r in seen] == [("draft", rows)]
+    x = mx.array([prompt[:-1]])
+    t, d = np.array(target(x)[0, -rows:]), np.array(draft(x)[0, -rows:])
+    expected = (t.argmax(-1) == d.argmax(-1)).mean()
+    assert 0.0 < expected < 1.0 and seen[0][1] == pytest.approx(expected)
+    assert seen[0][1] != pytest.approx(numpy_chances(t, d, 1.0).mean(), abs=1e-3)
+
+
+@pytest.mark.parametrize("case", ["greedy flag off", "fixed k", "processors", "short prompt",
+                                  "flag off"])
 def test_no_look_where_it_is_not_wanted(pair, monkeypatch, case):
-    """Greedy (a target's own continuation is easier than its prompt), a pinned k (no policy
-    reads it), logits processors (they change p), a prompt too short, PROMPT_LOOK off."""
+    """Greedy with GREEDY_LOOK off, a pinned k (no policy reads it), logits processors (they
+    change p), a prompt too short, PROMPT_LOOK off."""
     target, draft = pair
     seen = looked(monkeypatch)
     prompt, options = prompt_of(30), {}
-    if case == "greedy":
+    if case == "greedy flag off":
         options["temp"] = 0.0
+        monkeypatch.setattr(policy_module, "GREEDY_LOOK", False)
     elif case == "fixed k":
         options["num_draft_tokens"] = 2
     elif case == "processors":

@@ -7,6 +7,8 @@
         --pairs mtp-f32,strong --temps 0.7,1 --out NAME      # any other rule of the policy
     python -m mlx_spec.bench.studies.long_replies --copy --flip WAIT_FOR_MATCH --tokens 96 \\
         --temps 0 --out NAME      # on the never-behind table's copy task, lookup alone beside
+    python -m mlx_spec.bench.studies.long_replies --no-lookup --flip GREEDY_LOOK --tokens 96 \\
+        --pairs weak --temps 0 --out NAME      # a draft alone, no prompt lookup in front
 
 The never-behind table (never_behind.py) decodes 96 tokens: a source switched
 off for its long off period (128 tokens) is never probed again inside it. Over
@@ -68,7 +70,7 @@ def _with_flag(flag: str, flipped: bool, run):
 
 
 def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int,
-            flag: str = DEFAULT_FLIP, copy: bool = False) -> List[dict]:
+            flag: str = DEFAULT_FLIP, copy: bool = False, lookup: bool = True) -> List[dict]:
     flipped = flipped_label(flag)
     by_name = {p.name: p for p in PROMPTS}
     rows = []
@@ -79,8 +81,9 @@ def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int
             prompts = encode_prompts(pair.tokenizer, [by_name[n] for n in DEFAULT_PROMPTS])
         for temp in temps:
             def defaults(ids, pair=pair, temp=temp):
+                options = {} if lookup else {"prompt_lookup": False}
                 return run_defaults(pair.target_model, pair.draft_model, ids, temp, tokens,
-                                    calibration=None, **pair.draft_options)
+                                    calibration=None, **options, **pair.draft_options)
             methods = {
                 PLAIN: lambda ids, pair=pair, temp=temp: run_target_alone(
                     pair.target_model, ids, temp, tokens),
@@ -115,7 +118,8 @@ def render(rows: List[dict], header: dict) -> str:
            f"`{header['command']}`  ",
            f"{header['machine']}; {header['tokens']} tokens per run, uncalibrated, "
            f"median of {header['repeats']} interleaved repeats after a warm-up ({prompts}); "
-           "pairs of the zoo.", "",
+           "pairs of the zoo"
+           + ("" if header.get("lookup", True) else "; no prompt lookup in front") + ".", "",
            "| pair | T | plain tok/s | " + " | ".join(f"{c} ÷ plain" for c in columns) + " |",
            "|---|---|---|" + "---|" * len(columns)]
     for row in rows:
@@ -138,7 +142,11 @@ def main(argv=None) -> int:
                              "(several, separated by commas: flipped together)")
     parser.add_argument("--copy", action="store_true",
                         help="the copy task (prompt lookup alone beside it) instead of the prompts")
+    parser.add_argument("--no-lookup", action="store_true",
+                        help="the defaults without prompt lookup in front (a draft on its own)")
     args = parser.parse_args(argv)
+    if args.copy and args.no_lookup:
+        parser.error("--copy compares prompt lookup: it cannot run with --no-lookup.")
     unknown_rules = [name for name in args.flip.split(",") if name not in flippable_rules()]
     if unknown_rules:
         parser.error(f"--flip takes the policy's on/off rules ({', '.join(flippable_rules())}), "
@@ -151,9 +159,11 @@ def main(argv=None) -> int:
         parser.error(f"--temps takes numbers separated by commas, got {args.temps!r}.")
     if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
         parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
-    rows = measure(pairs, temps, args.tokens, args.repeats, args.flip, args.copy)
+    rows = measure(pairs, temps, args.tokens, args.repeats, args.flip, args.copy,
+                   not args.no_lookup)
     header = study_header("long_replies", argv, tokens=args.tokens, repeats=args.repeats,
-                          flip=args.flip, flipped=flipped_label(args.flip), copy=args.copy)
+                          flip=args.flip, flipped=flipped_label(args.flip), copy=args.copy,
+                          lookup=not args.no_lookup)
     write_results(args.out, header, rows, render(rows, header))
     return 0
 
