@@ -271,7 +271,8 @@ def generate_rounds(
         if len(prompt) > prompt_look.MIN_ROWS else 0  # (a reused cache: the new tokens only)
     split = look_rows > 0 and prompt_look.keep_hidden(target)
     prefill(target, prompt[:-1], prefill_step_size, lambda done, _: progress(done, len(prompt)),
-            followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1])
+            followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1],
+            tail=look_rows if split else 0)
     target_tail = prompt_look.tail_logits(target, look_rows) if look_rows else None
     if split:
         prompt_look.drop_hidden(target)
@@ -328,7 +329,9 @@ def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) ->
     wanted = (wants is not None and wants(sampling.greedy)
               and agree is None and not processors
               and any(prompt_look.offers(d) for d in drafters))
-    return prompt_look.ROWS if wanted else 0
+    if not wanted:
+        return 0
+    return prompt_look.GREEDY_ROWS if sampling.greedy else prompt_look.ROWS
 
 
 def _without_own_token(decoder: Decoder, round_: Round) -> Round:

@@ -24,9 +24,11 @@ import mlx.core as mx
 
 from .cache import ModelCache
 from .mtp.heads import split_target
-from .sampling import SamplingConfig, logprobs_from_logits
+from .sampling import SamplingConfig, probs_from_logits
 
 ROWS = 32  # prompt positions compared, at most
+GREEDY_ROWS = 16  # ... greedy, where the look only switches a hopeless draft off: the output
+# layers over the rows are most of its cost (OpenBLAS, float32 shipped pair: 1.4 ms of 5 ms at 32)
 MIN_ROWS = 4  # fewer (a short prompt, a reused cache): no look
 
 
@@ -73,8 +75,8 @@ def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingC
     draft_logits = draft_logits[:, :vocab]
     if sampling.greedy:
         return (target_logits.argmax(axis=-1) == draft_logits.argmax(axis=-1)).astype(mx.float32)
-    p = mx.exp(logprobs_from_logits(target_logits, sampling))
-    q = draft_logits if draft_probs else mx.exp(logprobs_from_logits(draft_logits, sampling))
+    p = probs_from_logits(target_logits, sampling)
+    q = draft_logits if draft_probs else probs_from_logits(draft_logits, sampling)
     return mx.minimum(p, q).sum(axis=-1)
 
 

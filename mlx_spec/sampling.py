@@ -106,8 +106,22 @@ def logprobs_from_logits(logits: mx.array, config: SamplingConfig) -> mx.array:
     what is left. Filtered-out tokens get -inf. With temp == 0 this is the
     plain log-softmax (greedy decoding takes its argmax).
     """
+    logits = _transformed(logits, config)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def probs_from_logits(logits: mx.array, config: SamplingConfig) -> mx.array:
+    """exp(logprobs_from_logits(logits, config)), normalised in one pass of exp (a softmax of
+    the transformed logits) where logprobs_from_logits takes two: on a CPU exp is most of it
+    (32 rows of 4096: 1.9 ms a pass)."""
+    return mx.softmax(_transformed(logits, config), axis=-1)
+
+
+def _transformed(logits: mx.array, config: SamplingConfig) -> mx.array:
+    """The logits of the distribution sampled from, in float32, not yet normalised (see
+    logprobs_from_logits)."""
     if config.greedy or config.sampler is not None:  # (a sampler filters for itself)
-        return model_logprobs(logits)
+        return logits.astype(mx.float32)
     if 0 < config.top_p < 1.0:  # the only filter that needs normalised probabilities
         logits = _top_p(model_logprobs(logits), config.top_p)
     else:
@@ -119,7 +133,7 @@ def logprobs_from_logits(logits: mx.array, config: SamplingConfig) -> mx.array:
         logits = mx.where(logits < kth, -mx.inf, logits)
     if config.temp != 1.0:
         logits = logits * (1.0 / config.temp)
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    return logits
 
 
 def _top_p(logprobs: mx.array, top_p: float) -> mx.array:

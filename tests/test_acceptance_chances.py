@@ -19,7 +19,7 @@ from mlx_spec.acceptance import acceptance_chances
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loop import Round
 from mlx_spec.policy import SourceEstimate, expected_kept
-from mlx_spec.sampling import SamplingConfig, logprobs_from_logits
+from mlx_spec.sampling import SamplingConfig, logprobs_from_logits, probs_from_logits
 
 PROMPT = [3, 1, 4, 1, 5]
 
@@ -37,6 +37,20 @@ def test_acceptance_chances_is_the_overlap_of_p_and_q():
     got = acceptance_chances(mx.array([1, 1], mx.uint32), q, mx.log(mx.concatenate(
         [p, mx.array([[1 / 3] * 3])])))
     assert np.allclose(np.array(got), [0.2 + 0.3 + 0.2, 0.1], atol=1e-6)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temp=0.0), SamplingConfig(temp=0.7),
+                                      SamplingConfig(temp=1.3, top_p=0.8),
+                                      SamplingConfig(temp=0.6, min_p=0.05, min_tokens_to_keep=3),
+                                      SamplingConfig(temp=1.0, top_k=7)])
+def test_probs_in_one_pass_are_the_exp_of_the_logprobs(sampling):
+    """The prompt look's p (probs_from_logits, one softmax) is the distribution the rounds
+    sample from (exp of logprobs_from_logits), filters included (tokens dropped: 0)."""
+    logits = mx.random.normal((5, 300), key=mx.random.key(4)) * 3.0
+    one_pass = np.array(probs_from_logits(logits, sampling))
+    expected = np.exp(np.array(logprobs_from_logits(logits, sampling)))
+    assert np.allclose(one_pass, expected, atol=1e-6) and np.allclose(one_pass.sum(-1), 1.0)
+    assert ((one_pass == 0) == (expected == 0)).all()
 
 
 def test_a_greedy_round_has_no_chances(target_model, drafts):

@@ -11,6 +11,7 @@ import random
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_attention_mask
 
 from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
 from mlx_spec.bench.studies.never_behind import (BEST_FIXED, DEFAULTS, DEFAULTS_CAL, LM_AT_K,
@@ -131,6 +132,8 @@ def test_zoo_builds_every_pair_and_splits_tuned_from_held_out():
     assert by_name["skip-f16"].draft_model.model.norm.weight.dtype.size == 2
     hybrid_draft = {type(c).__name__ for c in make_cache(by_name["hybrid-skip-f32"].draft_model)}
     assert {"ArraysCache", "KVCache"} <= hybrid_draft
+    sliding_draft = [type(c).__name__ for c in make_cache(by_name["sliding-skip-f32"].draft_model)]
+    assert sliding_draft == ["RotatingKVCache", "RotatingKVCache", "KVCache"]
     # mlx-lm runs only what it can trim: a sliding window fills up, an MTP head is not a model
     assert [name for name in ZOO_NAMES if mlx_lm_runs(by_name[name])] == [
         "shipped-f16", "shipped-f32", "weak", "strong", "noisy-f32", "skip-f32", "noisy-f16",
@@ -162,6 +165,24 @@ def test_the_hybrid_early_exit_is_the_hybrid_target_cut_short():
         h = layer(h, mask, cache)
     expected = target.language_model.lm_head(inner.norm(h))
     assert mx.allclose(draft(x), expected, atol=1e-3).item()
+
+
+def test_the_sliding_early_exit_is_the_sliding_target_cut_short():
+    """The shallow copy holds the target's first sliding-window and global layers: its logits
+    are the target's hidden state after them, through the target's norm and head (a prompt
+    longer than the window, so the sliding mask matters)."""
+    pair, = build_zoo(["sliding-skip-f32"])
+    target, draft = pair.target_model, pair.draft_model
+    x = mx.array([[(7 * i + 3) % 4000 for i in range(40)]])
+    inner = target.model
+    h = inner.embed_tokens(x)
+    h = h * mx.array(inner.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    sliding = create_attention_mask(h, None, window_size=inner.window_size)  # (the model's own)
+    for i, layer in enumerate(inner.layers[:len(draft.layers)]):
+        h = layer(h, "causal" if i % 3 == 2 else sliding, None)
+    expected = target.lm_head(inner.norm(h))
+    assert mx.allclose(draft(x), expected, atol=1e-3).item()
+    assert not mx.allclose(draft(x), target(x), atol=1e-1).item()
 
 
 def test_a_noisy_copy_moves_every_matrix_by_its_noise():

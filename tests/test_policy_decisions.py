@@ -18,6 +18,7 @@ from mlx_spec.drafters.prompt_lookup import SHORT_LOOKUP_TOKENS
 from mlx_spec.loop import Round
 from mlx_spec import policy as policy_module
 from mlx_spec.policy import PLAIN_TRIAL_STEPS, PROBE_BUDGET, AdaptivePolicy, greedy_look_ceiling
+from mlx_spec.prompt_look import GREEDY_ROWS
 
 PLAIN_STEP = 1.0  # seconds
 
@@ -524,11 +525,11 @@ def test_a_draft_the_prompt_look_shows_losing_even_with_a_free_verify_never_look
 
 def greedy_cold_start(agreement, step_over_first=0.3, tokens=96, accepted=0):
     """A greedy cold start (the default prior 0.75) with the greedy look's argmax `agreement`
-    over 32 prompt rows, the draft stepping at `step_over_first` of the target's first step
+    over its prompt rows, the draft stepping at `step_over_first` of the target's first step
     (the weak pair's random draft: about 0.3); each round keeps `accepted` drafts."""
     policy = AdaptivePolicy()
     policy.observe_draft_step("draft", step_over_first * 2 * PLAIN_STEP)
-    policy.observe_prompt_look("draft", agreement, 32, greedy=True)
+    policy.observe_prompt_look("draft", agreement, GREEDY_ROWS, greedy=True)
     return drafts_with_catch_up(policy, lambda k: min(accepted, k), tokens,
                                 lambda k: 1.4 + 0.3 * k, catch_up=0.0, first_plain=2 * PLAIN_STEP)
 
@@ -544,12 +545,13 @@ def test_a_greedy_look_is_only_a_ceiling():
     assert estimate.look_ceiling == pytest.approx(greedy_look_ceiling(0.1, 32))
     for look, rounds in ((0.66, 0.87), (0.59, 0.75), (0.92, 0.95), (0.0, 0.0)):
         assert greedy_look_ceiling(look, 32) > rounds
-    assert greedy_look_ceiling(0.0, 32) < 0.1 < greedy_look_ceiling(0.0, 4)  # (few rows: less said)
+    assert greedy_look_ceiling(0.0, 32) < greedy_look_ceiling(0.0, GREEDY_ROWS) < 0.11
+    assert greedy_look_ceiling(0.0, 4) > 0.3  # (few rows say less)
 
 
 def test_a_draft_that_agrees_nowhere_on_the_prompt_never_drafts_greedy(monkeypatch):
-    """The weak pair's random draft agrees with its target on none of 32 prompt rows: at the
-    ceiling's 0.06 a k = 1 round makes 1.06 tokens for 1.3 steps even with a free verify, so
+    """The weak pair's random draft agrees with its target on none of 16 prompt rows: at the
+    ceiling's 0.11 a k = 1 round makes 1.11 tokens for 1.3 steps even with a free verify, so
     it is off before its first look and its first rounds (the weak pair without lookup: 0.97x
     plain). The shipped pair's 0.66 still looks, and keeps drafting when its rounds win.
     Negative controls: GREEDY_LOOK off, or LOOKED_DRAFT_OFF off, and the first look decides."""

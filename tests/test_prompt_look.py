@@ -16,6 +16,7 @@ from tiny import make_llama, perturbed
 
 from mlx_spec import policy as policy_module
 from mlx_spec import prompt_look
+from mlx_spec.cache.prefill import chunks
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.mtp import load_mtp, split_target
 from mlx_spec.policy import AdaptivePolicy
@@ -60,7 +61,7 @@ def prompt_of(n, seed=0):
 
 
 @pytest.mark.parametrize("length,step,rows", [(20, 512, 19), (50, 512, prompt_look.ROWS),
-                                              (40, 16, 7)])  # (chunks 16, 16, 7: the last one's)
+                                              (40, 16, 16)])  # (chunks 16, 7, 16: the last one's)
 def test_a_draft_models_look_equals_its_chances_on_the_prompt(pair, monkeypatch, length, step, rows):
     target, draft = pair
     prompt = prompt_of(length)
@@ -155,7 +156,7 @@ def test_a_greedy_look_is_the_share_of_rows_whose_argmaxes_agree(pair, monkeypat
     prompt = prompt_of(50, seed=5)
     seen = looked(monkeypatch)
     decode(target, draft, prompt, temp=0.0)
-    rows = prompt_look.ROWS
+    rows = prompt_look.GREEDY_ROWS
     assert [(s, r) for s, _, r in seen] == [("draft", rows)]
     x = mx.array([prompt[:-1]])
     t, d = np.array(target(x)[0, -rows:]), np.array(draft(x)[0, -rows:])
@@ -232,3 +233,28 @@ def test_a_block_drafters_look_on_hybrid_sliding_and_quantized_targets(tmp_path,
         draft_logits.append(one.head(one.block_rows(prompt[:a + 1])[0, 1]))
     expected = numpy_chances(target_logits[1:], mx.stack(draft_logits), 0.7).mean()
     assert seen[0][1] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("n,step,tail,expected", [
+    (31, 512, 16, [(0, 15), (15, 31)]), (10, 512, 16, [(0, 10)]), (5, 512, 0, [(0, 5)]),
+    (1100, 512, 16, [(0, 512), (512, 1024), (1024, 1084), (1084, 1100)]),
+    (39, 16, 32, [(0, 16), (16, 23), (23, 39)]), (0, 512, 16, [])])
+def test_the_looks_rows_are_the_prefills_last_chunk(n, step, tail, expected):
+    """With a look the prompt's last rows are a chunk of their own (at most a step), so only
+    they run past the caches' keys and values; chunks tile the prompt in order."""
+    bounds = chunks(n, step, tail)
+    assert bounds == expected
+    assert all(end - start <= step for start, end in bounds)
+
+
+def test_a_look_leaves_the_greedy_reply_and_the_caches_as_they_were(pair, monkeypatch):
+    """The look's own last chunk changes nothing the target decodes: greedy, 40 tokens after a
+    70-token prompt in chunks of 32, with the look and without (GREEDY_LOOK off)."""
+    target, draft = pair
+    prompt = prompt_of(70, seed=9)
+    seen = looked(monkeypatch)
+    with_look = decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=32)
+    assert [r for _, _, r in seen] == [prompt_look.GREEDY_ROWS]
+    monkeypatch.setattr(policy_module, "GREEDY_LOOK", False)
+    assert decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=32) == with_look
+    assert len(seen) == 1

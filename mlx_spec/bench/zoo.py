@@ -37,6 +37,14 @@ two had never been measured when it was made:
   layers (two recurrent, one attention): a draft at half a target step whose
   recurrent state is rewound by checkpoints.
 
+One more held-out pair was added after the greedy prompt look
+(policy.GREEDY_LOOK, 2026-12-05) was made from the tuned half; it had never
+been measured when it was made:
+
+- sliding-skip-f32: the random sliding-window target drafting with its own
+  first three layers (two sliding-window, one global): rotating caches in the
+  draft too.
+
 Two more pairs are not in the zoo's halves (the never-behind tables): studies
 name them to measure the shipped DFlash block drafter (EXTRA_BUILDERS):
 
@@ -73,6 +81,7 @@ SKIP_LAYERS = 2  # the early-exit draft's layers
 RANDOM_TARGET = dict(hidden=256, layers=6, seed=11, scale=3.0, window=16)
 HYBRID_DRAFT_BITS, SLIDING_DRAFT_BITS = 8, 4
 HYBRID_SKIP_LAYERS = 3  # the hybrid early exit: layers 0-2 (two recurrent, one full attention)
+SLIDING_SKIP_LAYERS = 3  # the sliding early exit: layers 0-2 (two sliding-window, one global)
 
 
 @dataclass(frozen=True)
@@ -237,11 +246,11 @@ def _random_hybrid(vocab_size: int, layers: int = RANDOM_TARGET["layers"]):
                             "partial_rotary_factor": 0.25}})))
 
 
-def _random_sliding(vocab_size: int):
+def _random_sliding(vocab_size: int, layers: int = RANDOM_TARGET["layers"]):
     h = RANDOM_TARGET["hidden"]
     mx.random.seed(RANDOM_TARGET["seed"])
     return _scaled(gemma3_text.Model(gemma3_text.ModelArgs.from_dict({
-        "model_type": "gemma3_text", "hidden_size": h, "num_hidden_layers": RANDOM_TARGET["layers"],
+        "model_type": "gemma3_text", "hidden_size": h, "num_hidden_layers": layers,
         "intermediate_size": 3 * h, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 64, "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6,
         "vocab_size": vocab_size, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
@@ -283,6 +292,18 @@ def _hybrid_skip_f32() -> Pair:
                 "(two recurrent, one attention), norm and head as the draft", held_out=True)
 
 
+def _sliding_skip_f32() -> Pair:
+    _, _, tokenizer = _shipped()
+    vocab_size = len(tokenizer.get_vocab())
+    target_model = _random_sliding(vocab_size)
+    draft_model = shallow_copy(target_model, _random_sliding(vocab_size, SLIDING_SKIP_LAYERS),
+                               SLIDING_SKIP_LAYERS)
+    return Pair("sliding-skip-f32", target_model, draft_model, tokenizer,
+                f"the random sliding-window target of sliding-f32; its first {SLIDING_SKIP_LAYERS} "
+                "layers (two sliding-window, one global), norm and head as the draft",
+                held_out=True)
+
+
 def _mtp_f32() -> Pair:
     target_model, _, tokenizer = _shipped()
     _as_f32(target_model)
@@ -304,6 +325,7 @@ BUILDERS: Dict[str, Callable[[], Pair]] = {
     "mtp-f32": _mtp_f32,
     "skip-f16": _skip_f16,
     "hybrid-skip-f32": _hybrid_skip_f32,
+    "sliding-skip-f32": _sliding_skip_f32,
 }
 ZOO_NAMES = tuple(BUILDERS)
 

@@ -6,7 +6,7 @@ without importing each other.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -18,23 +18,36 @@ DEFAULT_PREFILL_STEP_SIZE = 512
 def prefill(cache: ModelCache, tokens: List[int], step_size: int,
             progress: Optional[Callable[[int, int], None]] = None,
             followers: Sequence = (), next_token: Optional[int] = None,
-            embeddings: Optional[mx.array] = None) -> None:
+            embeddings: Optional[mx.array] = None, tail: int = 0) -> None:
     """Run `tokens` through the model in chunks, filling its cache.
 
     `followers` (MTP drafters) are handed each chunk's hidden states with the
     tokens after them (`next_token` follows the last) and evaluated with it.
     `embeddings` (one row per token) are fed in place of the tokens' own.
+    `tail` > 0: the last `tail` tokens are a chunk of their own. The prompt look
+    reads the hidden states of the last chunk's last rows, and the caches need
+    no layer past the last one's keys and values: its attention and MLP then
+    run over those rows only, not over a chunk of up to `step_size`.
     """
     after = tokens[1:] + [next_token]
-    for start in range(0, len(tokens), step_size):
-        chunk = None if embeddings is None else embeddings[start:start + step_size]
-        cache.forward(mx.array(tokens[start:start + step_size], mx.uint32), chunk)
+    for start, end in chunks(len(tokens), step_size, tail):
+        chunk = None if embeddings is None else embeddings[start:end]
+        cache.forward(mx.array(tokens[start:end], mx.uint32), chunk)
         pending = [c.state for c in cache.layers]
         for drafter in followers:
-            drafter.follow(after[start:start + step_size], cache.hidden)
+            drafter.follow(after[start:end], cache.hidden)
             pending += drafter.catch_up()
         mx.eval(pending)
         if progress:
-            progress(min(start + step_size, len(tokens)), len(tokens))
+            progress(end, len(tokens))
     if tokens:  # free the prefill's buffers; with nothing prefilled, keep the warm ones
         mx.clear_cache()
+
+
+def chunks(n: int, step_size: int, tail: int = 0) -> List[Tuple[int, int]]:
+    """(start, end) of each chunk of `n` tokens: `step_size` at most, the last `tail` (at most
+    `step_size`, and when fewer than n) a chunk of their own."""
+    tail = min(tail, step_size)
+    head = n - tail if 0 < tail < n else n
+    bounds = [(start, min(start + step_size, head)) for start in range(0, head, step_size)]
+    return bounds + ([(head, n)] if head < n else [])

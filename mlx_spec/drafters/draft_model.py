@@ -60,7 +60,7 @@ class DraftModelDrafter:
         of the last ones for `prompt_logits` (the prompt look)."""
         self.drop_look_ahead()
         split = look_rows > 0 and keep_hidden(self.draft)
-        prefill(self.draft, prompt[:-1], step_size, progress)
+        prefill(self.draft, prompt[:-1], step_size, progress, tail=look_rows if split else 0)
         self.cached = len(prompt) - 1
         self._prompt_tail = tail_logits(self.draft, look_rows) if look_rows > 0 else None
         if split:
