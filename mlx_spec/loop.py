@@ -279,7 +279,7 @@ def generate_rounds(
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             started = time.perf_counter()
-            looks = {"look_rows": look_rows} if prompt_look.offers(drafter) else {}
+            looks = {"look_rows": look_rows} if prompt_look.offers(drafter, sampling.greedy) else {}
             drafter.prefill(prompt, prefill_step_size, **looks)  # evaluated: its time is its own
             if hasattr(policy, "observe_catch_up"):  # what a catch-up costs it per token
                 policy.observe_catch_up(drafter.source, len(prompt) - 1,
@@ -328,7 +328,7 @@ def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) ->
     wants = getattr(policy, "wants_prompt_look", None)
     wanted = (wants is not None and wants(sampling.greedy)
               and agree is None and not processors
-              and any(prompt_look.offers(d) for d in drafters))
+              and any(prompt_look.offers(d, sampling.greedy) for d in drafters))
     if not wanted:
         return 0
     return prompt_look.GREEDY_ROWS if sampling.greedy else prompt_look.ROWS

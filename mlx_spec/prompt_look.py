@@ -80,9 +80,12 @@ def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingC
     return mx.minimum(p, q).sum(axis=-1)
 
 
-def offers(drafter) -> bool:
+def offers(drafter, greedy: bool = False) -> bool:
     """Whether a drafter offers its prompt rows: `prompt_logits(rows)` or, when its q is not a
-    transform of logits, `prompt_probs(rows)` (either None: it cannot)."""
+    transform of logits, `prompt_probs(rows)` (either None: it cannot). Greedy only one whose
+    step the loop times (`step_seconds`): the policy reads a greedy look only against it."""
+    if greedy and not hasattr(drafter, "step_seconds"):
+        return False
     return getattr(drafter, "prompt_logits", None) is not None or \
         getattr(drafter, "prompt_probs", None) is not None
 
@@ -92,7 +95,7 @@ def look(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) ->
     (predicting the same last prompt tokens as `target_tail`: see `offers`)."""
     pending = {}
     for drafter in drafters:  # each asked once, even with no target rows: it lets its go
-        if not offers(drafter):
+        if not offers(drafter, sampling.greedy):
             continue
         as_probs = getattr(drafter, "prompt_logits", None) is None
         draft_tail = (drafter.prompt_probs if as_probs else drafter.prompt_logits)(ROWS)

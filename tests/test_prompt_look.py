@@ -258,3 +258,17 @@ def test_a_look_leaves_the_greedy_reply_and_the_caches_as_they_were(pair, monkey
     monkeypatch.setattr(policy_module, "GREEDY_LOOK", False)
     assert decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=32) == with_look
     assert len(seen) == 1
+
+
+def test_greedy_only_a_drafter_with_a_timed_step_is_looked_at():
+    """The policy reads a greedy look only against the drafter's timed step (LOOKED_DRAFT_OFF):
+    a block drafter (no `step_seconds`) pays for no greedy look; at T > 0 it is looked at."""
+    class Block:
+        def prompt_logits(self, rows):
+            return None
+
+    class Paid(Block):
+        def step_seconds(self, token):
+            return 0.001
+    assert prompt_look.offers(Block()) and not prompt_look.offers(Block(), greedy=True)
+    assert prompt_look.offers(Paid(), greedy=True)
