@@ -61,7 +61,7 @@ def prompt_of(n, seed=0):
 
 
 @pytest.mark.parametrize("length,step,rows", [(20, 512, 19), (50, 512, prompt_look.ROWS),
-                                              (40, 16, 16)])  # (chunks 16, 7, 16: the last one's)
+                                              (40, 16, 7)])  # (chunks 16, 16, 7: the last one's)
 def test_a_draft_models_look_equals_its_chances_on_the_prompt(pair, monkeypatch, length, step, rows):
     target, draft = pair
     prompt = prompt_of(length)
@@ -236,12 +236,15 @@ def test_a_block_drafters_look_on_hybrid_sliding_and_quantized_targets(tmp_path,
 
 
 @pytest.mark.parametrize("n,step,tail,expected", [
-    (31, 512, 16, [(0, 15), (15, 31)]), (10, 512, 16, [(0, 10)]), (5, 512, 0, [(0, 5)]),
-    (1100, 512, 16, [(0, 512), (512, 1024), (1024, 1084), (1084, 1100)]),
-    (39, 16, 32, [(0, 16), (16, 23), (23, 39)]), (0, 512, 16, [])])
+    (31, 512, 16, [(0, 31)]), (127, 512, 16, [(0, 127)]), (128, 512, 16, [(0, 112), (112, 128)]),
+    (10, 512, 16, [(0, 10)]), (5, 512, 0, [(0, 5)]), (600, 512, 32, [(0, 512), (512, 600)]),
+    (1100, 512, 16, [(0, 512), (512, 1024), (1024, 1100)]),
+    (1200, 512, 16, [(0, 512), (512, 1024), (1024, 1184), (1184, 1200)]),
+    (700, 512, 600, [(0, 188), (188, 700)]), (0, 512, 16, [])])
 def test_the_looks_rows_are_the_prefills_last_chunk(n, step, tail, expected):
-    """With a look the prompt's last rows are a chunk of their own (at most a step), so only
-    they run past the caches' keys and values; chunks tile the prompt in order."""
+    """With a look the prompt's last rows are a chunk of their own (at most a step) when the
+    chunk they would end is long (TAIL_CHUNK_FROM), so only they run past the caches' keys and
+    values; a short one stays whole (a forward costs more); chunks tile the prompt in order."""
     bounds = chunks(n, step, tail)
     assert bounds == expected
     assert all(end - start <= step for start, end in bounds)
@@ -249,14 +252,15 @@ def test_the_looks_rows_are_the_prefills_last_chunk(n, step, tail, expected):
 
 def test_a_look_leaves_the_greedy_reply_and_the_caches_as_they_were(pair, monkeypatch):
     """The look's own last chunk changes nothing the target decodes: greedy, 40 tokens after a
-    70-token prompt in chunks of 32, with the look and without (GREEDY_LOOK off)."""
+    420-token prompt in chunks of 256, with the look and without (GREEDY_LOOK off)."""
     target, draft = pair
-    prompt = prompt_of(70, seed=9)
+    prompt = prompt_of(420, seed=9)
+    assert len(chunks(len(prompt) - 1, 256, prompt_look.GREEDY_ROWS)) == 3
     seen = looked(monkeypatch)
-    with_look = decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=32)
+    with_look = decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=256)
     assert [r for _, _, r in seen] == [prompt_look.GREEDY_ROWS]
     monkeypatch.setattr(policy_module, "GREEDY_LOOK", False)
-    assert decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=32) == with_look
+    assert decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=256) == with_look
     assert len(seen) == 1
 
 

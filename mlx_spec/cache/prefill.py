@@ -13,6 +13,11 @@ import mlx.core as mx
 from .rewind import ModelCache
 
 DEFAULT_PREFILL_STEP_SIZE = 512
+# The look's rows are a chunk of their own only when the chunk they would end is this long: a
+# forward and its sync cost ~2 plain steps on a CPU's small float32 targets (the look 12.6 ms with
+# its own chunk, 4.4 without, after 40 tokens), and the last layer over a chunk's rows grows with
+# it (after 500 tokens: 16.2 ms with, 56.2 without; docs/benchmarks.md).
+TAIL_CHUNK_FROM = 128
 
 
 def prefill(cache: ModelCache, tokens: List[int], step_size: int,
@@ -46,8 +51,10 @@ def prefill(cache: ModelCache, tokens: List[int], step_size: int,
 
 def chunks(n: int, step_size: int, tail: int = 0) -> List[Tuple[int, int]]:
     """(start, end) of each chunk of `n` tokens: `step_size` at most, the last `tail` (at most
-    `step_size`, and when fewer than n) a chunk of their own."""
+    `step_size`) a chunk of their own when the chunk they would end has TAIL_CHUNK_FROM tokens
+    or more."""
     tail = min(tail, step_size)
-    head = n - tail if 0 < tail < n else n
+    last = n - (n - 1) // step_size * step_size if n else 0  # the last chunk, undivided
+    head = n - tail if 0 < tail < n and last >= TAIL_CHUNK_FROM else n
     bounds = [(start, min(start + step_size, head)) for start in range(0, head, step_size)]
     return bounds + ([(head, n)] if head < n else [])
