@@ -323,7 +323,7 @@ def generate_rounds(
 
 def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) -> int:
     """How many prompt positions the prompt look compares (0: none): when the policy wants one
-    (greedy too: policy.GREEDY_LOOK), not on a sharded target (each rank would judge on its
+    (greedy only with policy.GREEDY_LOOK), not on a sharded target (each rank would judge on its
     own) nor with logits processors (they change p)."""
     wants = getattr(policy, "wants_prompt_look", None)
     wanted = (wants is not None and wants(sampling.greedy)

@@ -104,11 +104,15 @@ LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control o
 # positions, and a target's own greedy continuation is easier to guess than its prompt: on the
 # tuned half the rounds' per-draft acceptance raised the look's odds 1.6-3.4x (shipped 0.66 ->
 # 0.87, noisy-f32 0.59 -> 0.75, strong 0.92 -> 0.95; weak 0.00 -> 0.00:
-# bench/results/prompt-look-accuracy.md). So greedy the look is no prior: it only switches off
-# (LOOKED_DRAFT_OFF) a draft that loses even at GREEDY_LOOK_ODDS times the look's odds, one that
-# agrees with its target almost nowhere on the prompt. The weak pair without lookup spent its
-# first rounds and a probe, all rejected, and decoded at 0.97x plain (docs/benchmarks.md).
-GREEDY_LOOK = True  # False: no look at T = 0 (the negative control of a test)
+# bench/results/prompt-look-accuracy.md). So greedy the look would be no prior: it would only
+# switch off (LOOKED_DRAFT_OFF) a draft that loses even at GREEDY_LOOK_ODDS times the look's
+# odds, one that agrees with its target almost nowhere on the prompt. Tried and left off: on the
+# weak pair without lookup it took the decoding after the first token from 0.95x to 0.99x plain
+# (the first rounds and a probe, all rejected, gone), but it runs before the first token, where
+# no table looked: 1.0-2.6 plain steps on the zoo's pairs (OpenBLAS), and over a whole 96-token
+# reply timed from the call it lost up to 7% (strong, 0.93x) and won nowhere by more than
+# 2% (docs/benchmarks.md, "The prompt look's cost before the first token").
+GREEDY_LOOK = False  # True: the greedy look (a test turns it on)
 GREEDY_LOOK_ODDS = 4.0
 # A plain block's steps are queued back to back: its first lap carries the pipeline's fill (about
 # two steps, more right after a round), its last is short (its step ran during the lap before).

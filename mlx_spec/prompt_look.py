@@ -8,8 +8,9 @@ over up to ROWS positions, is the source's starting acceptance estimate in
 place of a guess (policy.AdaptivePolicy.observe_prompt_look,
 policy.PROMPT_LOOK). Greedy, a position's chance is whether the two argmaxes
 agree, and the mean only bounds what the rounds may keep (a target's own
-continuation is easier to guess than its prompt): the policy reads it to
-switch off a draft that agrees almost nowhere (policy.GREEDY_LOOK).
+continuation is easier to guess than its prompt): with policy.GREEDY_LOOK
+(off by default: it costs more before the first token than it saves) the
+policy reads it to switch off a draft that agrees almost nowhere.
 
 The cost: the target's and each drafter's output layer over ROWS positions
 (their trunks ran anyway) and one host sync after the prefill. Only the

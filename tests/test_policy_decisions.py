@@ -534,10 +534,13 @@ def greedy_cold_start(agreement, step_over_first=0.3, tokens=96, accepted=0):
                                 lambda k: 1.4 + 0.3 * k, catch_up=0.0, first_plain=2 * PLAIN_STEP)
 
 
-def test_a_greedy_look_is_only_a_ceiling():
-    """Greedy the look's agreement neither replaces the guessed prior nor weighs in the
-    acceptance estimate: the rounds of a target's own continuation keep more (tuned half,
+def test_a_greedy_look_is_only_a_ceiling(monkeypatch):
+    """Greedy the look's agreement (GREEDY_LOOK, off by default: it costs more before the first
+    token than it saves) neither replaces the guessed prior nor weighs in the acceptance
+    estimate: the rounds of a target's own continuation keep more (tuned half,
     bench/results/prompt-look-accuracy.md). The ceiling lies above each tuned pair's rounds."""
+    assert not AdaptivePolicy().wants_prompt_look(greedy=True)  # the default
+    monkeypatch.setattr(policy_module, "GREEDY_LOOK", True)
     policy = AdaptivePolicy()
     policy.observe_prompt_look("draft", 0.1, 32, greedy=True)
     estimate = policy.source("draft")
@@ -555,6 +558,7 @@ def test_a_draft_that_agrees_nowhere_on_the_prompt_never_drafts_greedy(monkeypat
     it is off before its first look and its first rounds (the weak pair without lookup: 0.97x
     plain). The shipped pair's 0.66 still looks, and keeps drafting when its rounds win.
     Negative controls: GREEDY_LOOK off, or LOOKED_DRAFT_OFF off, and the first look decides."""
+    monkeypatch.setattr(policy_module, "GREEDY_LOOK", True)
     assert sum(greedy_cold_start(0.0)) == 0
     asked = greedy_cold_start(0.66, accepted=4)
     assert asked[1] == 1 and sum(k > 0 for k in asked) > 10

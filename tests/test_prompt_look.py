@@ -151,7 +151,9 @@ def test_a_dflash2_drafters_look_is_its_selectors_first_draft_distribution(
 
 
 def test_a_greedy_look_is_the_share_of_rows_whose_argmaxes_agree(pair, monkeypatch):
-    """Greedy the look's chance at a row is 1 where the target's and the draft's argmax agree."""
+    """Greedy the look's chance at a row is 1 where the target's and the draft's argmax agree
+    (GREEDY_LOOK, off by default)."""
+    monkeypatch.setattr(policy_module, "GREEDY_LOOK", True)
     target, draft = pair
     prompt = prompt_of(50, seed=5)
     seen = looked(monkeypatch)
@@ -165,17 +167,16 @@ def test_a_greedy_look_is_the_share_of_rows_whose_argmaxes_agree(pair, monkeypat
     assert seen[0][1] != pytest.approx(numpy_chances(t, d, 1.0).mean(), abs=1e-3)
 
 
-@pytest.mark.parametrize("case", ["greedy flag off", "fixed k", "processors", "short prompt",
+@pytest.mark.parametrize("case", ["greedy", "fixed k", "processors", "short prompt",
                                   "flag off"])
 def test_no_look_where_it_is_not_wanted(pair, monkeypatch, case):
-    """Greedy with GREEDY_LOOK off, a pinned k (no policy reads it), logits processors (they
+    """Greedy (GREEDY_LOOK off, the default), a pinned k (no policy reads it), logits processors (they
     change p), a prompt too short, PROMPT_LOOK off."""
     target, draft = pair
     seen = looked(monkeypatch)
     prompt, options = prompt_of(30), {}
-    if case == "greedy flag off":
+    if case == "greedy":
         options["temp"] = 0.0
-        monkeypatch.setattr(policy_module, "GREEDY_LOOK", False)
     elif case == "fixed k":
         options["num_draft_tokens"] = 2
     elif case == "processors":
@@ -253,6 +254,7 @@ def test_the_looks_rows_are_the_prefills_last_chunk(n, step, tail, expected):
 def test_a_look_leaves_the_greedy_reply_and_the_caches_as_they_were(pair, monkeypatch):
     """The look's own last chunk changes nothing the target decodes: greedy, 40 tokens after a
     420-token prompt in chunks of 256, with the look and without (GREEDY_LOOK off)."""
+    monkeypatch.setattr(policy_module, "GREEDY_LOOK", True)
     target, draft = pair
     prompt = prompt_of(420, seed=9)
     assert len(chunks(len(prompt) - 1, 256, prompt_look.GREEDY_ROWS)) == 3

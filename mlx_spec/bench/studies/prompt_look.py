@@ -5,9 +5,9 @@
 For each zoo pair and temperature, on the never-behind prompts: what the
 prompt look measured (mlx_spec/prompt_look.py: the mean chance the rule keeps
 a draft at the prompt's last positions, recorded as the loop hands it to the
-policy; at T = 0 the share of positions whose argmaxes agree, policy.GREEDY_LOOK;
-files written before it read T = 0 at T = 1e-4, where sum_x min(p, q) is that
-agreement), and the per-draft acceptance the policy would then learn from the
+policy; at T = 0 the share of positions whose argmaxes agree, policy.GREEDY_LOOK,
+which the study turns on; files written before it read T = 0 at T = 1e-4, where
+sum_x min(p, q) is that agreement), and the per-draft acceptance the policy would then learn from the
 reply's rounds: the i.i.d. estimate from each round's chances (T > 0) or its
 kept count and rejection (T = 0), over a reply of `--tokens` at a fixed k
 (`--k`, no prompt lookup). Writes bench/results/<out>.json and .md.
@@ -37,6 +37,7 @@ def look_of(pair, ids, temp: float) -> list:
         seen.append(acceptance)
         return original(self, source, acceptance, rows, **options)
     AdaptivePolicy.observe_prompt_look = record
+    greedy_look, policy_module.GREEDY_LOOK = policy_module.GREEDY_LOOK, True  # (off by default)
     try:
         for _ in speculative_generate_step(ids, pair.target_model, pair.draft_model, max_tokens=2,
                                            sampling=SamplingConfig(temp=temp), calibration=None,
@@ -44,6 +45,7 @@ def look_of(pair, ids, temp: float) -> list:
             pass
     finally:
         AdaptivePolicy.observe_prompt_look = original
+        policy_module.GREEDY_LOOK = greedy_look
     return seen
 
 
@@ -74,8 +76,6 @@ def main(argv=None):
     check_pairs(parser, args.pairs, PAIR_NAMES)
     if not policy_module.PROMPT_LOOK:
         parser.error("policy.PROMPT_LOOK is off: there is no look to measure.")
-    if not policy_module.GREEDY_LOOK and 0.0 in (float(t) for t in args.temps.split(",")):
-        parser.error("policy.GREEDY_LOOK is off: there is no look to measure at T = 0.")
     rows = []
     for pair in build_zoo(args.pairs.split(",")):
         prompts = [ids for p, ids in encode_prompts(pair.tokenizer) if p.name in DEFAULT_PROMPTS]
