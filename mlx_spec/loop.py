@@ -289,9 +289,8 @@ def generate_rounds(
             policy.observe_draft_step(drafter.source, drafter.step_seconds(prompt[-1]))
         if hasattr(drafter, "attach"):  # it reads the history as it grows (suffix drafting)
             drafter.attach(decoder.history)
-    if look_rows:
-        for source, (acceptance, rows) in prompt_look.look(target_tail, drafters, sampling).items():
-            policy.observe_prompt_look(source, acceptance, rows, greedy=sampling.greedy)
+    looks = prompt_look.gather(target_tail, drafters, sampling) if look_rows else {}
+    del target_tail
     emitted = 0
     clock = RoundClock()
     while emitted < max_tokens:
@@ -319,6 +318,19 @@ def generate_rounds(
             yield round_
             if round_.tokens[-1] in decoder.stop_tokens:
                 return
+        if looks:  # after the first round: see _take_look
+            _take_look(policy, looks, sampling)
+            looks = {}
+            clock.lap()  # its time is no round's
+
+
+def _take_look(policy, looks, sampling: SamplingConfig) -> None:
+    """The prompt look, evaluated after the first round and handed to the policy: the first
+    token does not wait for it, and a source the first plain step already switched off (a draft
+    whose step costs a target step) is not looked at (`policy.still_looks`)."""
+    wanted = getattr(policy, "still_looks", lambda source: True)
+    for source, (acceptance, rows) in prompt_look.look(looks, wanted).items():
+        policy.observe_prompt_look(source, acceptance, rows, greedy=sampling.greedy)
 
 
 def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) -> int:

@@ -109,9 +109,10 @@ LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control o
 # odds, one that agrees with its target almost nowhere on the prompt. Tried and left off: on the
 # weak pair without lookup it took the decoding after the first token from 0.95x to 0.99x plain
 # (the first rounds and a probe, all rejected, gone), but it runs before the first token, where
-# no table looked: 1.0-2.6 plain steps on the zoo's pairs (OpenBLAS), and over a whole 96-token
-# reply timed from the call it lost up to 7% (strong, 0.93x) and won nowhere by more than
-# 2% (docs/benchmarks.md, "The prompt look's cost before the first token").
+# no table looked: 1.0-2.6 plain steps on the zoo's pairs (OpenBLAS; 5.1 with a quantized
+# full-depth draft), and over a whole 96-token reply timed from the call it lost up to 7%
+# (strong, 0.93x) and won nowhere by more than 2% (docs/benchmarks.md, "The prompt look's cost
+# before the first token").
 GREEDY_LOOK = False  # True: the greedy look (a test turns it on)
 GREEDY_LOOK_ODDS = 4.0
 # A plain block's steps are queued back to back: its first lap carries the pipeline's fill (about
@@ -549,12 +550,19 @@ class AdaptivePolicy:
         a = min(max(acceptance, 0.0), 1.0)
         if greedy:
             estimate.look_ceiling = greedy_look_ceiling(a, rows)
-            estimate.looked = True
-            return
-        weight = estimate.accepted + estimate.rejected
-        estimate.prior_acceptance = a
-        estimate.accepted, estimate.rejected = a * weight, (1.0 - a) * weight
+        else:
+            weight = estimate.accepted + estimate.rejected
+            estimate.prior_acceptance = a
+            estimate.accepted, estimate.rejected = a * weight, (1.0 - a) * weight
         estimate.looked = True
+        if self.first_step_seconds is not None:  # (the loop looks after the first round)
+            self._off_if_costly()
+
+    def still_looks(self, source: str) -> bool:
+        """Whether a prompt look at `source` can still change anything: it has drafted no round
+        and is not off (a draft whose step costs a target step is off after the first one)."""
+        estimate = self.sources.get(source)
+        return estimate is None or (estimate.rounds == 0 and estimate.off_left == 0)
 
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
         """A paid source was fed `tokens` it had not seen (its prompt prefill) in `seconds`:

@@ -12,14 +12,16 @@ continuation is easier to guess than its prompt): with policy.GREEDY_LOOK
 (off by default: it costs more before the first token than it saves) the
 policy reads it to switch off a draft that agrees almost nowhere.
 
-The cost: the target's and each drafter's output layer over ROWS positions
-(their trunks ran anyway) and one host sync after the prefill. Only the
-policy reads the result; no token depends on it.
+The cost: the target's and each drafter's last layer over the prefill's last
+chunk and output layer over ROWS positions, and one host sync. The rows are
+gathered lazily right after the prefill and evaluated after the first round
+(loop._take_look): the first token does not wait, and a source already off
+then is not computed. Only the policy reads the result; no token depends on it.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import mlx.core as mx
 
@@ -91,9 +93,10 @@ def offers(drafter, greedy: bool = False) -> bool:
         getattr(drafter, "prompt_probs", None) is not None
 
 
-def look(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) -> Dict[str, tuple]:
-    """{source: (mean chance, positions)} for each drafter that offers its prompt rows
-    (predicting the same last prompt tokens as `target_tail`: see `offers`)."""
+def gather(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) -> Dict[str, mx.array]:
+    """{source: (r,) chances, lazy} for each drafter that offers its prompt rows (predicting the
+    same last prompt tokens as `target_tail`: see `offers`), taken right after the prefill
+    (a drafter's rows are its state's then); nothing is computed until `look`."""
     pending = {}
     for drafter in drafters:  # each asked once, even with no target rows: it lets its go
         if not offers(drafter, sampling.greedy):
@@ -103,8 +106,16 @@ def look(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) ->
         if draft_tail is not None and draft_tail.shape[0] >= MIN_ROWS \
                 and target_tail is not None and target_tail.shape[0] >= MIN_ROWS:
             pending[drafter.source] = chances(target_tail, draft_tail, sampling, as_probs)
-    if not pending:
+    return pending
+
+
+def look(pending: Dict[str, mx.array], wanted: Callable[[str], bool] = lambda source: True
+         ) -> Dict[str, tuple]:
+    """{source: (mean chance, positions)} for each gathered source still `wanted`; the others
+    are never computed."""
+    chosen = {source: c for source, c in pending.items() if wanted(source)}
+    if not chosen:
         return {}
-    means = {source: c.mean() for source, c in pending.items()}
+    means = {source: c.mean() for source, c in chosen.items()}
     mx.eval(list(means.values()))  # the look's one host sync
-    return {source: (means[source].item(), pending[source].shape[0]) for source in pending}
+    return {source: (means[source].item(), chosen[source].shape[0]) for source in chosen}

@@ -30,7 +30,10 @@ def pair():
 
 
 def looked(monkeypatch):
-    """Every (source, acceptance, rows) the loop hands the policy."""
+    """Every (source, acceptance, rows) the loop hands the policy. The tiny draft's timed step
+    can read as dear as the tiny target's under load, and a draft off after the first step is
+    not looked at: COSTLY_DRAFT_OFF is off here (a test below turns it on)."""
+    monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", False)
     seen = []
     original = AdaptivePolicy.observe_prompt_look
 
@@ -278,3 +281,33 @@ def test_greedy_only_a_drafter_with_a_timed_step_is_looked_at():
             return 0.001
     assert prompt_look.offers(Block()) and not prompt_look.offers(Block(), greedy=True)
     assert prompt_look.offers(Paid(), greedy=True)
+
+
+def test_the_look_comes_after_the_first_token(pair, monkeypatch):
+    """The first token does not wait for the look: it is handed to the policy after the first
+    round, before the second."""
+    target, draft = pair
+    seen = looked(monkeypatch)
+    steps = speculative_generate_step(prompt_of(30), target, draft, max_tokens=8,
+                                      sampling=SamplingConfig(temp=0.7), calibration=None,
+                                      prompt_lookup=False)
+    next(steps)
+    assert seen == []
+    next(steps)
+    assert [s for s, _, _ in seen] == ["draft"]
+
+
+def test_a_draft_switched_off_by_the_first_plain_step_is_not_looked_at(pair, monkeypatch):
+    """A draft whose timed step costs a target step (COSTLY_DRAFT_OFF) is off after the first
+    plain step: its look is never computed. Negative control: a cheap step, and it is."""
+    target, draft = pair
+    seen = looked(monkeypatch)
+    monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", True)
+    monkeypatch.setattr(AdaptivePolicy, "observe_draft_step",
+                        lambda self, source, seconds: self.draft_step_seconds.update({source: 10.0}))
+    decode(target, draft, prompt_of(30))
+    assert seen == []
+    monkeypatch.setattr(AdaptivePolicy, "observe_draft_step",
+                        lambda self, source, seconds: self.draft_step_seconds.update({source: 1e-6}))
+    decode(target, draft, prompt_of(30))
+    assert [s for s, _, _ in seen] == ["draft"]
