@@ -30,8 +30,8 @@ from .mtp.heads import split_target
 from .sampling import SamplingConfig, probs_from_logits
 
 ROWS = 32  # prompt positions compared, at most
-GREEDY_ROWS = 16  # ... greedy, where the look only switches a hopeless draft off: the output
-# layers over the rows are most of its cost (OpenBLAS, float32 shipped pair: 1.4 ms of 5 ms at 32)
+GREEDY_ROWS = 16  # ... greedy (policy.GREEDY_LOOK), where the look only switches a hopeless
+# draft off: fewer output-layer rows (over 32 they were 1.4 ms of its 5 ms: float32 shipped pair)
 MIN_ROWS = 4  # fewer (a short prompt, a reused cache): no look
 
 

@@ -3,6 +3,8 @@
     python -m mlx_spec.bench.studies.look_cost --out look-cost-netlib
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
         python -m mlx_spec.bench.studies.look_cost --out look-cost-openblas
+    python -m mlx_spec.bench.studies.look_cost --chunking --pairs shipped-f32 --temps 0.7 \\
+        --prompt-tokens 40,150,500 --out NAME    # the look's own prefill chunk, with and without
 
 The never-behind and long-replies tables time a reply from its first token on,
 so they never see the look (mlx_spec/prompt_look.py): it runs after the
@@ -16,7 +18,10 @@ the order reversed every other repeat. Reported: the look's median cost to the
 first token (paired differences), in milliseconds and in the pair's plain
 steps (a plain step: the median of plain decoding's steps on the same
 prompts), and the whole reply's time without the look over with it (above 1:
-the look pays for itself). Writes bench/results/<out>.json and .md.
+the look pays for itself). `--chunking`: instead, the look's extra time in a
+two-token call with its rows a prefill chunk of their own (TAIL_CHUNK_FROM = 1)
+and without (never), against no look, on prompts of `--prompt-tokens` N,... tokens
+(the never-behind prompts repeated). Writes bench/results/<out>.json and .md.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import List
 import mlx.core as mx
 
 from ... import policy as policy_module
+from ...cache import prefill as prefill_module
 from ...generate import speculative_generate_step
 from ...sampling import SamplingConfig
 from ..endtoend import run_target_alone
@@ -63,12 +69,54 @@ def timed_call(pair, ids, temp: float, tokens: int, look: bool) -> tuple:
         setattr(policy_module, flag, saved)
 
 
-def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int) -> List[dict]:
+def prompts_of(pair, lengths: List[int]) -> List[tuple]:
+    """(length, prompts): the never-behind prompts as they are (length None), or each repeated
+    and cut to the last `length` tokens."""
     by_name = {p.name: p for p in PROMPTS}
+    base = [ids for _, ids in encode_prompts(pair.tokenizer, [by_name[n] for n in DEFAULT_PROMPTS])]
+    if not lengths:
+        return [(None, base)]
+    return [(n, [(ids * (n // len(ids) + 1))[-n:] for ids in base]) for n in lengths]
+
+
+def measure_chunking(pair_names: List[str], temps: List[float], lengths: List[int],
+                     repeats: int) -> List[dict]:
+    """A call of two tokens (the look comes after the first) without the look, and the look's
+    extra with its own prefill chunk and without, per prompt length (medians of paired
+    differences, the order rotated each repeat)."""
+    rows = []
+    modes = {"no look": None, "own chunk": 1, "undivided": 10 ** 9}
+    for pair in build_zoo(pair_names):
+        for n, prompts in prompts_of(pair, lengths):
+            for temp in temps:
+                seen = {mode: [] for mode in modes}
+                for r in range(1 + repeats):
+                    names = list(modes)[r % 3:] + list(modes)[:r % 3]
+                    for mode in names:
+                        saved = prefill_module.TAIL_CHUNK_FROM
+                        prefill_module.TAIL_CHUNK_FROM = modes[mode] or saved
+                        try:
+                            _, seconds = timed_call(pair, prompts[r % len(prompts)], temp, 2,
+                                                    modes[mode] is not None)
+                        finally:
+                            prefill_module.TAIL_CHUNK_FROM = saved
+                        if r:
+                            seen[mode].append(seconds)
+                base = statistics.median(seen["no look"])
+                row = {"pair": pair.name, "temp": temp, "prompt_tokens": n,
+                       "two_tokens_ms": base * 1e3,
+                       **{f"{mode} ms": (statistics.median(
+                           [a - b for a, b in zip(seen[mode], seen["no look"])])) * 1e3
+                          for mode in ("own chunk", "undivided")}}
+                rows.append(row)
+                print(f"  {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int) -> List[dict]:
     rows = []
     for pair in build_zoo(pair_names):
-        prompts = [ids for _, ids in encode_prompts(pair.tokenizer,
-                                                    [by_name[n] for n in DEFAULT_PROMPTS])]
+        (_, prompts), = prompts_of(pair, [])
         for temp in temps:
             print(f"{pair.name}, T={temp:g} ...", file=sys.stderr, flush=True)
             costs, gains, plain_steps = [], [], []
@@ -117,6 +165,21 @@ def render(rows: List[dict], header: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_chunking(rows: List[dict], header: dict) -> str:
+    out = ["# The prompt look with its rows a prefill chunk of their own, and without", "",
+           f"`{header['command']}`  ",
+           f"{header['machine']}; the defaults uncalibrated, a call of 2 tokens (the look comes "
+           f"after the first), median of {header['repeats']} repeats after a warm-up, the three "
+           "modes in rotating order; the never-behind prompts repeated to each length.", "",
+           "| pair | T | prompt tokens | 2 tokens without the look, ms | the look with its own "
+           "chunk, ms | the look undivided, ms |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        out.append(f"| {row['pair']} | {row['temp']:g} | {row['prompt_tokens']} | "
+                   f"{row['two_tokens_ms']:.1f} | {row['own chunk ms']:.1f} | "
+                   f"{row['undivided ms']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", default=",".join(TUNED_NAMES))
@@ -124,6 +187,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--out", default="look-cost")
+    parser.add_argument("--chunking", action="store_true",
+                        help="the look's own prefill chunk against none (see the module's text)")
+    parser.add_argument("--prompt-tokens", default="40,150,500",
+                        help="with --chunking: prompt lengths, comma-separated")
     args = parser.parse_args(argv)
     check_pairs(parser, args.pairs, PAIR_NAMES)
     try:
@@ -132,8 +199,19 @@ def main(argv=None) -> int:
         parser.error(f"--temps takes numbers separated by commas, got {args.temps!r}.")
     if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
         parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
-    rows = measure(args.pairs.split(","), temps, args.tokens, args.repeats)
     header = study_header("look_cost", argv, tokens=args.tokens, repeats=args.repeats)
+    if args.chunking:
+        try:
+            lengths = [int(n) for n in args.prompt_tokens.split(",")]
+        except ValueError:
+            parser.error(f"--prompt-tokens takes integers separated by commas, "
+                         f"got {args.prompt_tokens!r}.")
+        if min(lengths) < 8:
+            parser.error("--prompt-tokens must be >= 8 (the look needs prompt rows).")
+        rows = measure_chunking(args.pairs.split(","), temps, lengths, args.repeats)
+        write_results(args.out, header, rows, render_chunking(rows, header))
+        return 0
+    rows = measure(args.pairs.split(","), temps, args.tokens, args.repeats)
     write_results(args.out, header, rows, render(rows, header))
     return 0
 
