@@ -281,27 +281,27 @@ def _sliding_f32() -> Pair:
                         "float32")
 
 
-def _hybrid_skip_f32() -> Pair:
+def _random_early_exit(name: str, build, layers: int, note: str) -> Pair:
+    """A random target (`build`) drafting with its own first `layers` layers, norm and head."""
     _, _, tokenizer = _shipped()
     vocab_size = len(tokenizer.get_vocab())
-    target_model = _random_hybrid(vocab_size)
-    draft_model = shallow_copy(target_model, _random_hybrid(vocab_size, HYBRID_SKIP_LAYERS),
-                               HYBRID_SKIP_LAYERS)
-    return Pair("hybrid-skip-f32", target_model, draft_model, tokenizer,
-                f"the random hybrid target of hybrid-f32; its first {HYBRID_SKIP_LAYERS} layers "
-                "(two recurrent, one attention), norm and head as the draft", held_out=True)
+    target_model = build(vocab_size)
+    draft_model = shallow_copy(target_model, build(vocab_size, layers), layers)
+    return Pair(name, target_model, draft_model, tokenizer, note, held_out=True)
+
+
+def _hybrid_skip_f32() -> Pair:
+    return _random_early_exit(
+        "hybrid-skip-f32", _random_hybrid, HYBRID_SKIP_LAYERS,
+        f"the random hybrid target of hybrid-f32; its first {HYBRID_SKIP_LAYERS} layers "
+        "(two recurrent, one attention), norm and head as the draft")
 
 
 def _sliding_skip_f32() -> Pair:
-    _, _, tokenizer = _shipped()
-    vocab_size = len(tokenizer.get_vocab())
-    target_model = _random_sliding(vocab_size)
-    draft_model = shallow_copy(target_model, _random_sliding(vocab_size, SLIDING_SKIP_LAYERS),
-                               SLIDING_SKIP_LAYERS)
-    return Pair("sliding-skip-f32", target_model, draft_model, tokenizer,
-                f"the random sliding-window target of sliding-f32; its first {SLIDING_SKIP_LAYERS} "
-                "layers (two sliding-window, one global), norm and head as the draft",
-                held_out=True)
+    return _random_early_exit(
+        "sliding-skip-f32", _random_sliding, SLIDING_SKIP_LAYERS,
+        f"the random sliding-window target of sliding-f32; its first {SLIDING_SKIP_LAYERS} "
+        "layers (two sliding-window, one global), norm and head as the draft")
 
 
 def _mtp_f32() -> Pair:

@@ -42,3 +42,15 @@ def check_pairs(parser, names: str, known) -> None:
     unknown = [name for name in names.split(",") if name not in known]
     if unknown:
         parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(known)}.")
+
+
+def parse_temps(parser, text: str) -> list:
+    """The comma-separated temperatures of `--temps`, or argparse's one-sentence error (exit 2)
+    when one is not a number or is negative."""
+    try:
+        temps = [float(t) for t in text.split(",")]
+    except ValueError:
+        parser.error(f"--temps takes numbers separated by commas, got {text!r}.")
+    if min(temps) < 0:
+        parser.error("--temps must be >= 0.")
+    return temps

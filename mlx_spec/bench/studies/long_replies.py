@@ -34,7 +34,7 @@ from ... import policy as policy_module
 from ..endtoend import interleave, run_target_alone
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import HELD_OUT_NAMES, PAIR_NAMES, build_zoo
-from . import check_pairs, study_header, write_results
+from . import check_pairs, parse_temps, study_header, write_results
 from .never_behind import (COPY_SOURCE_PROMPT, DEFAULT_PROMPTS, copy_prompt, paired_ratio,
                            run_defaults)
 
@@ -153,12 +153,9 @@ def main(argv=None) -> int:
                      f"not {unknown_rules[0]!r}.")
     pairs = args.pairs.split(",")
     check_pairs(parser, args.pairs, PAIR_NAMES)
-    try:
-        temps = [float(t) for t in args.temps.split(",")]
-    except ValueError:
-        parser.error(f"--temps takes numbers separated by commas, got {args.temps!r}.")
-    if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
-        parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
+    temps = parse_temps(parser, args.temps)
+    if args.tokens < 1 or args.repeats < 1:
+        parser.error("--tokens and --repeats must be >= 1.")
     rows = measure(pairs, temps, args.tokens, args.repeats, args.flip, args.copy,
                    not args.no_lookup)
     header = study_header("long_replies", argv, tokens=args.tokens, repeats=args.repeats,

@@ -42,7 +42,7 @@ from ..endtoend import run_target_alone
 from ..prompts import PROMPTS, encode_prompts
 from ..timing import median_interval
 from ..zoo import PAIR_NAMES, TUNED_NAMES, build_zoo
-from . import check_pairs, study_header, write_results
+from . import check_pairs, parse_temps, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 
@@ -193,12 +193,9 @@ def main(argv=None) -> int:
                         help="with --chunking: prompt lengths, comma-separated")
     args = parser.parse_args(argv)
     check_pairs(parser, args.pairs, PAIR_NAMES)
-    try:
-        temps = [float(t) for t in args.temps.split(",")]
-    except ValueError:
-        parser.error(f"--temps takes numbers separated by commas, got {args.temps!r}.")
-    if min(temps) < 0 or args.tokens < 1 or args.repeats < 1:
-        parser.error("--temps must be >= 0, --tokens and --repeats >= 1.")
+    temps = parse_temps(parser, args.temps)
+    if args.tokens < 1 or args.repeats < 1:
+        parser.error("--tokens and --repeats must be >= 1.")
     header = study_header("look_cost", argv, tokens=args.tokens, repeats=args.repeats)
     if args.chunking:
         try:
