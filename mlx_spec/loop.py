@@ -291,6 +291,9 @@ def generate_rounds(
             drafter.attach(decoder.history)
     looks = prompt_look.gather(target_tail, drafters, sampling) if look_rows else {}
     del target_tail
+    guessed = [d for d in drafters if getattr(d, "first_guess", None) is not None] \
+        if (sampling.greedy and agree is None and not decoder.processors
+            and hasattr(policy, "observe_first_guess")) else []
     emitted = 0
     clock = RoundClock()
     while emitted < max_tokens:
@@ -313,6 +316,9 @@ def generate_rounds(
         for round_ in rounds:
             if emitted == 0:
                 progress(len(prompt), len(prompt))
+                for drafter in guessed:  # (policy.FIRST_GUESS)
+                    policy.observe_first_guess(drafter.source,
+                                               drafter.first_guess == round_.tokens[0])
             emitted += len(round_.tokens)
             policy.observe(round_, clock.lap())
             yield round_

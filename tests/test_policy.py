@@ -7,7 +7,8 @@ import pytest
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loop import Round, RoundClock
 from mlx_spec.costmodel import CostPrior
-from mlx_spec.policy import (FIRST_OFF_STEPS, LONG_OFF_STEPS, PLAIN_TRIAL_STEPS, AdaptivePolicy,
+from mlx_spec.policy import (DEFAULT_ACCEPTANCE_PRIOR, FIRST_OFF_STEPS, LONG_OFF_STEPS,
+                             PLAIN_TRIAL_STEPS, AdaptivePolicy,
                              FixedPolicy, make_policy)
 
 
@@ -321,6 +322,31 @@ def test_the_loop_times_one_draft_step_for_a_cold_start_only(target_model, draft
     cold = told()
     assert cold.draft_step_seconds["draft"] > 0 and cold.first_step_seconds > 0
     assert told(_prior(0.05, lambda t: 1.0 + 0.02 * t, acceptance=0.9)).draft_step_seconds == {}
+
+
+def test_greedy_the_policy_counts_the_timed_steps_guess_for_the_first_token(target_model, drafts):
+    """Greedy, the draft's timed step is its guess for the first token: the policy counts whether
+    it was the target's first token before any round (policy.FIRST_GUESS). The target as its
+    own draft guesses right; the acceptance estimate after the look-less cold start's first
+    plain step rises above the prior. Not at T > 0 (the prompt look measures there), nor with
+    logits processors (the target's token is not the raw argmax)."""
+    from mlx_spec.sampling import SamplingConfig
+
+    def after_first_token(draft, temp=0.0, **options):
+        policy = AdaptivePolicy()
+        seen = []
+        for _ in speculative_generate_step(list(range(2, 40)), target_model, draft, max_tokens=1,
+                                           policy=policy, prompt_lookup=False,
+                                           sampling=SamplingConfig(temp=temp), **options):
+            seen.append(policy.source("draft").acceptance)
+        return seen[0]
+    assert after_first_token(drafts["identical"]) > DEFAULT_ACCEPTANCE_PRIOR
+    assert after_first_token(drafts["unrelated"]) < DEFAULT_ACCEPTANCE_PRIOR
+    assert after_first_token(drafts["unrelated"], temp=0.7) == \
+        pytest.approx(DEFAULT_ACCEPTANCE_PRIOR)
+    penalty = [lambda tokens, logits: logits]
+    assert after_first_token(drafts["unrelated"], logits_processors=penalty) == \
+        pytest.approx(DEFAULT_ACCEPTANCE_PRIOR)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5", "gemma3_text"])

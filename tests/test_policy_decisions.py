@@ -502,6 +502,38 @@ def test_a_draft_whose_step_costs_a_target_step_never_drafts(monkeypatch):
     assert cold_start_with_a_timed_step(1.25)[1] == 1
 
 
+def guessed_cold_start(hit):
+    """A greedy cold start whose draft's timed step (0.6 of a plain step) guessed the
+    first token (`hit`) or not; its first look (k = 1) costs 2.2 plain steps and every draft is
+    rejected: the early-exit pairs of a random hybrid or sliding-window target (OpenBLAS).
+    Returns the k asked per round."""
+    policy = AdaptivePolicy()
+    policy.observe_draft_step("draft", 0.6 * PLAIN_STEP)
+    policy.observe_first_guess("draft", hit)
+    return drafts_with_catch_up(policy, lambda k: 0, 96, lambda k: 1.2 + k, catch_up=1.0,
+                                first_plain=2 * PLAIN_STEP)
+
+
+def test_a_missed_first_guess_saves_a_hopeless_draft_its_second_round(monkeypatch):
+    """Greedy, the draft's guess for the first token counts as a k = 1 round (FIRST_GUESS): with
+    its miss and the first look rejected the estimate (0.47) is HOPELESS at the trial's end
+    (1.47 tokens for 2.2 plain steps); with the look alone (0.59, 0.72x plain) a second round,
+    a catch-up on the trial, ran first. A hit is counted too, and not after a round.
+    Negative control: the guess not counted."""
+    rounds = lambda asked: sum(1 for k in asked if k > 0)  # noqa: E731
+    assert rounds(guessed_cold_start(hit=False)) == 1
+    assert rounds(guessed_cold_start(hit=True)) >= 2
+    policy = AdaptivePolicy()
+    policy.observe_first_guess("draft", True)
+    assert policy.source("draft").acceptance > policy_module.DEFAULT_ACCEPTANCE_PRIOR
+    policy.observe(Round([0, 0], 1, 1, "draft", None), 1.0)
+    before = policy.source("draft").acceptance
+    policy.observe_first_guess("draft", False)
+    assert policy.source("draft").acceptance == before
+    monkeypatch.setattr(policy_module, "FIRST_GUESS", False)
+    assert rounds(guessed_cold_start(hit=False)) >= 2
+
+
 def looked_cold_start(look, step_over_first=0.8, tokens=96):
     """cold_start_with_a_timed_step at T > 0 with the prompt look's acceptance `look` (the sliding
     pair's: a 4-bit copy whose step is 0.8 of the target's first)."""

@@ -53,12 +53,16 @@ class DraftModelDrafter:
         self._steps = []  # checkpoints after each draft step (recurrent drafts only)
         self._ahead = None  # (undo, tokens) of a lazy forward shown to the caller, see peek()
         self._prompt_tail = None  # the prefill's last logits, for the prompt look
+        # Its argmax after the prompt, read from the timed step (`step_seconds`): greedy, the
+        # policy sets it against the target's first token (policy.FIRST_GUESS).
+        self.first_guess = None
 
     def prefill(self, prompt: List[int], step_size: int, progress=None,
                 look_rows: int = 0) -> None:
         """Process all prompt tokens but the last, in chunks. `look_rows` > 0: keep the logits
         of the last ones for `prompt_logits` (the prompt look)."""
         self.drop_look_ahead()
+        self.first_guess = None
         split = look_rows > 0 and keep_hidden(self.draft)
         prefill(self.draft, prompt[:-1], step_size, progress, tail=look_rows if split else 0)
         self.cached = len(prompt) - 1
@@ -74,15 +78,18 @@ class DraftModelDrafter:
     def step_seconds(self, token: int, repeats: int = 2) -> float:
         """Seconds of one draft step on `token` after what the cache holds, undone each time;
         the fastest of `repeats` (a stall in one would read as a costly draft): what each
-        drafted token costs, known before any round (host syncs of its own)."""
+        drafted token costs, known before any round (host syncs of its own). Its argmax, its
+        guess for the first token, is kept in `first_guess` (no pass of its own)."""
         self.drop_look_ahead()
         point = self.draft.checkpoint()
         fastest = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            mx.eval(self.draft.forward(mx.array([token], mx.uint32)))
+            logits = self.draft.forward(mx.array([token], mx.uint32))[-1]
+            mx.eval(logits)
             fastest = min(fastest, time.perf_counter() - start)
             self.draft.restore(point)
+        self.first_guess = int(logits.argmax().item())  # (after the timing: its own sync)
         return fastest
 
     def can_propose(self, history: List[int]) -> bool:

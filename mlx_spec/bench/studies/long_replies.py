@@ -101,6 +101,8 @@ def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int
             for name in (DEFAULTS, flipped) + ((LOOKUP,) if copy else ()):
                 r = paired_ratio(results[name], results[PLAIN])
                 row[f"{name} / plain"] = [r.value, r.low, r.high]
+            r = paired_ratio(results[DEFAULTS], results[flipped])  # the flip's own effect
+            row[f"{DEFAULTS} / flipped"] = [r.value, r.low, r.high]
             rows.append(row)
             print(f"  {row}", file=sys.stderr, flush=True)
     return rows
@@ -120,11 +122,12 @@ def render(rows: List[dict], header: dict) -> str:
            f"median of {header['repeats']} interleaved repeats after a warm-up ({prompts}); "
            "pairs of the zoo"
            + ("" if header.get("lookup", True) else "; no prompt lookup in front") + ".", "",
-           "| pair | T | plain tok/s | " + " | ".join(f"{c} ÷ plain" for c in columns) + " |",
-           "|---|---|---|" + "---|" * len(columns)]
+           "| pair | T | plain tok/s | " + " | ".join(f"{c} ÷ plain" for c in columns)
+           + f" | {DEFAULTS} ÷ {flipped} |",
+           "|---|---|---|" + "---|" * (len(columns) + 1)]
     for row in rows:
-        cells = [f"{v:.2f}x ({lo:.2f}-{hi:.2f})"
-                 for v, lo, hi in (row[f"{c} / plain"] for c in columns)]
+        cells = [f"{v:.2f}x ({lo:.2f}-{hi:.2f})" for v, lo, hi in
+                 [row[f"{c} / plain"] for c in columns] + [row[f"{DEFAULTS} / flipped"]]]
         out.append(f"| {row['pair']} | {row['temp']:g} | {row['tokens_per_s'][PLAIN]:.1f} | "
                    + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
