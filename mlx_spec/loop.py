@@ -291,6 +291,8 @@ def generate_rounds(
             drafter.attach(decoder.history)
     looks = prompt_look.gather(target_tail, drafters, sampling) if look_rows else {}
     del target_tail
+    # Greedy, a draft model's guess for the first token (policy.FIRST_GUESS); not on a sharded
+    # target, whose policy hears of rounds in rank 0's order (mlx_spec.distributed).
     guessed = [d for d in drafters if getattr(d, "first_guess", None) is not None] \
         if (sampling.greedy and agree is None and not decoder.processors
             and hasattr(policy, "observe_first_guess")) else []
@@ -316,9 +318,10 @@ def generate_rounds(
         for round_ in rounds:
             if emitted == 0:
                 progress(len(prompt), len(prompt))
-                for drafter in guessed:  # (policy.FIRST_GUESS)
-                    policy.observe_first_guess(drafter.source,
-                                               drafter.first_guess == round_.tokens[0])
+                for drafter in guessed:  # (a first round it drafted itself counts once)
+                    if round_.source != drafter.source:
+                        policy.observe_first_guess(drafter.source,
+                                                   drafter.first_guess == round_.tokens[0])
             emitted += len(round_.tokens)
             policy.observe(round_, clock.lap())
             yield round_

@@ -117,11 +117,12 @@ GREEDY_LOOK = False  # True: the greedy look (a test turns it on)
 GREEDY_LOOK_ODDS = 4.0
 # Greedy, a draft model's timed step (COSTLY_DRAFT_OFF) is its guess for the first token: the
 # policy counts whether the target's first token matched, as a k = 1 round's acceptance
-# (untimed), before the first look. It costs no pass. On the early-exit pairs whose draft
-# agrees with its target almost nowhere (hybrid-skip-f32, sliding-skip-f32: 2% accepted) the
-# first look alone left the estimate just above HOPELESS and a second round (a catch-up on the
-# trial, 3 plain steps) ran before the draft went off; with the guess's miss counted the trial's
-# end switches it off.
+# (untimed), before the first look. It costs no pass. On the held-out early-exit pairs whose
+# draft agrees with its target almost nowhere (hybrid-skip-f32, sliding-skip-f32) the first
+# look alone left the estimate just above HOPELESS and a second round (a catch-up on the
+# trial, about 3 plain steps) ran before the draft went off; with the guess's miss counted the
+# trial's end switches it off. On the tuned half it moved nothing (0.99-1.01x, 15 repeats:
+# bench/results/first-guess-tuned-openblas.md; docs/benchmarks.md, "Two free signals").
 FIRST_GUESS = True  # False: not counted (the negative control of a test)
 # A plain block's steps are queued back to back: its first lap carries the pipeline's fill (about
 # two steps, more right after a round), its last is short (its step ran during the lap before).
@@ -181,12 +182,13 @@ CATCH_UP_IN_BUDGET = True  # False: the old rule (the negative control of a test
 # once the trial's plain steps are timed their average is the bar, for a source still in its
 # first rounds (a copy task's lookup rounds come first; netlib's hybrid copy steps at 1.0 of it).
 COSTLY_DRAFT_OFF = True  # False: the first look decides (the negative control of a test)
-# Until the trial's steady plain steps are timed the draft's step is set against the target's
-# first step divided by FIRST_STEP_SLOWER: the first ran 1.03-1.16x a steady step on the tuned
-# half (bench/results/draft-step-openblas.md). Undivided, a 4-bit copy of the sliding-window
-# target (its step 1.3-1.5 of a steady one) read 0.93-1.15 of the first and was not off in about
-# half the cold starts; its prompt look, 32 rows through its quantized output layer, then cost
-# 37-58 ms (6-9 plain steps) before LOOKED_DRAFT_OFF switched it off anyway.
+# Until any plain step is timed the draft's step is set against the target's first step divided
+# by FIRST_STEP_SLOWER, the top of the tuned half's range: the first ran 1.03-1.16x a steady
+# step there (bench/results/draft-step-openblas.md; f16 1.03-1.07, f32 1.16). Undivided, the
+# held-out sliding pair's 4-bit copy (its step 1.3-1.6 of a steady one) read 0.9-1.15 of the
+# first and was not off in about a third of its cold starts; its prompt look, 32 rows through
+# its quantized output layer, then cost 6-9 plain steps before LOOKED_DRAFT_OFF switched it
+# off anyway (docs/benchmarks.md, "Two free signals").
 FIRST_STEP_DISCOUNTED = True  # False: the first step undivided (the negative control of a test)
 FIRST_STEP_SLOWER = 1.16
 # While a host search's matches hold (a copy task: lookup kept most of what it proposed in this

@@ -252,9 +252,12 @@ def test_the_draft_step_study_reads_both_times_from_the_policy():
     assert [row["pair"] for row in rows] == ["skip-f32"]
     row = rows[0]
     assert row["draft_step_s"] > 0 and row["first_step_s"] > 0 and row["plain_step_s"] > 0
-    assert row["decision"] == ("judged by its rounds" if row["draft_over_plain"] < 1
-                               else "off after its first look" if row["draft_over_first"] < 1
-                               else "off before its first look")
+    from mlx_spec.policy import FIRST_STEP_SLOWER
+    assert row["decision"] == (
+        "off before its first look" if row["draft_over_first"] * FIRST_STEP_SLOWER >= 1
+        else "judged by its rounds" if row["draft_over_plain"] < 1
+        else "off after its first look")
+    assert row["cold_starts"] == 1 and row["off_before_look"] in (0, 1)
     assert "| skip-f32 |" in render(rows, {"command": "c", "machine": "m", "repeats": 1})
 
 

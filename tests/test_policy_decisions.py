@@ -534,6 +534,18 @@ def test_a_missed_first_guess_saves_a_hopeless_draft_its_second_round(monkeypatc
     assert rounds(guessed_cold_start(hit=False)) >= 2
 
 
+def test_before_any_plain_step_is_timed_the_first_step_is_discounted(monkeypatch):
+    """The target's first step runs slower than a steady one (up to 1.16x on the tuned half), so
+    a draft stepping at 0.9 of it costs a steady step: off before its first look (the sliding
+    pair's 4-bit copy read 0.93-1.15 of the first step and looked in about half its cold
+    starts, 6-9 plain steps each). At 0.5 it still looks. Negative control: the first step
+    undivided (FIRST_STEP_DISCOUNTED off)."""
+    assert sum(cold_start_with_a_timed_step(0.9)) == 0
+    assert cold_start_with_a_timed_step(0.5)[1] == 1
+    monkeypatch.setattr(policy_module, "FIRST_STEP_DISCOUNTED", False)
+    assert cold_start_with_a_timed_step(0.9)[1] == 1
+
+
 def looked_cold_start(look, step_over_first=0.8, tokens=96):
     """cold_start_with_a_timed_step at T > 0 with the prompt look's acceptance `look` (the sliding
     pair's: a 4-bit copy whose step is 0.8 of the target's first)."""

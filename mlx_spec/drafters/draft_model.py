@@ -82,14 +82,15 @@ class DraftModelDrafter:
         guess for the first token, is kept in `first_guess` (no pass of its own)."""
         self.drop_look_ahead()
         point = self.draft.checkpoint()
-        fastest = float("inf")
+        fastest, logits = float("inf"), None
         for _ in range(repeats):
             start = time.perf_counter()
             logits = self.draft.forward(mx.array([token], mx.uint32))[-1]
             mx.eval(logits)
             fastest = min(fastest, time.perf_counter() - start)
             self.draft.restore(point)
-        self.first_guess = int(logits.argmax().item())  # (after the timing: its own sync)
+        if logits is not None:  # (after the timing: its own sync)
+            self.first_guess = int(logits.argmax().item())
         return fastest
 
     def can_propose(self, history: List[int]) -> bool:

@@ -6,13 +6,14 @@
 
 With no calibration the loop times one step of a draft model right after its
 prompt prefill and the target's first plain step; a draft whose step takes as
-long is off before its first look, and one whose step takes as long as the
-average of the trial's timed plain steps is off after it (mlx_spec/policy.py,
-COSTLY_DRAFT_OFF). For
+long as that step divided by FIRST_STEP_SLOWER is off before its first look, and
+one whose step takes as long as a steady plain step of the trial is off after it
+(mlx_spec/policy.py, COSTLY_DRAFT_OFF). For
 every pair of the zoo with a draft model, this runs the defaults for a few
 tokens and reads both times from the policy itself, with the steady plain
 step of the cold start's trial beside them; medians over the prompts in turn
-after a warm-up. Writes bench/results/<out>.json and .md.
+after a warm-up, and in how many cold starts the draft drafted no round (off
+before its first look). Writes bench/results/<out>.json and .md.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from typing import List
 
 from ...generate import speculative_generate_step
-from ...policy import AdaptivePolicy
+from ...policy import FIRST_STEP_DISCOUNTED, FIRST_STEP_SLOWER, AdaptivePolicy
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import ZOO_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
@@ -31,19 +32,21 @@ from .never_behind import DEFAULT_PROMPTS
 
 
 def timed_steps(pair, ids) -> tuple:
-    """(draft step, target's first plain step, its median steady plain step) in seconds."""
+    """(draft step, target's first plain step, its median steady plain step) in seconds, and
+    whether the draft was off before its first look (it drafted no round in 8 tokens)."""
     policy = AdaptivePolicy()
     for _ in speculative_generate_step(ids, pair.target_model, pair.draft_model, max_tokens=8,
                                        policy=policy, prompt_lookup=False,
                                        **pair.draft_options):
         pass
     return (policy.draft_step_seconds["draft"], policy.first_step_seconds,
-            policy.measured_plain_seconds)
+            policy.measured_plain_seconds, policy.source("draft").rounds == 0)
 
 
 def decision(draft: float, first: float, steady: float) -> str:
-    """What the cold start does with such a draft (policy.AdaptivePolicy._costly)."""
-    if draft >= first:
+    """What the cold start does with such a draft, at the medians (policy.AdaptivePolicy._costly:
+    the first step divided by FIRST_STEP_SLOWER with FIRST_STEP_DISCOUNTED)."""
+    if draft >= first / (FIRST_STEP_SLOWER if FIRST_STEP_DISCOUNTED else 1.0):
         return "off before its first look"
     if draft >= steady:
         return "off after its first look"
@@ -62,7 +65,8 @@ def measure(pair_names: List[str], repeats: int) -> List[dict]:
         draft, first, steady = (statistics.median(run[i] for run in runs) for i in range(3))
         rows.append({"pair": pair.name, "draft_step_s": draft, "first_step_s": first,
                      "plain_step_s": steady, "draft_over_first": draft / first,
-                     "draft_over_plain": draft / steady, "decision": decision(draft, first, steady)})
+                     "draft_over_plain": draft / steady, "decision": decision(draft, first, steady),
+                     "off_before_look": sum(run[3] for run in runs), "cold_starts": len(runs)})
         print(f"{rows[-1]}", file=sys.stderr, flush=True)
     return rows
 
@@ -73,12 +77,15 @@ def render(rows: List[dict], header: dict) -> str:
            f"{header['machine']}; medians of {header['repeats']} cold starts (prompts "
            f"{', '.join(DEFAULT_PROMPTS)} in turn) after a warm-up, read from the policy.", "",
            "| pair | draft step | target's first step | steady plain step | draft ÷ first | "
-           "draft ÷ steady | cold start |", "|---|---|---|---|---|---|---|"]
+           "draft ÷ steady | cold start (medians) | off before its first look |",
+           "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         out.append(f"| {row['pair']} | {row['draft_step_s'] * 1e3:.2f} ms | "
                    f"{row['first_step_s'] * 1e3:.2f} ms | {row['plain_step_s'] * 1e3:.2f} ms | "
                    f"{row['draft_over_first']:.2f} | {row['draft_over_plain']:.2f} | "
-                   f"{row['decision']} |")
+                   f"{row['decision']} | "
+                   + (f"{row['off_before_look']} of {row['cold_starts']} |"
+                      if "off_before_look" in row else "- |"))  # (files before December 5)
     return "\n".join(out) + "\n"
 
 
