@@ -613,8 +613,8 @@ class AdaptivePolicy:
         """Whether a paid source's timed step costs at least a target step (the plain steps'
         average once any is timed, else the target's first plain step, slower than a steady one,
         divided by FIRST_STEP_SLOWER: the step before a first look is not timed as a plain
-        step), or, its acceptance read by
-        the prompt look, it loses even with a free verify pass (LOOKED_DRAFT_OFF)."""
+        step), or, its acceptance read by the prompt look, it loses even with a free verify pass
+        (LOOKED_DRAFT_OFF)."""
         step = self.draft_step_seconds.get(name)
         target = self.measured_plain_seconds or self._steady_from_first()
         if not (COSTLY_DRAFT_OFF and step and target):

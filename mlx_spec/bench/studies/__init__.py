@@ -14,6 +14,7 @@ bench/README.md lists file by file. `mlx-spec bench` itself
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 RESULTS_DIR = Path("bench") / "results"
@@ -42,6 +43,20 @@ def check_pairs(parser, names: str, known) -> None:
     unknown = [name for name in names.split(",") if name not in known]
     if unknown:
         parser.error(f"unknown pair {unknown[0]!r}; choose from {', '.join(known)}.")
+
+
+@contextmanager
+def constants(owner, **values):
+    """`owner`'s attributes (a module's constants, a class's methods) set to `values` while the
+    block runs, then put back, whatever happens in it."""
+    saved = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
 
 
 def parse_temps(parser, text: str) -> list:

@@ -34,7 +34,7 @@ from ... import policy as policy_module
 from ..endtoend import interleave, run_target_alone
 from ..prompts import PROMPTS, encode_prompts
 from ..zoo import HELD_OUT_NAMES, PAIR_NAMES, build_zoo
-from . import check_pairs, parse_temps, study_header, write_results
+from . import check_pairs, constants, parse_temps, study_header, write_results
 from .never_behind import (COPY_SOURCE_PROMPT, DEFAULT_PROMPTS, copy_prompt, paired_ratio,
                            run_defaults)
 
@@ -58,14 +58,9 @@ def flipped_label(flag: str) -> str:
 def _with_flag(flag: str, flipped: bool, run):
     """`run` with each rule of `flag` flipped (`flipped`) or as shipped while it runs."""
     def wrapped(ids):
-        saved = {name: getattr(policy_module, name) for name in flag.split(",")}
-        for name, value in saved.items():
-            setattr(policy_module, name, value != flipped)
-        try:
+        with constants(policy_module, **{name: getattr(policy_module, name) != flipped
+                                         for name in flag.split(",")}):
             return run(ids)
-        finally:
-            for name, value in saved.items():
-                setattr(policy_module, name, value)
     return wrapped
 
 

@@ -42,7 +42,7 @@ from ..endtoend import run_target_alone
 from ..prompts import PROMPTS, encode_prompts
 from ..timing import median_interval
 from ..zoo import PAIR_NAMES, TUNED_NAMES, build_zoo
-from . import check_pairs, parse_temps, study_header, write_results
+from . import check_pairs, constants, parse_temps, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 
@@ -53,10 +53,7 @@ def flag_for(temp: float) -> str:
 
 def timed_call(pair, ids, temp: float, tokens: int, look: bool) -> tuple:
     """(seconds to the first token, seconds to the whole reply) of one call of the defaults."""
-    flag = flag_for(temp)
-    saved = getattr(policy_module, flag)
-    setattr(policy_module, flag, look)
-    try:
+    with constants(policy_module, **{flag_for(temp): look}):
         start = time.perf_counter()
         first = None
         for _ in speculative_generate_step(ids, pair.target_model, pair.draft_model,
@@ -65,8 +62,6 @@ def timed_call(pair, ids, temp: float, tokens: int, look: bool) -> tuple:
             if first is None:
                 first = time.perf_counter() - start
         return first, time.perf_counter() - start
-    finally:
-        setattr(policy_module, flag, saved)
 
 
 def prompts_of(pair, lengths: List[int]) -> List[tuple]:
@@ -93,13 +88,10 @@ def measure_chunking(pair_names: List[str], temps: List[float], lengths: List[in
                 for r in range(1 + repeats):
                     names = list(modes)[r % 3:] + list(modes)[:r % 3]
                     for mode in names:
-                        saved = prefill_module.TAIL_CHUNK_FROM
-                        prefill_module.TAIL_CHUNK_FROM = modes[mode] or saved
-                        try:
+                        chunk_from = modes[mode] or prefill_module.TAIL_CHUNK_FROM
+                        with constants(prefill_module, TAIL_CHUNK_FROM=chunk_from):
                             _, seconds = timed_call(pair, prompts[r % len(prompts)], temp, 2,
                                                     modes[mode] is not None)
-                        finally:
-                            prefill_module.TAIL_CHUNK_FROM = saved
                         if r:
                             seen[mode].append(seconds)
                 base = statistics.median(seen["no look"])

@@ -24,7 +24,7 @@ from ...policy import AdaptivePolicy, expected_kept
 from ...sampling import SamplingConfig
 from ..prompts import encode_prompts
 from ..zoo import PAIR_NAMES, ZOO_NAMES, build_zoo
-from . import check_pairs, study_header, write_results
+from . import check_pairs, constants, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 
@@ -36,16 +36,12 @@ def look_of(pair, ids, temp: float) -> list:
     def record(self, source, acceptance, rows, **options):
         seen.append(acceptance)
         return original(self, source, acceptance, rows, **options)
-    AdaptivePolicy.observe_prompt_look = record
-    greedy_look, policy_module.GREEDY_LOOK = policy_module.GREEDY_LOOK, True  # (off by default)
-    try:
+    with constants(AdaptivePolicy, observe_prompt_look=record), \
+            constants(policy_module, GREEDY_LOOK=True):  # (off by default)
         for _ in speculative_generate_step(ids, pair.target_model, pair.draft_model, max_tokens=2,
                                            sampling=SamplingConfig(temp=temp), calibration=None,
                                            **pair.draft_options):
             pass
-    finally:
-        AdaptivePolicy.observe_prompt_look = original
-        policy_module.GREEDY_LOOK = greedy_look
     return seen
 
 
