@@ -270,9 +270,11 @@ def generate_rounds(
     look_rows = _look_rows(drafters, policy, agree, decoder.processors, sampling) \
         if len(prompt) > prompt_look.MIN_ROWS else 0  # (a reused cache: the new tokens only)
     split = look_rows > 0 and prompt_look.keep_hidden(target)
+    started = time.perf_counter()
     prefill(target, prompt[:-1], prefill_step_size, lambda done, _: progress(done, len(prompt)),
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1],
             tail=look_rows if split else 0)
+    per_token = (time.perf_counter() - started) / (len(prompt) - 1) if len(prompt) > 1 else None
     target_tail = prompt_look.tail_logits(target, look_rows) if look_rows else None
     if split:
         prompt_look.drop_hidden(target)
@@ -328,18 +330,23 @@ def generate_rounds(
             if round_.tokens[-1] in decoder.stop_tokens:
                 return
         if looks:  # after the first round: see _take_look
-            _take_look(policy, looks, sampling)
+            _take_look(policy, looks, sampling, look_rows, per_token, max_tokens)
             looks = {}
             clock.lap()  # its time is no round's
 
 
-def _take_look(policy, looks, sampling: SamplingConfig) -> None:
+def _take_look(policy, looks, sampling: SamplingConfig, most: int,
+               per_token: Optional[float], max_tokens: int) -> None:
     """The prompt look, evaluated after the first round and handed to the policy: the first
     token does not wait for it, and a source the first plain step already switched off (a draft
-    whose step costs a target step) is not looked at (`policy.still_looks`)."""
+    whose step costs a target step) is not looked at (`policy.still_looks`). Over as many of
+    the `most` rows gathered as its share of the reply buys (policy.look_rows, from the
+    target's prefill time `per_token`): none when too dear (policy.LOOK_BUDGET)."""
     wanted = getattr(policy, "still_looks", lambda source: True)
-    for source, (acceptance, rows) in prompt_look.look(looks, wanted).items():
-        policy.observe_prompt_look(source, acceptance, rows, greedy=sampling.greedy)
+    rows = getattr(policy, "look_rows", lambda per_token, tokens, most: most)(
+        per_token, max_tokens, most)
+    for source, (acceptance, seen) in prompt_look.look(looks, wanted, rows).items():
+        policy.observe_prompt_look(source, acceptance, seen, greedy=sampling.greedy)
 
 
 def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) -> int:

@@ -114,6 +114,19 @@ LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control o
 # (strong, 0.93x) and won nowhere by more than 2% (docs/benchmarks.md, "The prompt look's cost
 # before the first token").
 GREEDY_LOOK = False  # True: the greedy look (a test turns it on)
+# The look's rows (at most prompt_look.ROWS; fewer than MIN_ROWS: none) are as many as
+# LOOK_SHARE of the reply's plain time buys (look_rows). Its cost in prompt tokens' prefill
+# time, the target's: LOOK_FIXED_TOKENS (the last layers over the prefill's last chunk, the
+# sync) plus LOOK_ROW_TOKENS a row (the output layers), measured on the zoo's pairs after
+# 31-token prompts with both BLAS (7-9 and 0.35-0.46; bench/results/look-rows-cost.md). With the
+# reference BLAS a CPU prefills a token in 0.17-0.31 of a plain step, and a float32 pair's
+# look cost 4-7% of a 96-token reply and bought nothing (with ÷ without 0.93-0.96x); a
+# float16 pair's prefill is 0.14 of a step with either BLAS (MLX's CPU backend has no BLAS
+# for it), with OpenBLAS a float32 pair's 0.05-0.13 (bench/results/look-budget-*.md).
+LOOK_BUDGET = True  # False: every row gathered, whatever it costs (the negative control)
+LOOK_SHARE = 0.02
+LOOK_FIXED_TOKENS = 8.0
+LOOK_ROW_TOKENS = 0.4
 GREEDY_LOOK_ODDS = 4.0
 # Greedy, a draft model's timed step (COSTLY_DRAFT_OFF) is its guess for the first token: the
 # policy counts whether the target's first token matched, as a k = 1 round's acceptance
@@ -620,6 +633,22 @@ class AdaptivePolicy:
         if not (COSTLY_DRAFT_OFF and step and target):
             return False
         return step >= target or self._loses_with_a_free_verify(name, step / target)
+
+    def look_rows(self, seconds_per_token: Optional[float], tokens: int, most: int) -> int:
+        """How many of the `most` rows gathered the prompt look may compare (below
+        prompt_look.MIN_ROWS it takes none) when it may cost LOOK_SHARE of `tokens` plain steps, each row
+        LOOK_ROW_TOKENS and the look LOOK_FIXED_TOKENS prompt tokens' prefill at the target's
+        `seconds_per_token` (LOOK_BUDGET); `most` when either time is unknown."""
+        step = self.steady_step_seconds()
+        if not (LOOK_BUDGET and seconds_per_token and step):
+            return most
+        budget = LOOK_SHARE * tokens * step / seconds_per_token  # in prompt tokens
+        return max(0, min(most, int((budget - LOOK_FIXED_TOKENS) / LOOK_ROW_TOKENS + 1e-9)))
+
+    def steady_step_seconds(self) -> Optional[float]:
+        """A plain step's seconds as best known now: the plain steps' average once any is
+        timed, else the first step discounted (_steady_from_first), else plain_seconds."""
+        return self.measured_plain_seconds or self._steady_from_first() or self.plain_seconds
 
     def _steady_from_first(self) -> Optional[float]:
         """A steady plain step's estimate from the target's first (FIRST_STEP_DISCOUNTED)."""

@@ -13,14 +13,19 @@ continuation is easier to guess than its prompt): with policy.GREEDY_LOOK
 policy reads it to switch off a draft that agrees almost nowhere.
 
 The cost: the target's and each drafter's last layer over the prefill's last
-chunk and output layer over ROWS positions, and one host sync. The rows are
+chunk and output layer over the rows, and one host sync. The rows are
 gathered lazily right after the prefill and evaluated after the first round
 (loop._take_look): the first token does not wait, and a source already off
-then is not computed. Only the policy reads the result; no token depends on it.
+then is not computed. How many rows: as many as a share of the reply's plain
+time buys (policy.LOOK_BUDGET), by the target's prefill time per token, which
+tells what rows cost on this machine (on a CPU with the reference BLAS a row
+costs about as much as a plain step's share of a prompt token, with OpenBLAS or
+a GPU far less). Only the policy reads the result; no token depends on it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import mlx.core as mx
@@ -32,7 +37,21 @@ from .sampling import SamplingConfig, probs_from_logits
 ROWS = 32  # prompt positions compared, at most
 GREEDY_ROWS = 16  # ... greedy (policy.GREEDY_LOOK), where the look only switches a hopeless
 # draft off: fewer rows through the output layers, a cheaper look
-MIN_ROWS = 4  # fewer (a short prompt, a reused cache): no look
+MIN_ROWS = 4  # fewer (a short prompt, a reused cache, a dear look): no look
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The last `count` rows of a forward's logits (or a drafter's q), each computed only when
+    asked for: `rows(r)` gives the last min(r, count), lazily."""
+
+    count: int
+    rows: Callable[[int], mx.array]
+
+    @staticmethod
+    def of(logits: Optional[mx.array]) -> Optional["Tail"]:
+        """An array already built (its rows computed together)."""
+        return None if logits is None else Tail(logits.shape[0], lambda r: logits[-r:])
 
 
 def keep_hidden(cache: ModelCache) -> bool:
@@ -55,13 +74,14 @@ def drop_hidden(cache: ModelCache) -> None:
         cache.hidden = None
 
 
-def tail_logits(cache: ModelCache, rows: int) -> Optional[mx.array]:
-    """The logits (r, V) of the last r <= `rows` positions of the cache's last forward, from
-    its kept hidden states (lazy); None when it kept none."""
+def tail_logits(cache: ModelCache, rows: int) -> Optional[Tail]:
+    """The logits of the last r <= `rows` positions of the cache's last forward, from its kept
+    hidden states, the output layer run only over the rows asked for; None when it kept none."""
     hidden = cache.final if cache.capture is not None else cache.hidden
     if cache.split is None or hidden is None or hidden.shape[0] < 1:
         return None
-    return cache.split[1](hidden[-rows:])
+    hidden, head = hidden[-rows:], cache.split[1]
+    return Tail(hidden.shape[0], lambda r: head(hidden[-r:]))
 
 
 def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingConfig,
@@ -93,27 +113,44 @@ def offers(drafter, greedy: bool = False) -> bool:
         getattr(drafter, "prompt_probs", None) is not None
 
 
-def gather(target_tail: Optional[mx.array], drafters, sampling: SamplingConfig) -> Dict[str, mx.array]:
-    """{source: (r,) chances, lazy} for each drafter that offers its prompt rows (predicting the
-    same last prompt tokens as `target_tail`: see `offers`), taken right after the prefill
-    (a drafter's rows are its state's then); nothing is computed until `look`."""
+def gather(target_tail: Optional[Tail], drafters, sampling: SamplingConfig
+           ) -> Dict[str, Callable[[int], mx.array]]:
+    """{source: rows -> (r,) chances at the last r positions, lazy} for each drafter that
+    offers its prompt rows (predicting the same last prompt tokens as `target_tail`: see
+    `offers`), taken right after the prefill (a drafter's rows are its state's then: a
+    drafter's `prompt_logits` may give a Tail, its output layer run later over the rows asked
+    for, or an array); nothing is computed until `look`."""
     pending = {}
     for drafter in drafters:  # each asked once, even with no target rows: it lets its go
         if not offers(drafter, sampling.greedy):
             continue
         as_probs = getattr(drafter, "prompt_logits", None) is None
         draft_tail = (drafter.prompt_probs if as_probs else drafter.prompt_logits)(ROWS)
-        if draft_tail is not None and draft_tail.shape[0] >= MIN_ROWS \
-                and target_tail is not None and target_tail.shape[0] >= MIN_ROWS:
-            pending[drafter.source] = chances(target_tail, draft_tail, sampling, as_probs)
+        if not isinstance(draft_tail, Tail):
+            draft_tail = Tail.of(draft_tail)
+        if draft_tail is not None and draft_tail.count >= MIN_ROWS \
+                and target_tail is not None and target_tail.count >= MIN_ROWS:
+            most = min(draft_tail.count, target_tail.count)
+            pending[drafter.source] = _chances_of(target_tail, draft_tail, most, sampling,
+                                                  as_probs)
     return pending
 
 
-def look(pending: Dict[str, mx.array], wanted: Callable[[str], bool] = lambda source: True
+def _chances_of(target_tail: Tail, draft_tail: Tail, most: int, sampling: SamplingConfig,
+                as_probs: bool) -> Callable[[int], mx.array]:
+    return lambda r: chances(target_tail.rows(min(r, most)), draft_tail.rows(min(r, most)),
+                             sampling, as_probs)
+
+
+def look(pending: Dict[str, Callable[[int], mx.array]],
+         wanted: Callable[[str], bool] = lambda source: True, rows: int = ROWS
          ) -> Dict[str, tuple]:
-    """{source: (mean chance, positions)} for each gathered source still `wanted`; the others
-    are never computed."""
-    chosen = {source: c for source, c in pending.items() if wanted(source)}
+    """{source: (mean chance, positions)} over the last `rows` positions (at most) for each
+    gathered source still `wanted`; the others, and the rows not asked for, are never
+    computed. Fewer than MIN_ROWS rows: no look."""
+    if rows < MIN_ROWS:
+        return {}
+    chosen = {source: of(rows) for source, of in pending.items() if wanted(source)}
     if not chosen:
         return {}
     means = {source: c.mean() for source, c in chosen.items()}

@@ -32,8 +32,10 @@ def pair():
 def looked(monkeypatch):
     """Every (source, acceptance, rows) the loop hands the policy. The tiny draft's timed step
     can read as dear as the tiny target's under load, and a draft off after the first step is
-    not looked at: COSTLY_DRAFT_OFF is off here (a test below turns it on)."""
+    not looked at: COSTLY_DRAFT_OFF is off here (a test below turns it on). The tests' replies
+    are short: the look's budget (LOOK_BUDGET) is lifted here (tests below keep it)."""
     monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", False)
+    monkeypatch.setattr(policy_module, "LOOK_BUDGET", False)
     seen = []
     original = AdaptivePolicy.observe_prompt_look
 
@@ -311,3 +313,63 @@ def test_a_draft_switched_off_by_the_first_plain_step_is_not_looked_at(pair, mon
                         lambda self, source, seconds: self.draft_step_seconds.update({source: 1e-6}))
     decode(target, draft, prompt_of(30))
     assert [s for s, _, _ in seen] == ["draft"]
+
+
+@pytest.mark.parametrize("per_token,step,tokens,rows", [
+    (0.001, 0.01, 96, 28),  # a budget of 0.02 * 96 * 10 = 19.2 prompt tokens: (19.2 - 8) / 0.4
+    (0.003, 0.01, 96, 0),  # 6.4 tokens: not even the fixed part
+    (0.002, 0.01, 96, 4),  # 9.6 tokens: 4 rows (the look's least)
+    (0.0021, 0.01, 96, 2),  # ... 2 rows: below MIN_ROWS, the loop takes no look
+    (0.003, 0.01, 512, 32),  # a long reply buys them all
+    (None, 0.01, 96, 32), (0.001, None, 96, 32)])  # nothing timed: every row gathered
+def test_the_looks_rows_are_what_its_share_of_the_reply_buys(monkeypatch, per_token, step,
+                                                             tokens, rows):
+    policy = AdaptivePolicy()
+    monkeypatch.setattr(AdaptivePolicy, "steady_step_seconds", lambda self: step)
+    assert policy.look_rows(per_token, tokens, 32) == rows
+    monkeypatch.setattr(policy_module, "LOOK_BUDGET", False)  # negative control: every row
+    assert policy.look_rows(per_token, tokens, 32) == 32
+
+
+def test_the_loop_looks_over_the_rows_its_budget_buys(pair, monkeypatch):
+    """The loop hands policy.look_rows the target's prefill time per token and max_tokens (the
+    policy knows its plain step), and the look compares that many of the prompt's last rows (their
+    chances checked against numpy over the last 5); no look when it buys fewer than
+    MIN_ROWS."""
+    target, draft = pair
+    prompt = prompt_of(40)
+    seen = looked(monkeypatch)
+    asked = []
+
+    def affordable(self, per_token, tokens, most):
+        asked.append((per_token, self.steady_step_seconds(), tokens, most))
+        return budget
+    monkeypatch.setattr(AdaptivePolicy, "look_rows", affordable)
+    budget = 5
+    decode(target, draft, prompt, max_tokens=12)
+    (per_token, step, tokens, most), = asked
+    assert per_token > 0 and step > 0 and (tokens, most) == (12, prompt_look.ROWS)
+    assert [(s, r) for s, _, r in seen] == [("draft", 5)]
+    x = mx.array([prompt[:-1]])
+    expected = numpy_chances(target(x)[0, -5:], draft(x)[0, -5:], 0.7).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
+    budget = prompt_look.MIN_ROWS - 1
+    decode(target, draft, prompt, max_tokens=12)
+    assert len(seen) == 1  # (no second look)
+
+
+def test_a_tail_runs_its_output_layer_over_the_rows_asked_for_only(pair):
+    """A draft model's prompt rows (prompt_look.Tail): the last r rows of its logits, computed
+    from its kept hidden states when asked for, at most the rows it kept."""
+    from mlx_spec.drafters.draft_model import DraftModelDrafter
+    target, draft = pair
+    prompt = prompt_of(30)
+    drafter = DraftModelDrafter(draft, SamplingConfig(temp=0.7), draft.args.vocab_size)
+    drafter.prefill(prompt, 512, look_rows=16)
+    tail = drafter.prompt_logits(8)
+    assert tail.count == 8 and drafter.prompt_logits(8) is None  # (once)
+    full = draft(mx.array([prompt[:-1]]))[0]
+    for r, expected in ((3, 3), (8, 8), (20, 8)):
+        rows = tail.rows(r)
+        assert rows.shape[0] == expected
+        np.testing.assert_allclose(np.array(rows), np.array(full[-expected:]), atol=1e-4)
