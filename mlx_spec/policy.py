@@ -114,20 +114,25 @@ LOOKED_DRAFT_OFF = True  # False: its first look decides (the negative control o
 # (strong, 0.93x) and won nowhere by more than 2% (docs/benchmarks.md, "The prompt look's cost
 # before the first token").
 GREEDY_LOOK = False  # True: the greedy look (a test turns it on)
+GREEDY_LOOK_ODDS = 4.0
 # The look's rows (at most prompt_look.ROWS; fewer than MIN_ROWS: none) are as many as
 # LOOK_SHARE of the reply's plain time buys (look_rows). Its cost in prompt tokens' prefill
 # time, the target's: LOOK_FIXED_TOKENS (the last layers over the prefill's last chunk, the
 # sync) plus LOOK_ROW_TOKENS a row (the output layers), measured on the zoo's pairs after
-# 31-token prompts with both BLAS (7-9 and 0.35-0.46; bench/results/look-rows-cost.md). With the
-# reference BLAS a CPU prefills a token in 0.17-0.31 of a plain step, and a float32 pair's
-# look cost 4-7% of a 96-token reply and bought nothing (with ÷ without 0.93-0.96x); a
-# float16 pair's prefill is 0.14 of a step with either BLAS (MLX's CPU backend has no BLAS
-# for it), with OpenBLAS a float32 pair's 0.05-0.13 (bench/results/look-budget-*.md).
+# 32-token prompts with both BLAS (0.4-11.9 and 0.16-0.47 on seven pairs;
+# bench/results/look-rows-cost-{netlib,openblas}.md). With the reference BLAS a CPU prefills
+# a float32 pair's token in 0.23-0.34 of a plain step, and its look cost 4-7% of a 96-token
+# reply and bought nothing (with ÷ without 0.93-0.96x): over 96 tokens it now takes none; a
+# float16 pair's token takes 0.16-0.17 with either BLAS (MLX's CPU backend has no BLAS for it),
+# with OpenBLAS a float32 pair's 0.08-0.15.
+# Flipped: 1.04-1.05x on the float32 pairs with netlib, the strong pair's look kept; 1.00-1.03x
+# with OpenBLAS (bench/results/look-budget-flip-*.md; docs/benchmarks.md). The prefill's
+# time also holds an MTP head's catch-up and a first call's warm-up: the rows err fewer. A
+# reply capped high (max_tokens of a server) buys every row.
 LOOK_BUDGET = True  # False: every row gathered, whatever it costs (the negative control)
 LOOK_SHARE = 0.02
 LOOK_FIXED_TOKENS = 8.0
 LOOK_ROW_TOKENS = 0.4
-GREEDY_LOOK_ODDS = 4.0
 # Greedy, a draft model's timed step (COSTLY_DRAFT_OFF) is its guess for the first token: the
 # policy counts whether the target's first token matched, as a k = 1 round's acceptance
 # (untimed), before the first look. It costs no pass. On the held-out early-exit pairs whose

@@ -292,7 +292,12 @@ def test_long_replies_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
 
 @pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--temps", "x"], ["--repeats", "0"],
                                   ["--chunking", "--prompt-tokens", "4"],
-                                  ["--chunking", "--prompt-tokens", "a,b"]])
+                                  ["--chunking", "--prompt-tokens", "a,b"],
+                                  ["--rows", "2,8", "--temps", "0.7"],
+                                  ["--rows", "8,64", "--temps", "0.7"],
+                                  ["--rows", "a", "--temps", "0.7"],
+                                  ["--rows", "8", "--temps", "0,0.7"],
+                                  ["--rows", "8", "--chunking", "--temps", "0.7"]])
 def test_look_cost_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
     from mlx_spec.bench.studies.look_cost import main
     with pytest.raises(SystemExit) as exited:

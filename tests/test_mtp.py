@@ -270,8 +270,11 @@ def test_hugging_face_repo_from_the_local_cache(pairs, tmp_path, monkeypatch):
 def test_greedy_parity(name, k, pairs):
     target, original = pairs[name][:2]
     reference = plain_greedy(target, PROMPT, 40)
+    # Adaptive k without the off switch: under a loaded test run the head's timed step can read
+    # as dear as the tiny target's, and an off head drafts nothing to check.
     tokens, drafted, accepted = run(target, PROMPT, num_draft_tokens=k,
-                                    mtp_weights=str(original), prompt_lookup=False)
+                                    mtp_weights=str(original), prompt_lookup=False,
+                                    auto_off=k is not None)
     assert tokens == reference
     assert drafted > 0
     if k is not None:  # (adaptive k follows timings: what it accepts varies with the machine)

@@ -358,11 +358,22 @@ def test_the_loop_looks_over_the_rows_its_budget_buys(pair, monkeypatch):
     assert len(seen) == 1  # (no second look)
 
 
-def test_a_tail_runs_its_output_layer_over_the_rows_asked_for_only(pair):
+def test_a_tail_runs_its_output_layer_over_the_rows_asked_for_only(pair, monkeypatch):
     """A draft model's prompt rows (prompt_look.Tail): the last r rows of its logits, computed
-    from its kept hidden states when asked for, at most the rows it kept."""
+    from its kept hidden states when asked for, its output layer run over those r rows only
+    (the shapes it was handed are recorded), at most the rows it kept."""
     from mlx_spec.drafters.draft_model import DraftModelDrafter
     target, draft = pair
+    handed = []
+
+    def recording_split(model):
+        trunk, head = split_target(model)
+
+        def recorded(hidden):
+            handed.append(hidden.shape[0])
+            return head(hidden)
+        return trunk, recorded
+    monkeypatch.setattr(prompt_look, "split_target", recording_split)
     prompt = prompt_of(30)
     drafter = DraftModelDrafter(draft, SamplingConfig(temp=0.7), draft.args.vocab_size)
     drafter.prefill(prompt, 512, look_rows=16)
@@ -373,3 +384,19 @@ def test_a_tail_runs_its_output_layer_over_the_rows_asked_for_only(pair):
         rows = tail.rows(r)
         assert rows.shape[0] == expected
         np.testing.assert_allclose(np.array(rows), np.array(full[-expected:]), atol=1e-4)
+    assert handed[-3:] == [3, 8, 8]  # (before them: the prefill forward's own last row)
+
+
+def test_the_budget_decides_the_look_in_the_loop(pair, monkeypatch):
+    """With LOOK_BUDGET on, as shipped: a share of the reply that buys every row gives a look
+    over all of them; one that buys fewer than MIN_ROWS gives none."""
+    target, draft = pair
+    prompt = prompt_of(40)
+    seen = looked(monkeypatch)
+    monkeypatch.setattr(policy_module, "LOOK_BUDGET", True)
+    monkeypatch.setattr(policy_module, "LOOK_SHARE", 1e6)
+    decode(target, draft, prompt, max_tokens=12)
+    assert [(s, r) for s, _, r in seen] == [("draft", prompt_look.ROWS)]
+    monkeypatch.setattr(policy_module, "LOOK_SHARE", 1e-6)
+    decode(target, draft, prompt, max_tokens=12)
+    assert len(seen) == 1

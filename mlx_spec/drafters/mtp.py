@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from ..attention import round_attention
 from ..cache import rewind
+from ..prompt_look import Tail
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
 
@@ -55,14 +56,17 @@ class MTPDrafter:
             self._tokens, self._hidden = [], []
         return [c.state for c in self.cache] + ([self._last] if self._last is not None else [])
 
-    def prompt_logits(self, rows: int) -> Optional[mx.array]:
-        """Its logits (r <= rows, V) for the last prompt tokens, from the prefill's last pairs
-        (lazy), once; or None. The output at pair (h_i, x_{i+1}) predicts x_{i+2}: the last
-        pair's predicts the token after the prompt, so it is left out."""
+    def prompt_logits(self, rows: int) -> Optional[Tail]:
+        """Its logits for the last r <= `rows` prompt tokens, from the prefill's last pairs, once,
+        as a prompt_look.Tail (its output layer runs only over the rows the look asks for); or
+        None. The output at pair (h_i, x_{i+1}) predicts x_{i+2}: the last pair's predicts the
+        token after the prompt, so it is left out."""
         fed, self._fed = self._fed, None
         if fed is None or fed.shape[0] < 2:
             return None
-        return self.head.logits(fed[-(rows + 1):-1])
+        fed = fed[:-1]
+        count = min(rows, fed.shape[0])
+        return Tail(count, lambda r: self.head.logits(fed[fed.shape[0] - min(r, count):]))
 
     def step_seconds(self, token: int, repeats: int = 2) -> Optional[float]:
         """Seconds of one chained step (the layer on its last output and `token`, then its

@@ -5,6 +5,7 @@
         python -m mlx_spec.bench.studies.look_cost --out look-cost-openblas
     python -m mlx_spec.bench.studies.look_cost --chunking --pairs shipped-f32 --temps 0.7 \\
         --prompt-tokens 40,150,500 --out NAME    # the look's own prefill chunk, with and without
+    python -m mlx_spec.bench.studies.look_cost --rows 4,8,16,32 --temps 0.7 --out NAME
 
 The never-behind and long-replies tables time a reply from its first token on,
 so they never see the look (mlx_spec/prompt_look.py): it runs after the
@@ -13,15 +14,19 @@ over the prompt's last rows, and the last layer's rows it needs). Here each
 call of the defaults (uncalibrated, prompt lookup as the defaults set it) is
 timed from the call: the time to its first token and to the whole reply of
 `--tokens`, with the look on and off (greedy: policy.GREEDY_LOOK; at T > 0:
-policy.PROMPT_LOOK, which there also sets the prior), interleaved per prompt,
+policy.PROMPT_LOOK, which there also sets the prior; on, the look takes the
+rows policy.LOOK_BUDGET buys it, perhaps none), interleaved per prompt,
 the order reversed every other repeat. Reported: the look's median cost to the
 first token (paired differences), in milliseconds and in the pair's plain
 steps (a plain step: the median of plain decoding's steps on the same
 prompts), and the whole reply's time without the look over with it (above 1:
 the look pays for itself). `--chunking`: instead, the look's extra time in a
 two-token call with its rows a prefill chunk of their own (TAIL_CHUNK_FROM = 1)
-and without (never), against no look, on prompts of `--prompt-tokens` N,... tokens
-(the never-behind prompts repeated). Writes bench/results/<out>.json and .md.
+and without (never), every row (LOOK_BUDGET off), against no look, on prompts of `--prompt-tokens` N,... tokens
+(the never-behind prompts repeated). `--rows`: instead, the look's own time at
+each row count, in prompt tokens of prefill and in plain steps (measure_rows:
+what policy.LOOK_FIXED_TOKENS and LOOK_ROW_TOKENS were read from). Writes
+bench/results/<out>.json and .md.
 """
 
 from __future__ import annotations
@@ -34,9 +39,12 @@ from typing import List
 
 import mlx.core as mx
 
+from ... import loop as loop_module
 from ... import policy as policy_module
+from ... import prompt_look
 from ...cache import prefill as prefill_module
 from ...generate import speculative_generate_step
+from ...policy import AdaptivePolicy
 from ...sampling import SamplingConfig
 from ..endtoend import run_target_alone
 from ..prompts import PROMPTS, encode_prompts
@@ -89,7 +97,8 @@ def measure_chunking(pair_names: List[str], temps: List[float], lengths: List[in
                     names = list(modes)[r % 3:] + list(modes)[:r % 3]
                     for mode in names:
                         chunk_from = modes[mode] or prefill_module.TAIL_CHUNK_FROM
-                        with constants(prefill_module, TAIL_CHUNK_FROM=chunk_from):
+                        with constants(prefill_module, TAIL_CHUNK_FROM=chunk_from), \
+                                constants(policy_module, LOOK_BUDGET=False):  # (2 tokens buy none)
                             _, seconds = timed_call(pair, prompts[r % len(prompts)], temp, 2,
                                                     modes[mode] is not None)
                         if r:
@@ -103,6 +112,72 @@ def measure_chunking(pair_names: List[str], temps: List[float], lengths: List[in
                 rows.append(row)
                 print(f"  {row}", file=sys.stderr, flush=True)
     return rows
+
+
+def measure_rows(pair_names: List[str], temps: List[float], counts: List[int],
+                 repeats: int) -> List[dict]:
+    """The look's own time (loop._take_look, after the first round of a two-token call) at
+    each row count, forced (policy.look_rows), with the draft never off before it
+    (COSTLY_DRAFT_OFF off), in the target's prompt tokens of prefill (the call's own prefill
+    time per token) and in plain steps (policy.steady_step_seconds then); medians, the counts
+    in rotating order. A line through the medians gives the look's fixed cost and its cost
+    per row, in prompt tokens (policy.LOOK_FIXED_TOKENS, LOOK_ROW_TOKENS)."""
+    seen = {}
+
+    def timed_look(policy, looks, sampling, most, per_token, max_tokens):
+        start = time.perf_counter()
+        take_look(policy, looks, sampling, most, per_token, max_tokens)
+        seen.update(seconds=time.perf_counter() - start, per_token=per_token,
+                    step=policy.steady_step_seconds())
+
+    def observed(self, source, acceptance, count, **options):  # the rows actually compared
+        seen["rows"] = count
+        return observe(self, source, acceptance, count, **options)
+    take_look, observe = loop_module._take_look, AdaptivePolicy.observe_prompt_look
+    rows = []
+    for pair in build_zoo(pair_names):
+        (_, prompts), = prompts_of(pair, [])
+        for temp in temps:
+            looks = {count: [] for count in counts}
+            for r in range(1 + repeats):
+                for count in counts[r % len(counts):] + counts[:r % len(counts)]:
+                    seen.clear()
+                    with constants(loop_module, _take_look=timed_look), \
+                            constants(policy_module, COSTLY_DRAFT_OFF=False, PROMPT_LOOK=True), \
+                            constants(AdaptivePolicy, observe_prompt_look=observed,
+                                      look_rows=lambda self, *_, n=count: n):
+                        timed_call(pair, prompts[r % len(prompts)], temp, 2, True)
+                    if r and seen.get("per_token") and seen.get("step") and seen.get("rows"):
+                        looks[count].append((seen["seconds"], seen["per_token"], seen["step"],
+                                             seen["rows"]))
+            timed = [n for n in counts if looks[n]]
+            if not timed:
+                print(f"  {pair.name}, T={temp:g}: no look was taken", file=sys.stderr, flush=True)
+                continue
+            compared = {n: statistics.median(c for *_, c in looks[n]) for n in timed}
+            tokens = {n: statistics.median(s / t for s, t, _, _ in looks[n]) for n in timed}
+            steps = {n: statistics.median(s / p for s, _, p, _ in looks[n]) for n in timed}
+            per_token = statistics.median(t / p for n in timed for _, t, p, _ in looks[n])
+            fixed, per_row = _line({compared[n]: tokens[n] for n in timed})
+            row = {"pair": pair.name, "temp": temp, "prefill_token_steps": per_token,
+                   "rows_compared": {str(n): compared[n] for n in timed},
+                   "look_tokens": {str(n): tokens[n] for n in timed},
+                   "look_steps": {str(n): steps[n] for n in timed},
+                   "fixed_tokens": fixed, "row_tokens": per_row}
+            rows.append(row)
+            print(f"  {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _line(points: dict) -> tuple:
+    """(intercept, slope) of the least-squares line through {x: y} (None with fewer than 2)."""
+    if len(points) < 2:
+        return None, None
+    xs, ys = list(points), list(points.values())
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / \
+        sum((x - mean_x) ** 2 for x in xs)
+    return mean_y - slope * mean_x, slope
 
 
 def measure(pair_names: List[str], temps: List[float], tokens: int, repeats: int) -> List[dict]:
@@ -172,6 +247,34 @@ def render_chunking(rows: List[dict], header: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_rows(rows: List[dict], header: dict) -> str:
+    counts = list(rows[0]["look_tokens"]) if rows else []
+    out = ["# The prompt look's own time by the rows it compares", "",
+           f"`{header['command']}`  ",
+           f"{header['machine']}; the defaults uncalibrated, a call of 2 tokens (the look comes "
+           "after the first), the look's rows forced, the draft never off before it; median of "
+           f"{header['repeats']} repeats after a warm-up, the counts in rotating order (prompts "
+           f"{', '.join(DEFAULT_PROMPTS)} in turn). The look's time in the target's "
+           "prompt tokens of prefill (that call's prefill time per token) and, in brackets, in "
+           "plain steps (the policy's estimate then), and the rows compared where fewer than "
+           "asked (the prompt has fewer); fixed and per row: the line through them over the rows "
+           "compared, in prompt tokens.", "",
+           "| pair | T | a prompt token's prefill, in plain steps | "
+           + " | ".join(f"{n} rows" for n in counts) + " | fixed | per row |",
+           "|---|---|---|" + "---|" * len(counts) + "---|---|"]
+    for row in rows:
+        compared = row.get("rows_compared", {})
+        cells = [f"{row['look_tokens'][n]:.1f} ({row['look_steps'][n]:.1f})"
+                 + (f", {compared[n]:g} compared" if n in compared and compared[n] != int(n) else "")
+                 if n in row["look_tokens"] else "-" for n in counts]
+        fixed, per_row = row["fixed_tokens"], row["row_tokens"]
+        out.append(f"| {row['pair']} | {row['temp']:g} | {row['prefill_token_steps']:.3f} | "
+                   + " | ".join(cells) + " | "
+                   + ("-" if fixed is None else f"{fixed:.1f}") + " | "
+                   + ("-" if per_row is None else f"{per_row:.2f}") + " |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", default=",".join(TUNED_NAMES))
@@ -183,11 +286,16 @@ def main(argv=None) -> int:
                         help="the look's own prefill chunk against none (see the module's text)")
     parser.add_argument("--prompt-tokens", default="40,150,500",
                         help="with --chunking: prompt lengths, comma-separated")
+    parser.add_argument("--rows", default=None,
+                        help="the look's own time at each of these row counts, comma-separated "
+                             "(see measure_rows)")
     args = parser.parse_args(argv)
     check_pairs(parser, args.pairs, PAIR_NAMES)
     temps = parse_temps(parser, args.temps)
     if args.tokens < 1 or args.repeats < 1:
         parser.error("--tokens and --repeats must be >= 1.")
+    if args.chunking and args.rows is not None:
+        parser.error("--chunking and --rows are two different studies: choose one.")
     header = study_header("look_cost", argv, tokens=args.tokens, repeats=args.repeats)
     if args.chunking:
         try:
@@ -199,6 +307,18 @@ def main(argv=None) -> int:
             parser.error("--prompt-tokens must be >= 8 (the look needs prompt rows).")
         rows = measure_chunking(args.pairs.split(","), temps, lengths, args.repeats)
         write_results(args.out, header, rows, render_chunking(rows, header))
+        return 0
+    if args.rows is not None:
+        try:
+            counts = [int(n) for n in args.rows.split(",")]
+        except ValueError:
+            parser.error(f"--rows takes integers separated by commas, got {args.rows!r}.")
+        if min(counts) < prompt_look.MIN_ROWS or max(counts) > prompt_look.ROWS:
+            parser.error(f"--rows must be between {prompt_look.MIN_ROWS} and {prompt_look.ROWS}.")
+        if 0 in temps:
+            parser.error("--rows measures the look at T > 0 (greedy it is policy.GREEDY_LOOK's).")
+        rows = measure_rows(args.pairs.split(","), temps, counts, args.repeats)
+        write_results(args.out, header, rows, render_rows(rows, header))
         return 0
     rows = measure(args.pairs.split(","), temps, args.tokens, args.repeats)
     write_results(args.out, header, rows, render(rows, header))

@@ -37,7 +37,8 @@ def look_of(pair, ids, temp: float) -> list:
         seen.append(acceptance)
         return original(self, source, acceptance, rows, **options)
     with constants(AdaptivePolicy, observe_prompt_look=record), \
-            constants(policy_module, GREEDY_LOOK=True):  # (off by default)
+            constants(policy_module, GREEDY_LOOK=True,  # (off by default)
+                      LOOK_BUDGET=False):  # every row: a two-token call's budget buys none
         for _ in speculative_generate_step(ids, pair.target_model, pair.draft_model, max_tokens=2,
                                            sampling=SamplingConfig(temp=temp), calibration=None,
                                            **pair.draft_options):
