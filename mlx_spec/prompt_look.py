@@ -56,6 +56,16 @@ class Tail:
         """An array already built (its rows computed together)."""
         return None if logits is None else Tail(logits.shape[0], lambda r: _last(logits, r))
 
+    @staticmethod
+    def through(hidden: mx.array, head: Callable[[mx.array], mx.array], rows: int) -> "Tail":
+        """`head` over the last r <= `rows` of `hidden`, run only over the rows asked for."""
+        hidden = _last(hidden, rows)
+        return Tail(hidden.shape[0], lambda r: head(_last(hidden, r)))
+
+    def at_most(self, rows: int) -> "Tail":
+        """The same rows, no more than the last `rows` of them."""
+        return Tail(min(rows, self.count), lambda r: self.rows(min(r, rows)))
+
 
 def keep_hidden(cache: ModelCache) -> bool:
     """Make `cache` keep the hidden states of its forwards (its model split into trunk and
@@ -83,8 +93,7 @@ def tail_logits(cache: ModelCache, rows: int) -> Optional[Tail]:
     hidden = cache.final if cache.capture is not None else cache.hidden
     if cache.split is None or hidden is None or hidden.shape[0] < 1:
         return None
-    hidden, head = _last(hidden, rows), cache.split[1]
-    return Tail(hidden.shape[0], lambda r: head(_last(hidden, r)))
+    return Tail.through(hidden, cache.split[1], rows)
 
 
 def _last(x: mx.array, r: int) -> mx.array:

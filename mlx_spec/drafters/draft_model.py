@@ -21,7 +21,7 @@ import mlx.core as mx
 from ..attention import round_attention
 from ..cache import ModelCache, make_cache
 from ..cache.prefill import prefill
-from ..prompt_look import Tail, drop_hidden, keep_hidden, tail_logits
+from ..prompt_look import drop_hidden, keep_hidden, tail_logits
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
 
@@ -74,9 +74,7 @@ class DraftModelDrafter:
         """Its logits at the prefill's last r <= `rows` positions, once, as a prompt_look.Tail
         (its output layer runs only over the rows the look asks for); or None."""
         tail, self._prompt_tail = self._prompt_tail, None
-        if tail is None:
-            return None
-        return Tail(min(rows, tail.count), lambda r: tail.rows(min(r, rows)))
+        return None if tail is None else tail.at_most(rows)
 
     def step_seconds(self, token: int, repeats: int = 2) -> float:
         """Seconds of one draft step on `token` after what the cache holds, undone each time;

@@ -64,9 +64,7 @@ class MTPDrafter:
         fed, self._fed = self._fed, None
         if fed is None or fed.shape[0] < 2:
             return None
-        fed = fed[:-1]
-        count = min(rows, fed.shape[0])
-        return Tail(count, lambda r: self.head.logits(fed[fed.shape[0] - min(r, count):]))
+        return Tail.through(fed[:-1], self.head.logits, rows)
 
     def step_seconds(self, token: int, repeats: int = 2) -> Optional[float]:
         """Seconds of one chained step (the layer on its last output and `token`, then its
