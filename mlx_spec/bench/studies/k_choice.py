@@ -136,7 +136,8 @@ def _markdown(header: dict, rows: list) -> str:
     lines += ["", "Estimate: the mean of the policy's per-draft acceptance before each of its "
               f"drafter's rounds after the first {SKIPPED_ROUNDS}; realized: those rounds' "
               "kept drafts over the positions they reached (each kept draft and the first "
-              "rejected one)."]
+              "rejected one). The mean over rounds weighs hard stretches (short rounds) more "
+              "than the count over positions does."]
     return "\n".join(lines) + "\n"
 
 
