@@ -24,18 +24,18 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Sequence
 
-import mlx.core as mx
-
 from ...generate import speculative_generate_step
 from ...sampling import SamplingConfig
+from ..endtoend import RunResult, interleave
 from ..prompts import encode_prompts
-from ..timing import median
+from ..timing import median, time_after_prefill
 from ..zoo import ZOO_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 DEFAULTS = "defaults"
 SKIPPED_ROUNDS = 3  # the estimate is read after the drafter's first rounds (the cold start)
+WARMUP = 1  # runs of each method before the counted ones (one prompt)
 
 
 def fixed(k: int) -> str:
@@ -52,17 +52,14 @@ class Tally:
         self.estimates: List[float] = []  # the policy's acceptance before each round (defaults)
         self.kept = self.reached = 0  # realized: kept drafts, positions reached
 
-    def run(self, rounds, policy=None) -> None:
+    def run(self, rounds, policy=None) -> RunResult:
         """Consume one generation's rounds (the first, with the prefill, untimed)."""
-        start = last = None
-        tokens = seen = 0
-        for round_ in rounds:
+        last, seen = None, 0
+
+        def each(round_) -> None:
+            nonlocal last, seen
             now = time.perf_counter()
-            if start is None:
-                start = last = now
-                continue
-            tokens += len(round_.tokens)
-            if round_.num_drafted and round_.source != "lookup":
+            if last is not None and round_.num_drafted and round_.source != "lookup":
                 seen += 1
                 self.round_ms[round_.num_drafted].append((now - last) * 1000)
                 self.round_tokens[round_.num_drafted].append(len(round_.tokens))
@@ -71,8 +68,10 @@ class Tally:
                     self.kept += round_.num_accepted
                     self.reached += min(round_.num_accepted + 1, round_.num_drafted)
             last = now
-        if start is not None and last > start:
-            self.tokens_per_s.append(tokens / (last - start))
+
+        decoded = time_after_prefill(rounds, each)
+        self.tokens_per_s.append(decoded.tokens_per_s)
+        return RunResult(decoded.seconds, decoded.tokens, decoded.drafted, decoded.accepted)
 
     def per_k(self) -> Dict[int, dict]:
         return {k: {"rounds": len(ms), "median_ms": round(median(ms), 2),
@@ -90,17 +89,18 @@ def measure(target_model, draft_model, prompts: Sequence[List[int]], temp: float
     methods = {DEFAULTS: dict(calibration=None, **(defaults_options or {})), **{
         fixed(k): dict(num_draft_tokens=k, prompt_lookup=False) for k in ks}}
     tallies = {name: Tally() for name in methods}
-    names = list(methods)
-    for r in range(repeats * len(prompts) + 1):  # the first: a warm-up, not counted
-        ids = prompts[r % len(prompts)]
-        for name in (names if r % 2 == 0 else names[::-1]):
-            mx.random.seed(r)
-            stream = speculative_generate_step(ids, target_model, draft_model,
-                                               max_tokens=tokens,
-                                               sampling=SamplingConfig(temp=temp),
-                                               **methods[name], **options)
-            tally = tallies[name] if r else Tally()
-            tally.run(stream, stream.policy if name == DEFAULTS else None)
+    calls = {name: 0 for name in methods}
+
+    def run(name: str, ids: List[int]) -> RunResult:
+        calls[name] += 1  # the first call of each: interleave's warm-up, not counted
+        stream = speculative_generate_step(ids, target_model, draft_model, max_tokens=tokens,
+                                           sampling=SamplingConfig(temp=temp),
+                                           **methods[name], **options)
+        tally = tallies[name] if calls[name] > WARMUP else Tally()
+        return tally.run(stream, stream.policy if name == DEFAULTS else None)
+
+    interleave({name: (lambda ids, name=name: run(name, ids)) for name in methods},
+               [(None, ids) for ids in prompts], repeats * len(prompts), WARMUP)
     base = tallies[DEFAULTS]
     row = {"methods": {name: {"tokens_per_s": round(median(t.tokens_per_s), 2),
                               "per_k": t.per_k()} for name, t in tallies.items()}}
