@@ -92,6 +92,13 @@ CANNOT_WIN_OFF = True  # False: the first rounds run out (the negative control o
 # prompt look's, below): the strong pair's first look costs as much and its step is timed as
 # dear, and at the guessed prior of 0.5 it would be off too (docs/benchmarks.md).
 DRAFT_STEPS_IN_BOUND = True  # False: the bound without them (the negative control of a test)
+# ... so the draft steps count only once the look has measured it (SourceEstimate.looked). The
+# look's row budget (LOOK_BUDGET, below) can leave the look out, and then the bound read the
+# guessed 0.5 moved by one round: on the AMD EPYC the strong pair's budget buys only a few rows,
+# and its winning draft was off after its first look in 3-5 of 12 cold starts at T > 0, each
+# time at an estimate of 0.57-0.61, no look's (bench/results/cannot-win-fires-tuned-amd.md;
+# with the change strong 1.02x at T = 0.7 and 1, docs/benchmarks.md).
+DRAFT_STEPS_NEED_LOOK = True  # False: on the guessed prior too (the negative control of a test)
 # At T > 0 with no calibration a source's prior acceptance is measured on the prompt's last
 # positions from the prefill's passes (mlx_spec/prompt_look.py), in place of the guess.
 PROMPT_LOOK = True  # False: the guessed prior (the negative control of a test)
@@ -869,14 +876,15 @@ class AdaptivePolicy:
         """Whether, at its acceptance estimate, no k would make the source faster than plain
         less OFF_MARGIN (CANNOT_WIN_OFF; only with chances, T > 0), even with a verify pass
         that costs no more for k + 1 tokens than for 2: a round of k then costs its timed
-        k = 1 round plus k - 1 more draft steps (DRAFT_STEPS_IN_BOUND: each its timed step;
-        else none, and the bound is 1 / (1 - a) tokens a round of t(1))."""
+        k = 1 round plus k - 1 more draft steps (DRAFT_STEPS_IN_BOUND: each its timed step, once
+        the prompt look measured its acceptance; else none, and the bound is 1 / (1 - a) tokens
+        a round of t(1))."""
         if not (CANNOT_WIN_OFF and estimate.soft) or estimate.acceptance >= 1.0:
             return False
         round_seconds, plain = estimate.seconds(1), self.plain_seconds
         if not round_seconds or not plain:
             return False
-        if not DRAFT_STEPS_IN_BOUND:
+        if not DRAFT_STEPS_IN_BOUND or (DRAFT_STEPS_NEED_LOOK and not estimate.looked):
             most_tokens = 1.0 / (1.0 - estimate.acceptance)
             return most_tokens * plain / round_seconds < 1.0 - OFF_MARGIN
         step = next((self.draft_step_seconds.get(name, 0.0)

@@ -807,13 +807,17 @@ def test_a_sampled_source_that_no_k_can_make_win_is_off_after_its_first_look(mon
 def test_the_draft_step_bound_spares_a_strong_draft_the_prompt_look_vouches_for(monkeypatch):
     """The strong pair's first look costs what the MTP head's does and its step is timed as
     dear: only acceptance tells them apart. The prompt look gives it (0.9), and its first
-    rounds run. Without the look the bound reads the guessed 0.5 and ends them: the look is
-    what makes the bound safe."""
+    rounds run. Without a look (its budget bought too few rows) the draft steps stay out of
+    the bound (DRAFT_STEPS_NEED_LOOK), and its first rounds still run. Negative control: the
+    draft steps counted on the guessed 0.5 end them."""
     counts, _ = first_rounds_drafted(0.88, look=0.9, **STRONG)
     assert sum(1 for c in counts if c < 3) <= 2
     monkeypatch.setattr(policy_module, "PROMPT_LOOK", False)
     blind, _ = first_rounds_drafted(0.88, look=0.9, **STRONG)
-    assert sum(1 for c in blind if c < 3) >= 0.5 * len(blind)
+    assert sum(1 for c in blind if c < 3) <= 2
+    monkeypatch.setattr(policy_module, "DRAFT_STEPS_NEED_LOOK", False)
+    guessed, _ = first_rounds_drafted(0.88, look=0.9, **STRONG)
+    assert sum(1 for c in guessed if c < 3) >= 0.5 * len(guessed)
 
 
 def test_the_rule_fires_study_sees_the_rule_act_and_puts_the_policy_back():
