@@ -306,6 +306,16 @@ def test_look_cost_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
     assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--repeats", "0"], ["--tokens", "1"],
+                                  ["--temps", "0,0.7"], ["--temps", "x"]])
+def test_look_budget_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
+    from mlx_spec.bench.studies.look_budget import main
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_prompt_look_study_refuses_an_unknown_pair_in_one_sentence(capsys):
     from mlx_spec.bench.studies.prompt_look import main
     with pytest.raises(SystemExit) as exited:

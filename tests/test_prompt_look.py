@@ -400,3 +400,23 @@ def test_the_budget_decides_the_look_in_the_loop(pair, monkeypatch):
     monkeypatch.setattr(policy_module, "LOOK_SHARE", 1e-6)
     decode(target, draft, prompt, max_tokens=12)
     assert len(seen) == 1
+
+
+def test_the_look_budget_study_reads_its_calls_against_the_policy_constants():
+    """look_budget.summary: a look of 12 ms on a 4 ms steady step is 3 steps and, over 100
+    tokens at LOOK_SHARE, 3 / (LOOK_SHARE * 100) of its budget; calls that compared no rows
+    are counted, not timed."""
+    from mlx_spec import policy
+    from mlx_spec.bench.studies.look_budget import summary
+    call = {"look_s": 0.012, "rows": 10, "compared": 10, "per_token_s": 0.001,
+            "step_estimate_s": 0.005, "steady_s": 0.004}
+    skipped = {**call, "compared": 0}
+    row = summary("pair", 0.7, [call, call, skipped], 100)
+    assert (row["calls"], row["looked"]) == (3, 2)
+    assert row["estimate_over_steady"] == pytest.approx(1.25)
+    assert row["look_steps"] == pytest.approx(3.0)
+    assert row["over_budget"] == pytest.approx(3.0 / (policy.LOOK_SHARE * 100))
+    predicted = (policy.LOOK_FIXED_TOKENS + policy.LOOK_ROW_TOKENS * 10) * 0.001
+    assert row["over_predicted"] == pytest.approx(0.012 / predicted)
+    assert summary("pair", 0.7, [skipped], 100) == {"pair": "pair", "temp": 0.7, "calls": 1,
+                                                   "looked": 0}
