@@ -168,6 +168,15 @@ STEADY_LAPS = 64  # the steady laps the median is over
 # apart: its winning draft went off after one round (1.18x -> 1.04x plain at T = 0.7;
 # docs/benchmarks.md, "A rule tried and left off").
 FIRST_ROUNDS_OPTIMISTIC = False
+# At T > 0 with no look (LOOK_BUDGET bought none) a source's estimate after its first round is
+# mostly the guessed prior (SAMPLING_ACCEPTANCE_PRIOR, weighing as four rounds), and HOPELESS
+# read it: with cost taken as proportional to k + 1 from that one k = 1 round, a winning draft
+# whose first round cost 2.3 plain steps or more (the strong pair's on the AMD EPYC, its
+# look skipped) went off at an estimate of 0.57-0.61 in 1 and 4 of 12 cold starts
+# (bench/results/hopeless-fires-strong-need-look-amd.md). As with DRAFT_STEPS_NEED_LOOK, a
+# guess alone does not switch a source off: after its first round HOPELESS reads the better
+# of the estimate and that round's own chances (a draft that fails reads low either way).
+HOPELESS_FIRST_OWN = True  # False: the estimate alone (the negative control of a test)
 # After its first off period a source is probed again (a hard opening must not keep a
 # good draft off); after later ones only while speculation's net loss against plain
 # decoding (round seconds - tokens x a plain step, over every speculative round; wins
@@ -312,6 +321,7 @@ class SourceEstimate:
         self.soft = False  # its last round came with each draft's chance (T > 0)
         self.looked = False  # its acceptance started from the prompt look's
         self.look_ceiling: Optional[float] = None  # greedy: the most the look allows (GREEDY_LOOK)
+        self.first_own: Optional[float] = None  # its first round's own acceptance, from chances
 
     @property
     def acceptance(self) -> float:
@@ -378,6 +388,8 @@ class SourceEstimate:
         kept, rejections = accepted, float(accepted < k)
         if SOFT_ACCEPTANCE and chances:
             kept, rejections = expected_kept(chances)
+            if self.rounds == 1:
+                self.first_own = kept / (kept + rejections) if kept + rejections else None
         self.count(kept, rejections)
         if seconds is not None:
             self.add(k, seconds)
@@ -861,7 +873,10 @@ class AdaptivePolicy:
         """Whether a source in its first rounds goes off without the rest: predicted below
         HOPELESS, unable to win at any k (_cannot_win), or (with FIRST_ROUNDS_OPTIMISTIC)
         slower than plain by CLEAR_LOSS even at the better of its acceptance and its prior."""
-        ratio = self._predicted_ratio(estimate)
+        own = estimate.first_own if (HOPELESS_FIRST_OWN and estimate.rounds == 1
+                                     and not estimate.looked) else None
+        ratio = self._predicted_ratio(estimate, None if own is None
+                                      else max(estimate.acceptance, own))
         if ratio is not None and ratio < HOPELESS:
             return True
         if self._cannot_win(estimate):

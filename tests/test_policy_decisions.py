@@ -820,6 +820,24 @@ def test_the_draft_step_bound_spares_a_strong_draft_the_prompt_look_vouches_for(
     assert sum(1 for c in guessed if c < 3) >= 0.5 * len(guessed)
 
 
+def test_a_guessed_prior_alone_does_not_end_a_strong_drafts_first_rounds(monkeypatch):
+    """The strong pair on the AMD EPYC with no look (its budget bought none): a k = 1 round of
+    2.3 plain steps, drafts kept ~90% of the time. After one round its estimate is mostly the
+    guessed 0.5 (0.59), which at cost proportional to k + 1 reads below HOPELESS; the round's
+    own chances (0.9) do not, and HOPELESS_FIRST_OWN reads the better of the two. Its first
+    rounds run; weak and marginal drafts are still off after one or two rounds. Negative
+    control: the estimate alone ends most strong runs after their first round."""
+    dear = lambda k: 1.96 + 0.34 * k  # noqa: E731
+    strong, rate = first_rounds_drafted(0.9, dear, step=0.47)
+    assert sum(1 for c in strong if c < 3) <= 2
+    for weak_rate in (0.2, 0.55):
+        weak, _ = first_rounds_drafted(weak_rate, dear, step=0.47)
+        assert max(weak) <= 2
+    monkeypatch.setattr(policy_module, "HOPELESS_FIRST_OWN", False)
+    control, control_rate = first_rounds_drafted(0.9, dear, step=0.47)
+    assert sum(1 for c in control if c < 3) >= 0.5 * len(control) and control_rate < rate
+
+
 def test_the_rule_fires_study_sees_the_rule_act_and_puts_the_policy_back():
     """rule_fires wraps the predicate: on the weak stream it records firings (with the
     acceptance then), on the winning one none, and afterwards the policy is as it was."""
