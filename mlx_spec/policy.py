@@ -234,6 +234,17 @@ FIRST_STEP_SLOWER = 1.16
 WAIT_FOR_MATCH = True  # False: the old rule (the negative control of a test)
 MATCH_GAP_TOKENS = 8
 MATCH_RECORD = 0.75  # the host search's acceptance estimate, after two rounds or more
+# A host search's proposal kept whole is followed by one at least twice as long (up to its cap):
+# a match that held says more about the text ahead than the per-draft acceptance model credits
+# it with, which grows k a few tokens a round while the prior and the decay let go, each round
+# paying the verify pass's fixed part again (the float16 copy task on the AMD EPYC ran at
+# 2.77-2.85x plain, lookup alone no faster: bench/results/copy-held-out-openblas-amd.md). A
+# failed round ends the doubling (its next length is the model's again), and so does any token
+# decoded by other means (a match found after them is a new one). Paired, 9 repeats: the copy
+# task 1.03-1.04x on five float16 pairs and 1.04-1.05x on float32 with netlib; ordinary prompts
+# at T = 0 1.01-1.06x and 1.02-1.03x; float32 with OpenBLAS, whose verify is nearly flat,
+# 0.97-1.03x (bench/results/match-doubles-*-amd.md; docs/benchmarks.md).
+MATCH_DOUBLES = True  # False: the model's k alone (the negative control of a test)
 # At T > 0 a round's kept count is mostly the rule's coin flips: one k = 1 round says 0 or 1
 # whether the source keeps 85% or 50% of its drafts. Its acceptance is learned instead from
 # each draft's chance of being kept given the drafts before it (sum_x min(p, q), read in the
@@ -322,6 +333,7 @@ class SourceEstimate:
         self.looked = False  # its acceptance started from the prompt look's
         self.look_ceiling: Optional[float] = None  # greedy: the most the look allows (GREEDY_LOOK)
         self.first_own: Optional[float] = None  # its first round's own acceptance, from chances
+        self.held = 0  # a host search's last proposal, when it was kept whole (MATCH_DOUBLES)
 
     @property
     def acceptance(self) -> float:
@@ -364,15 +376,20 @@ class SourceEstimate:
 
     def length(self) -> int:
         """The next round's k: its first fractions of k first (the fit gets a slope), then the
-        best."""
+        best; at least twice a host search's last proposal when that was kept whole."""
         if not self.warm and self.rounds < len(self.first):
-            return min(max(1, int(self.k_initial * self.first[self.rounds])), self.k_max)
+            k = min(max(1, int(self.k_initial * self.first[self.rounds])), self.k_max)
+            return max(k, self._doubled())
         k = self.best_k()
         if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             step = max(1, k // 4)
             k = k + step if (self.rounds // EXPLORE_EVERY) % 2 == 0 else k - step
-        self.k = min(max(k, 1), self.k_max)
+        self.k = max(min(max(k, 1), self.k_max), self._doubled())
         return self.k
+
+    def _doubled(self) -> int:
+        """MATCH_DOUBLES: twice the last proposal kept whole, within the cap (0: none)."""
+        return min(2 * self.held, self.k_max) if MATCH_DOUBLES else 0
 
     def observe(self, k: int, accepted: int, seconds: Optional[float],
                 catches_up: bool = False, chances: Optional[Sequence[float]] = None) -> None:
@@ -425,6 +442,7 @@ class SourceEstimate:
     def passed(self, tokens: int) -> None:
         """`tokens` were decoded by other means (plain steps or another source)."""
         self.since += tokens
+        self.held = 0  # a match picked up after them is a new one
         self.off_left = max(self.off_left - tokens, 0)
 
     def switch_off(self) -> None:
@@ -818,9 +836,9 @@ class AdaptivePolicy:
         estimate.observe(round_.num_drafted, round_.num_accepted, seconds,
                          catches_up=round_.source not in FREE_SOURCES,
                          chances=getattr(round_, "chances", None))  # (batch rows: none)
-        held = (MATCH_HOLDS and round_.source in FREE_SOURCES
-                and round_.num_accepted == round_.num_drafted)
-        self._judge(estimate, match_held=held)
+        whole = round_.source in FREE_SOURCES and round_.num_accepted == round_.num_drafted
+        estimate.held = round_.num_drafted if whole else 0
+        self._judge(estimate, match_held=MATCH_HOLDS and whole)
 
     def _predicted_ratio(self, estimate: SourceEstimate,
                          acceptance: Optional[float] = None) -> Optional[float]:

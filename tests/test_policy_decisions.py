@@ -470,6 +470,37 @@ def test_a_failed_first_lookup_round_does_not_end_a_copy(monkeypatch):
     assert calibrated_lookup_run(failed_first=1)[0] <= 10
 
 
+def copy_lookup_lengths(rounds=8, plain_after=None):
+    """Uncalibrated lookup on a float16 copy on a CPU (a plain step of 15.7 ms; verifying k + 1
+    tokens 13.5 ms + 3.9 ms a draft), every proposal kept whole: the lengths it
+    proposes. `plain_after`: one plain step after that many rounds (the match was lost)."""
+    policy, lengths = AdaptivePolicy(), []
+    while len(lengths) < rounds:
+        k = policy.proposal_length("lookup")
+        if k == 0 or len(lengths) == plain_after:
+            policy.observe(Round([0], 0, 0, "target", None), 15.7e-3)
+            plain_after = None if k else plain_after
+            continue
+        lengths.append(k)
+        policy.observe(Round([0] * (k + 1), k, k, "lookup", None), 13.5e-3 + 3.9e-3 * k)
+    return lengths
+
+
+def test_a_lookup_proposal_kept_whole_is_followed_by_one_twice_as_long(monkeypatch):
+    """MATCH_DOUBLES: a copy kept whole doubles its proposal up to the cap (32), where the
+    per-draft model alone grows it a few tokens a round (here 2, 6, 6, 9, 11, 17, ...). After
+    a plain step (the match lost) the next length is the model's again. Negative control: the
+    model alone takes longer to reach the cap."""
+    lengths = copy_lookup_lengths()
+    assert all(b >= min(2 * a, 32) for a, b in zip(lengths, lengths[1:]))
+    assert lengths[-1] == 32 and lengths.index(32) <= 5
+    broken = copy_lookup_lengths(plain_after=4)
+    assert broken[4] < min(2 * broken[3], 32)
+    monkeypatch.setattr(policy_module, "MATCH_DOUBLES", False)
+    model = copy_lookup_lengths()
+    assert 32 not in model[:6] and sum(model) < sum(lengths)
+
+
 def test_a_lookup_that_cannot_win_even_kept_whole_is_still_switched_off():
     """Where verifying t tokens costs more than t plain steps, a lookup kept whole still loses:
     a held match does not keep it on."""
