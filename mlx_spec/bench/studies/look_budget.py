@@ -14,7 +14,8 @@ prompt, as long and timed right before, gives the steady step. Reported per pair
 medians over the calls: the step estimate over the steady step, the rows, the
 look in milliseconds and in steady steps, the look over its budget at the
 steady step (above 1: it cost more than LOOK_SHARE of the reply), and the look
-over the cost the policy predicted for its rows. Calls where the look compared
+over the cost the policy predicted for the rows it bought (a short prompt may
+hold fewer: the prediction is then high, the ratio low). Calls where the look compared
 no rows (too few bought, or the draft off before it: COSTLY_DRAFT_OFF) are
 counted, not timed.
 Writes bench/results/<out>.json and .md.
