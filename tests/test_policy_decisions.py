@@ -470,19 +470,19 @@ def test_a_failed_first_lookup_round_does_not_end_a_copy(monkeypatch):
     assert calibrated_lookup_run(failed_first=1)[0] <= 10
 
 
-def copy_lookup_lengths(rounds=8, plain_after=None):
+def copy_lookup_lengths(rounds=8, plain_after=None, source="lookup"):
     """Uncalibrated lookup on a float16 copy on a CPU (a plain step of 15.7 ms; verifying k + 1
     tokens 13.5 ms + 3.9 ms a draft), every proposal kept whole: the lengths it
     proposes. `plain_after`: one plain step after that many rounds (the match was lost)."""
     policy, lengths = AdaptivePolicy(), []
     while len(lengths) < rounds:
-        k = policy.proposal_length("lookup")
+        k = policy.proposal_length(source)
         if k == 0 or len(lengths) == plain_after:
             policy.observe(Round([0], 0, 0, "target", None), 15.7e-3)
             plain_after = None if k else plain_after
             continue
         lengths.append(k)
-        policy.observe(Round([0] * (k + 1), k, k, "lookup", None), 13.5e-3 + 3.9e-3 * k)
+        policy.observe(Round([0] * (k + 1), k, k, source, None), 13.5e-3 + 3.9e-3 * k)
     return lengths
 
 
@@ -499,6 +499,12 @@ def test_a_lookup_proposal_kept_whole_is_followed_by_one_twice_as_long(monkeypat
     monkeypatch.setattr(policy_module, "MATCH_DOUBLES", False)
     model = copy_lookup_lengths()
     assert 32 not in model[:6] and sum(model) < sum(lengths)
+
+
+def test_suffix_drafting_doubles_a_match_kept_whole_as_lookup_does():
+    """Both host searches (policy.FREE_SOURCES) share the rule: the same stream drafted by
+    suffix drafting proposes the same lengths."""
+    assert copy_lookup_lengths(source="suffix") == copy_lookup_lengths()
 
 
 def test_a_lookup_that_cannot_win_even_kept_whole_is_still_switched_off():

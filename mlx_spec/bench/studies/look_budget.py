@@ -24,9 +24,9 @@ Writes bench/results/<out>.json and .md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
+from statistics import median
 from typing import List
 
 import mlx.core as mx
@@ -73,20 +73,17 @@ def summary(pair_name: str, temp: float, calls: List[dict], tokens: int) -> dict
     row = {"pair": pair_name, "temp": temp, "calls": len(calls), "looked": len(looked)}
     if not looked:
         return row
-
-    def med(values):
-        return statistics.median(values)
     share = policy_module.LOOK_SHARE
     predicted = [(policy_module.LOOK_FIXED_TOKENS + policy_module.LOOK_ROW_TOKENS * c["rows"])
                  * c["per_token_s"] for c in looked]
     row.update(
-        steady_step_ms=med(c["steady_s"] for c in looked) * 1e3,
-        estimate_over_steady=med(c["step_estimate_s"] / c["steady_s"] for c in looked),
-        rows=med(c["rows"] for c in looked),
-        look_ms=med(c["look_s"] for c in looked) * 1e3,
-        look_steps=med(c["look_s"] / c["steady_s"] for c in looked),
-        over_budget=med(c["look_s"] / (share * tokens * c["steady_s"]) for c in looked),
-        over_predicted=med(c["look_s"] / p for c, p in zip(looked, predicted)))
+        steady_step_ms=median(c["steady_s"] for c in looked) * 1e3,
+        estimate_over_steady=median(c["step_estimate_s"] / c["steady_s"] for c in looked),
+        rows=median(c["rows"] for c in looked),
+        look_ms=median(c["look_s"] for c in looked) * 1e3,
+        look_steps=median(c["look_s"] / c["steady_s"] for c in looked),
+        over_budget=median(c["look_s"] / (share * tokens * c["steady_s"]) for c in looked),
+        over_predicted=median(c["look_s"] / p for c, p in zip(looked, predicted)))
     return row
 
 
