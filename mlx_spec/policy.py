@@ -245,6 +245,15 @@ MATCH_RECORD = 0.75  # the host search's acceptance estimate, after two rounds o
 # at T = 0 1.01-1.06x and 1.02-1.03x; float32 with OpenBLAS, whose verify is nearly flat,
 # 0.97-1.03x (bench/results/match-doubles-*-amd.md; docs/benchmarks.md).
 MATCH_DOUBLES = True  # False: the model's k alone (the negative control of a test)
+# ... and "twice as long" is counted in time: the next proposal is the longest whose verify
+# costs at most twice the one kept whole (the source's own fit t(k)), at least twice as long.
+# Where a verify pass is nearly flat in k (float32 with OpenBLAS; a GPU) a match that held
+# reaches the cap a round or two sooner than by 4, 8, 16, 32, each round paying the fixed part
+# again; where it is proportional to k (netlib) it is about the doubling above. Paired, 9
+# repeats, AMD EPYC: the copy task 1.05-1.11x (float32, OpenBLAS), 1.03-1.05x (float16),
+# 1.00-1.01x (netlib); ordinary prompts at T = 0 0.96-1.05x (OpenBLAS; the 0.96x, noisy-f32,
+# read 1.03x in 21 repeats), 1.00-1.04x, 1.00x (bench/results/match-time-doubles-*-amd*.md).
+MATCH_TIME_DOUBLES = True  # False: twice the tokens (the negative control of a test)
 # At T > 0 a round's kept count is mostly the rule's coin flips: one k = 1 round says 0 or 1
 # whether the source keeps 85% or 50% of its drafts. Its acceptance is learned instead from
 # each draft's chance of being kept given the drafts before it (sum_x min(p, q), read in the
@@ -388,8 +397,15 @@ class SourceEstimate:
         return self.k
 
     def _doubled(self) -> int:
-        """MATCH_DOUBLES: twice the last proposal kept whole, within the cap (0: none)."""
-        return min(2 * self.held, self.k_max) if MATCH_DOUBLES else 0
+        """MATCH_DOUBLES: twice the last proposal kept whole, within the cap (0: none); with
+        MATCH_TIME_DOUBLES up to the longest that costs at most twice its time."""
+        if not MATCH_DOUBLES or not self.held:
+            return 0
+        k = min(2 * self.held, self.k_max)
+        at_stake = self.seconds(self.held) if MATCH_TIME_DOUBLES else None
+        while at_stake and k < self.k_max and self.seconds(k + 1) <= 2 * at_stake:
+            k += 1
+        return k
 
     def observe(self, k: int, accepted: int, seconds: Optional[float],
                 catches_up: bool = False, chances: Optional[Sequence[float]] = None) -> None:

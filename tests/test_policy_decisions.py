@@ -463,14 +463,20 @@ def calibrated_lookup_run(failed_first, verify=NETLIB_VERIFY, tokens=96):
 def test_a_failed_first_lookup_round_does_not_end_a_copy(monkeypatch):
     """A match holds or fails as a whole: after one failed first round and two kept whole, the
     per-draft estimate (0.77) predicted 0.82x plain on a netlib calibration and switched lookup
-    off for the rest of the copy. No verdict on a round kept whole: lookup emits most of the
-    reply. Negative control: the verdict on every round (MATCH_HOLDS off)."""
+    off for the rest of the copy (before MATCH_TIME_DOUBLES, whose longer second round now
+    lifts that estimate; two failed first rounds still sink it). No verdict on a round kept
+    whole: lookup emits most of the reply. Negative control: the verdict on every round
+    (MATCH_HOLDS off)."""
     assert calibrated_lookup_run(failed_first=1)[0] >= 70
+    assert calibrated_lookup_run(failed_first=2)[0] >= 70
     monkeypatch.setattr(policy_module, "MATCH_HOLDS", False)
+    assert calibrated_lookup_run(failed_first=2)[0] <= 10
+    monkeypatch.setattr(policy_module, "MATCH_TIME_DOUBLES", False)
     assert calibrated_lookup_run(failed_first=1)[0] <= 10
 
 
-def copy_lookup_lengths(rounds=8, plain_after=None, source="lookup"):
+def copy_lookup_lengths(rounds=8, plain_after=None, source="lookup",
+                        verify=lambda k: 13.5e-3 + 3.9e-3 * k):
     """Uncalibrated lookup on a float16 copy on a CPU (a plain step of 15.7 ms; verifying k + 1
     tokens 13.5 ms + 3.9 ms a draft), every proposal kept whole: the lengths it
     proposes. `plain_after`: one plain step after that many rounds (the match was lost)."""
@@ -482,7 +488,7 @@ def copy_lookup_lengths(rounds=8, plain_after=None, source="lookup"):
             plain_after = None if k else plain_after
             continue
         lengths.append(k)
-        policy.observe(Round([0] * (k + 1), k, k, source, None), 13.5e-3 + 3.9e-3 * k)
+        policy.observe(Round([0] * (k + 1), k, k, source, None), verify(k))
     return lengths
 
 
@@ -499,6 +505,21 @@ def test_a_lookup_proposal_kept_whole_is_followed_by_one_twice_as_long(monkeypat
     monkeypatch.setattr(policy_module, "MATCH_DOUBLES", False)
     model = copy_lookup_lengths()
     assert 32 not in model[:6] and sum(model) < sum(lengths)
+
+
+def test_where_a_verify_is_nearly_flat_a_match_kept_whole_goes_to_the_cap_sooner(monkeypatch):
+    """MATCH_TIME_DOUBLES: "twice as long" is counted in verify time. Where verifying k + 1
+    tokens costs 15 ms + 0.3 ms a draft (float32 with OpenBLAS, a GPU), the round after the
+    first kept whole proposes the cap; where a draft costs 3.9 ms (float16 on a CPU) the
+    lengths are about the doubling's. Negative control: twice the tokens (the flag off)."""
+    flat = copy_lookup_lengths(verify=lambda k: 15e-3 + 0.3e-3 * k)
+    assert flat.index(32) == 2
+    assert all(b >= min(2 * a, 32) for a, b in zip(flat, flat[1:]))
+    linear = copy_lookup_lengths()
+    monkeypatch.setattr(policy_module, "MATCH_TIME_DOUBLES", False)
+    assert copy_lookup_lengths(verify=lambda k: 15e-3 + 0.3e-3 * k).index(32) == 3
+    tokens_doubled = copy_lookup_lengths()
+    assert all(abs(a - b) <= max(a, b) // 2 for a, b in zip(linear, tokens_doubled))
 
 
 def test_suffix_drafting_doubles_a_match_kept_whole_as_lookup_does():
