@@ -4,7 +4,7 @@
 
 never_behind, long_replies, rule_fires, k_choice, prompt_look, look_cost, plain_laps,
 plain_loop, draft_step, mtp_speed, multiturn_reuse, dflash_acceptance, dflash_cost,
-lookup_track_record, off_switch,
+lookup_track_record, off_switch, look_budget, copy_ceiling,
 rewind_cost, round_overhead, serve_load, verify_cost_dtype, distributed_one_process,
 compare_results and run_bench (`mlx-spec bench` with a fixed seed and a file name per
 machine). Those that write files write them under RESULTS_DIR, `bench/results` relative to

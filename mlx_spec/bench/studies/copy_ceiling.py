@@ -43,6 +43,7 @@ from . import check_pairs, study_header, write_results
 from .never_behind import COPY_SOURCE_PROMPT, copy_prompt, paired_ratio
 
 PLAIN, LOOKUP, DEFAULTS = "plain", "lookup alone", "defaults"
+REPLY_SHOWN = 24  # tokens of each reply the results show
 
 
 def told(block: int) -> str:
@@ -130,6 +131,7 @@ def measure_pair(pair, blocks: Sequence[int], tokens: int, repeats: int) -> dict
     }
     results = interleave(methods, [(source, ids)], repeats=repeats)
     row = {"pair": pair.name, "prompt_tokens": len(ids), "reply_tokens": len(reply),
+           "reply_opens": pair.tokenizer.decode(reply[:REPLY_SHOWN]),
            "tokens_per_s": {name: result.tokens_per_s for name, result in results.items()},
            "over_plain": {}, "tokens_per_round": {}, "plain_steps": {}}
     for name in methods:
@@ -167,6 +169,9 @@ def render(rows: List[dict], header: dict) -> str:
                             f", {per_round:.1f} a round, {row['plain_steps'][name]} plain"))
         out.append(f"| {row['pair']} | {row['tokens_per_s'][PLAIN]:.1f} | "
                    + " | ".join(cells) + " |")
+    out += ["", f"The replies' first {REPLY_SHOWN} tokens (the prompt ends with the function's "
+            "opening, shown once before with its first continuation):", ""]
+    out += [f"- {row['pair']}: `{row['reply_opens']!r}`" for row in rows]
     return "\n".join(out) + "\n"
 
 
