@@ -2,6 +2,7 @@
 line and a non-zero exit (CLI). Tables of (input, the sentence expected); each row
 asserts the words, not only the exception type. Ctrl-C at any moment: one line, 130."""
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -306,12 +307,16 @@ def test_look_cost_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
     assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--repeats", "0"], ["--tokens", "1"],
-                                  ["--temps", "0,0.7"], ["--temps", "x"]])
-def test_look_budget_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
-    from mlx_spec.bench.studies.look_budget import main
+@pytest.mark.parametrize("study, argv", [
+    *[("look_budget", a) for a in (["--pairs", "nope"], ["--repeats", "0"], ["--tokens", "1"],
+                                   ["--temps", "0,0.7"], ["--temps", "x"])],
+    *[("copy_ceiling", a) for a in (["--pairs", "nope"], ["--blocks", "0"], ["--blocks", "x"],
+                                    ["--repeats", "0"], ["--tokens", "1"])]])
+def test_look_budget_and_copy_ceiling_studies_refuse_bad_arguments_in_one_sentence(
+        study, argv, capsys):
+    study_main = importlib.import_module(f"mlx_spec.bench.studies.{study}").main
     with pytest.raises(SystemExit) as exited:
-        main(argv)
+        study_main(argv)
     assert exited.value.code == 2
     assert ": error: " in capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -338,8 +343,8 @@ def test_draft_step_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
                                           (["--repeats", "0"], "--repeats must be >= 1")])
 def test_plain_step_studies_refuse_bad_arguments_in_one_sentence(study, argv, message, capsys):
     import importlib
-    main = importlib.import_module(f"mlx_spec.bench.studies.{study}").main
+    study_main = importlib.import_module(f"mlx_spec.bench.studies.{study}").main
     with pytest.raises(SystemExit) as exited:
-        main(argv)
+        study_main(argv)
     assert exited.value.code == 2
     assert f": error: {message}" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -40,6 +40,7 @@ from ..prompts import PROMPTS
 from ..timing import DEFAULT_WARMUP, ratio
 from ..zoo import PAIR_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
+from .lookup_track_record import greedy
 from .never_behind import COPY_SOURCE_PROMPT, copy_prompt, paired_ratio
 
 PLAIN, LOOKUP, DEFAULTS = "plain", "lookup alone", "defaults"
@@ -62,15 +63,6 @@ class ToldDrafter(TextSearchDrafter):
     def lookup(self, history: List[int], k: int) -> List[int]:
         done = len(history) - self.prompt_length
         return self.reply[done:done + k]
-
-
-def greedy_reply(target_model, ids: List[int], max_tokens: int) -> List[int]:
-    """The target's own greedy reply (no drafting)."""
-    target = ModelCache(target_model, make_cache(target_model), rewindable=False)
-    return [t for round_ in generate_rounds(ids, target, [], FixedPolicy(1),
-                                            sampling=SamplingConfig(temp=0.0),
-                                            max_tokens=max_tokens)
-            for t in round_.tokens]
 
 
 def timed_from_prefill(rounds_from: Callable, rounds_log: list, emitted: list) -> RunResult:
@@ -117,7 +109,7 @@ def run_speculative(target_model, draft_model, ids: List[int], tokens: int, roun
 def measure_pair(pair, blocks: Sequence[int], tokens: int, repeats: int) -> dict:
     source = next(p for p in PROMPTS if p.name == COPY_SOURCE_PROMPT)
     ids = copy_prompt(pair, source)
-    reply = greedy_reply(pair.target_model, ids, tokens)
+    reply = greedy(pair.target_model, ids, tokens)
     target_model = pair.target_model
     logs: Dict[str, list] = {name: [] for name in (LOOKUP, DEFAULTS, *map(told, blocks))}
     methods = {
