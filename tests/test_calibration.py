@@ -358,3 +358,35 @@ def test_a_corrupt_calibration_warns_and_generation_goes_on(pair, measured):
         *_, last = stream_generate(target_model, tokenizer, "def f(x):", draft_model=draft_model,
                                    max_tokens=4)
     assert last.stats.calibrated is False and last.stats.generation_tokens == 4
+
+
+class FakeLibc:
+    """sysctlbyname as macOS's C library answers it: the size first, then the bytes."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def sysctlbyname(self, name, value, size, new_value, new_size):
+        import ctypes
+        data = self.values.get(name.decode())
+        if data is None:
+            return -1
+        encoded = data.encode() + b"\0"
+        if value is not None:
+            ctypes.memmove(value, encoded, len(encoded))
+        size._obj.value = len(encoded)
+        return 0
+
+
+def test_the_chip_s_name_is_asked_of_the_c_library_not_a_shell(monkeypatch):
+    from mlx_spec.calibration import machine
+
+    libc = FakeLibc({"machdep.cpu.brand_string": "Apple M3 Max"})
+    assert machine.sysctl_string("machdep.cpu.brand_string", libc) == "Apple M3 Max"
+    assert machine.sysctl_string("no.such.name", libc) == ""
+    assert machine.sysctl_string("machdep.cpu.brand_string", object()) == ""  # no sysctlbyname
+    monkeypatch.setattr(machine.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(machine, "sysctl_string", lambda name: libc.values.get(name, ""))
+    assert machine.chip_name() == "Apple M3 Max"
+    monkeypatch.setattr(machine, "sysctl_string", lambda name: "")
+    assert machine.chip_name()  # falls back to /proc/cpuinfo or the platform
