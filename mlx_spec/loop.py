@@ -121,7 +121,7 @@ def _judge(accept, proposal, target_logits, target_logprobs, agree=lambda x: x):
     Greedy acceptance compares on the host, as mlx-lm does: the target's k + 1
     argmax tokens and the drafts come back in one transfer, and the prefix
     match is a Python loop (2-13% less main-thread time per round than the
-    rule's graph on a tiny pair: python -m mlx_spec.bench.studies.round_overhead). Every other rule
+    rule's graph on a tiny pair: python -m bench.studies.round_overhead). Every other rule
     runs on the device. The greedy argmax is over the logits: log-softmax is
     monotone, so the token is the same, and the log-probabilities stay lazy
     for whoever reads them (mostly nobody).

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# The tests' helpers (tiny, families, ...) and the repository's research beside the package
+# (bench.studies, bench.zoo, training), importable however pytest is started and in every
+# xdist worker.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Each test process (pytest-xdist runs two) keeps calibrations in its own directory: never the

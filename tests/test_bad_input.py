@@ -284,7 +284,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(model_dirs):
                                   ["--flip", "CANNOT_WIN_OFF,nope"],
                                   ["--copy", "--no-lookup"]])
 def test_long_replies_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
-    from mlx_spec.bench.studies.long_replies import main
+    from bench.studies.long_replies import main
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
@@ -300,7 +300,7 @@ def test_long_replies_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
                                   ["--rows", "8", "--temps", "0,0.7"],
                                   ["--rows", "8", "--chunking", "--temps", "0.7"]])
 def test_look_cost_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
-    from mlx_spec.bench.studies.look_cost import main
+    from bench.studies.look_cost import main
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
@@ -314,7 +314,7 @@ def test_look_cost_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
                                     ["--repeats", "0"], ["--tokens", "1"])]])
 def test_look_budget_and_copy_ceiling_studies_refuse_bad_arguments_in_one_sentence(
         study, argv, capsys):
-    study_main = importlib.import_module(f"mlx_spec.bench.studies.{study}").main
+    study_main = importlib.import_module(f"bench.studies.{study}").main
     with pytest.raises(SystemExit) as exited:
         study_main(argv)
     assert exited.value.code == 2
@@ -322,7 +322,7 @@ def test_look_budget_and_copy_ceiling_studies_refuse_bad_arguments_in_one_senten
 
 
 def test_prompt_look_study_refuses_an_unknown_pair_in_one_sentence(capsys):
-    from mlx_spec.bench.studies.prompt_look import main
+    from bench.studies.prompt_look import main
     with pytest.raises(SystemExit) as exited:
         main(["--pairs", "nope"])
     assert exited.value.code == 2
@@ -331,7 +331,7 @@ def test_prompt_look_study_refuses_an_unknown_pair_in_one_sentence(capsys):
 
 @pytest.mark.parametrize("argv", [["--pairs", "nope"], ["--repeats", "0"]])
 def test_draft_step_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
-    from mlx_spec.bench.studies.draft_step import main
+    from bench.studies.draft_step import main
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
@@ -343,7 +343,7 @@ def test_draft_step_study_refuses_bad_arguments_in_one_sentence(argv, capsys):
                                           (["--repeats", "0"], "--repeats must be >= 1")])
 def test_plain_step_studies_refuse_bad_arguments_in_one_sentence(study, argv, message, capsys):
     import importlib
-    study_main = importlib.import_module(f"mlx_spec.bench.studies.{study}").main
+    study_main = importlib.import_module(f"bench.studies.{study}").main
     with pytest.raises(SystemExit) as exited:
         study_main(argv)
     assert exited.value.code == 2

@@ -4,7 +4,7 @@ For README.md and every docs/*.md page:
 
 - every relative link (and image) points at a file or folder that exists,
   and an anchor (`page.md#section`, `#section`) at a heading of that page;
-- every ```python block parses, and its `mlx_spec` / `training` imports name
+- every ```python block parses, and its `mlx_spec` / `training` / `bench` imports name
   modules (and names) that exist;
 - every command line in ```bash / ```sh / ```shell / ```console blocks is one
   that would run: `mlx-spec ...` is parsed by the real click command (nothing
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 200
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
-REPO_PACKAGES = {"mlx_spec", "training"}  # resolved as files in this checkout, never imported
+REPO_PACKAGES = {"mlx_spec", "training", "bench"}  # resolved as files in this checkout, never imported
 
 # Programs a command line may start with besides those checked in detail below.
 ALLOWED_PROGRAMS = {
@@ -407,6 +407,7 @@ def test_checkers_report_bad_commands():
         "mlx-spec frobnicate": "frobnicate",
         "LD_PRELOAD=/x.so python -m mlx_spec.no_such_module --quick": "no_such_module",
         "python -m training.no_such_stage": "training.no_such_stage",
+        "python -m bench.studies.no_such_study --quick": "bench.studies.no_such_study",
         "python examples/no_such_example.py": "no_such_example",
         "make no-such-target": "no-such-target",
         "bash .ci/no-such-script": "no-such-script",

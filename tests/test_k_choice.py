@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_spec.bench.studies.k_choice import DEFAULTS, fixed, main, measure
+from bench.studies.k_choice import DEFAULTS, fixed, main, measure
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]]
 
@@ -45,7 +45,7 @@ def test_the_realized_acceptance_counts_the_positions_each_round_reached():
     """Kept drafts over reached positions (the kept ones and the first rejected one), after
     the drafter's first SKIPPED_ROUNDS rounds; lookup rounds and plain steps are not the
     drafter's. A tally dividing by the drafted positions would read 4 / 6."""
-    from mlx_spec.bench.studies.k_choice import SKIPPED_ROUNDS, Tally
+    from bench.studies.k_choice import SKIPPED_ROUNDS, Tally
     from mlx_spec.loop import Round
 
     class Policy:

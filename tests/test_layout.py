@@ -124,6 +124,31 @@ def test_nothing_below_the_command_line_imports_it():
         assert not any(t == "mlx_spec.cli" or t.startswith("mlx_spec.cli.") for t in targets), name
 
 
+FORBIDDEN_TOP_LEVELS = {"training", "bench", "tests", "subprocess"}  # the repository's rest; a shell
+
+
+def top_level_imports(source: str) -> Set[str]:
+    """The first names of the absolute imports in `source`, at any depth (os.system counts as
+    an import of os.system)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module.split(".")[0])
+        elif (isinstance(node, ast.Attribute) and node.attr in ("system", "popen")
+              and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            found.add("subprocess")  # os.system / os.popen: a shell all the same
+    return found
+
+
+def test_the_package_imports_nothing_of_the_repository_and_runs_no_shell():
+    """The wheel holds mlx_spec/ alone: the studies (bench/), training/ and the tests are not
+    installed, and nothing in the product shells out."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        assert not top_level_imports(path.read_text()) & FORBIDDEN_TOP_LEVELS, path
+
+
 def test_the_checks_can_fail():
     """Negative control: a circle through three modules, and two rooms leaning on each other."""
     graph = {"mlx_spec.a": {"mlx_spec.b"}, "mlx_spec.b": {"mlx_spec.c"}, "mlx_spec.c": {"mlx_spec.a"},
@@ -133,6 +158,10 @@ def test_the_checks_can_fail():
              "mlx_spec.x.four": set(), "mlx_spec.y.two": set()}
     assert cycles(files) == []
     assert cycles(rooms(files)) == [["mlx_spec.x", "mlx_spec.y"]]
+    for source in ("from training.data import load_corpus", "import subprocess",
+                   "def f():\n    from bench.studies import RESULTS_DIR", "import os\nos.system('git')"):
+        assert top_level_imports(source) & FORBIDDEN_TOP_LEVELS, source
+    assert not top_level_imports("from .bench import runner\nimport mlx.core") & FORBIDDEN_TOP_LEVELS
 
 
 def test_the_reader_sees_relative_and_lazy_imports(tmp_path):

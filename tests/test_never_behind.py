@@ -13,16 +13,15 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 
+from bench.studies.never_behind import (BEST_FIXED, DEFAULTS, DEFAULTS_CAL, LM_AT_K, LOOKUP, PLAIN,
+                                        NeverBehind, NeverBehindConfig, Row, aa_control_line,
+                                        best_of, lm_at, main, measure, mlx_lm_runs, paired_ratio,
+                                        plain_twice, render_markdown, row_ratios, spec_at)
+from bench.zoo import (HELD_OUT_NAMES, NOISY_F32_NOISE, SKIP_LAYERS, TUNED_NAMES, ZOO_NAMES, Pair,
+                       build_zoo)
 from mlx_spec.bench.endtoend import MethodResult, RunResult, interleave
-from mlx_spec.bench.studies.never_behind import (BEST_FIXED, DEFAULTS, DEFAULTS_CAL, LM_AT_K,
-                                                 LOOKUP, PLAIN, NeverBehind, NeverBehindConfig, Row,
-                                                 best_of, lm_at, main, measure, mlx_lm_runs,
-                                                 aa_control_line, paired_ratio, plain_twice,
-                                                 render_markdown, row_ratios, spec_at)
 from mlx_spec.bench.serialize import from_dict
 from mlx_spec.bench.timing import median_interval
-from mlx_spec.bench.zoo import (HELD_OUT_NAMES, NOISY_F32_NOISE, SKIP_LAYERS, TUNED_NAMES,
-                                ZOO_NAMES, Pair, build_zoo)
 from mlx_spec.cache import make_cache
 from mlx_spec.loading import default_draft_path, load
 
@@ -247,7 +246,7 @@ def test_table_renders_and_survives_json(tiny_table):
 def test_the_draft_step_study_reads_both_times_from_the_policy():
     """draft_step: one row per pair with a draft model (an MTP head has none), the draft's
     step and the target's first and steady steps as the policy was told them."""
-    from mlx_spec.bench.studies.draft_step import measure, render
+    from bench.studies.draft_step import measure, render
     rows = measure(["skip-f32", "mtp-f32"], repeats=1)
     assert [row["pair"] for row in rows] == ["skip-f32"]
     row = rows[0]
@@ -272,8 +271,8 @@ def test_rerender_of_a_file_it_cannot_read_is_one_sentence(tmp_path, capsys):
 
 
 def test_the_copy_ceiling_tells_the_target_its_own_reply_and_keeps_every_block(target_model):
-    from mlx_spec.bench.studies.copy_ceiling import run_told
-    from mlx_spec.bench.studies.lookup_track_record import greedy
+    from bench.studies.copy_ceiling import run_told
+    from bench.studies.lookup_track_record import greedy
     from mlx_spec.generate import speculative_generate_step
     from mlx_spec.sampling import SamplingConfig
     ids = [5, 9, 17, 3, 22, 41, 8, 5, 9, 17]

@@ -899,7 +899,7 @@ def test_a_guessed_prior_alone_does_not_end_a_strong_drafts_first_rounds(monkeyp
 def test_the_rule_fires_study_sees_the_rule_act_and_puts_the_policy_back():
     """rule_fires wraps the predicate: on the weak stream it records firings (with the
     acceptance then), on the winning one none, and afterwards the policy is as it was."""
-    from mlx_spec.bench.studies.rule_fires import watched
+    from bench.studies.rule_fires import watched
     original = AdaptivePolicy._cannot_win
     log = []
     restore = watched("_cannot_win", log)
@@ -915,7 +915,7 @@ def test_the_rule_fires_study_sees_the_rule_act_and_puts_the_policy_back():
 
 
 def test_the_long_replies_study_flips_several_rules_together():
-    from mlx_spec.bench.studies.long_replies import _with_flag, flipped_label
+    from bench.studies.long_replies import _with_flag, flipped_label
     rules = "PROMPT_LOOK,DRAFT_STEPS_IN_BOUND"
     read = lambda ids: (policy_module.PROMPT_LOOK, policy_module.DRAFT_STEPS_IN_BOUND)  # noqa: E731
     assert _with_flag(rules, True, read)(None) == (False, False)
@@ -1005,7 +1005,7 @@ def test_the_plain_laps_study_reads_both_estimates_as_the_trial_ends():
     """plain_laps wraps _judge_first_looks: on a run with pipelined laps it reads the steady
     median (a plain step) and every lap's mean (a step and a fifth of the fill over the 5-step
     trial), and afterwards the policy is as it was."""
-    from mlx_spec.bench.studies import plain_laps
+    from bench.studies import plain_laps
     from types import SimpleNamespace
     original = AdaptivePolicy._judge_first_looks
 

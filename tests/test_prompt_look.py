@@ -407,7 +407,7 @@ def test_the_look_budget_study_reads_its_calls_against_the_policy_constants():
     tokens at LOOK_SHARE, 3 / (LOOK_SHARE * 100) of its budget; calls that compared no rows
     are counted, not timed."""
     from mlx_spec import policy
-    from mlx_spec.bench.studies.look_budget import summary
+    from bench.studies.look_budget import summary
     call = {"look_s": 0.012, "rows": 10, "compared": 10, "per_token_s": 0.001,
             "step_estimate_s": 0.005, "steady_s": 0.004}
     skipped = {**call, "compared": 0}

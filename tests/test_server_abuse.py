@@ -1,4 +1,4 @@
-"""`mlx-spec serve` under abuse: a small run of mlx_spec.bench.studies.serve_abuse as a test.
+"""`mlx-spec serve` under abuse: a small run of bench.studies.serve_abuse as a test.
 
 The real server on a free local port (the shipped pair, an API key, the
 default limits) gets about 50 requests from 6 threads at once: every
@@ -21,8 +21,8 @@ for _name in ("starlette", "uvicorn", "httpx"):
     pytest.importorskip(_name,
                         reason="the server tests need the 'dev' extra (pip install -e '.[dev]')")
 
+from bench.studies import serve_abuse  # noqa: E402
 from mlx_spec import load_default_pair  # noqa: E402
-from mlx_spec.bench.studies import serve_abuse  # noqa: E402
 from mlx_spec.server.app import Limits, create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402

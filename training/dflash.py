@@ -380,7 +380,7 @@ def rounds_mean(leading: np.ndarray, k: int) -> float:
 
 def deployment_check(target, drafter, config, say):
     """Held-out acceptance on deployment-shaped text: 64-token validation prompts continued
-    for 64 tokens (the shape of mlx_spec.bench.studies.dflash_acceptance's prompts), at every
+    for 64 tokens (the shape of bench.studies.dflash_acceptance's prompts), at every
     anchor of the continuation and per round as greedy decoding walks it."""
     taps = list(config["dflash_config"]["target_layer_ids"])
     data = prepared(target, "val", 128, 64, 64, taps, SEED + 2, say)

@@ -11,11 +11,11 @@ how the speed-up scales with k, temperature, context, target size and batch.
 
 Modules are named after what they measure; `runner` orders them, `report`
 and `plots` present them, `cli` is the command line. `calibrate` measures
-the per-machine costs that mlx_spec.calibration stores (`mlx-spec tune`);
-`studies/` holds the standalone studies (`python -m
-mlx_spec.bench.studies.<name>`). Imports point down into the rest of the
-package, never back. The names below are imported from `runner` on first
-use, so `mlx-spec --help` imports no MLX.
+the per-machine costs that mlx_spec.calibration stores (`mlx-spec tune`).
+The standalone studies live outside the package, in the repository's
+bench/studies/ (`python -m bench.studies.<name>` from its root). Imports
+point down into the rest of the package, never back. The names below are
+imported from `runner` on first use, so `mlx-spec --help` imports no MLX.
 """
 
 from importlib import import_module

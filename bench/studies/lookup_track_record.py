@@ -3,7 +3,7 @@
 Run from the repository root:
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
-        OPENBLAS_NUM_THREADS=1 python -m mlx_spec.bench.studies.lookup_track_record
+        OPENBLAS_NUM_THREADS=1 python -m bench.studies.lookup_track_record
 
 Writes bench/results/lookup-track-record-<blas>[-<pair>].json and .md (--out another stem).
 
@@ -33,11 +33,11 @@ from typing import List
 import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 
-from ...drafters import PromptLookupDrafter
-from ..endtoend import interleave, run_target_alone
-from ..machine import machine_info
-from ..prompts import PROMPTS
-from ..timing import ratio
+from mlx_spec.drafters import PromptLookupDrafter
+from mlx_spec.bench.endtoend import interleave, run_target_alone
+from mlx_spec.bench.machine import machine_info
+from mlx_spec.bench.prompts import PROMPTS
+from mlx_spec.bench.timing import ratio
 from ..zoo import build_zoo
 from . import RESULTS_DIR
 from .never_behind import blas_slug, paired_ratio, run_defaults
@@ -47,7 +47,7 @@ DEFAULTS_K, DEFAULTS_TRACK = "defaults, k only", "defaults, track record"
 DEFAULT_OPENINGS = ("parse_args", "story", "explain", "class_init", "rename")
 EDIT_EVERY = 24  # one token in this many of the copied answer is replaced
 FIXED_POINT_ITERATIONS = 4
-DEFAULT_PAIR = "shipped-f16"  # of mlx_spec.bench.zoo; shipped-f32's products go through the BLAS
+DEFAULT_PAIR = "shipped-f16"  # of bench.zoo; shipped-f32's products go through the BLAS
 
 
 def greedy(target_model, ids: List[int], max_tokens: int) -> List[int]:
@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per opening")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--pair", default=DEFAULT_PAIR, help="a pair of mlx_spec.bench.zoo")
+    parser.add_argument("--pair", default=DEFAULT_PAIR, help="a pair of bench.zoo")
     parser.add_argument("--out", help="path stem of the .json and .md to write")
     args = parser.parse_args(argv)
     result = measure(max_tokens=args.max_tokens, repeats=args.repeats, pair_name=args.pair,
@@ -162,7 +162,7 @@ def main(argv=None) -> None:
     stem = args.out or str(RESULTS_DIR / f"lookup-track-record-{result['blas']}{suffix}")
     environment = " ".join(f"{name}={os.environ[name]}" for name in
                            ("LD_PRELOAD", "OPENBLAS_NUM_THREADS") if name in os.environ)
-    command = f"{environment} python -m mlx_spec.bench.studies.lookup_track_record " + " ".join(
+    command = f"{environment} python -m bench.studies.lookup_track_record " + " ".join(
         argv if argv is not None else sys.argv[1:])
     with open(f"{stem}.json", "w") as f:
         json.dump(result, f, indent=1)

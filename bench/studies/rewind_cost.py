@@ -1,6 +1,6 @@
 """What rewinding costs: a verify round with rejections, per cache kind and rewind path.
 
-    python -m mlx_spec.bench.studies.rewind_cost [--hidden 512 --layers 8 --context 256]
+    python -m bench.studies.rewind_cost [--hidden 512 --layers 8 --context 256]
 
 Random models of equal size (hidden, layers, vocabulary): a Gated DeltaNet
 hybrid (mlx-lm's qwen3_5 class, 3 of every 4 layers linear attention) and a

@@ -1,6 +1,6 @@
 """Throughput and latency of `mlx-spec serve` and of mlx-lm's server under concurrent clients.
 
-    python -m mlx_spec.bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8,16]
+    python -m bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8,16]
         [--repeats 2] [--json out.json]
 
 Starts every server at once, each a child process on a free local port with

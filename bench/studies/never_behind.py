@@ -2,16 +2,16 @@
 
 Run from the repository root:
 
-    python -m mlx_spec.bench.studies.never_behind            # every pair, T = 0 / 0.7 / 1
-    python -m mlx_spec.bench.studies.never_behind --quick    # one repeat, fewer k and T
-    python -m mlx_spec.bench.studies.never_behind --pairs weak,strong --temps 0 --repeats 5
+    python -m bench.studies.never_behind            # every pair, T = 0 / 0.7 / 1
+    python -m bench.studies.never_behind --quick    # one repeat, fewer k and T
+    python -m bench.studies.never_behind --pairs weak,strong --temps 0 --repeats 5
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
-        python -m mlx_spec.bench.studies.never_behind        # the same with OpenBLAS
-    python -m mlx_spec.bench.studies.never_behind --rerender bench/results/never-behind-....json
+        python -m bench.studies.never_behind        # the same with OpenBLAS
+    python -m bench.studies.never_behind --rerender bench/results/never-behind-....json
 
 Writes bench/results/never-behind-<machine>-<blas>.json and .md (the BLAS
 library MLX actually loaded; --out another path); progress goes to stderr.
-The pairs: mlx_spec/bench/zoo.py.
+The pairs: bench/zoo.py.
 
 Time on the 2-core development CPU (netlib BLAS, quiet machine): the full
 run (4 pairs x 3 T, 8 table repeats, 3 sweep repeats, 64 tokens, copy task)
@@ -36,7 +36,7 @@ distribution-free confidence interval for it beside it (order statistics,
 ~93% with 8 repeats), so a reader sees whether 0.97x is noise.
 
 Pairs are tuned (the policy's constants were chosen looking at them) or
-held out (only measured; mlx_spec/bench/zoo.py); the table marks which.
+held out (only measured; bench/zoo.py); the table marks which.
 
 Timing: plain and mlx-lm decode from caches prefilled untimed
 (endtoend.py). Every mlx-spec method gets the whole prompt, since prompt
@@ -63,16 +63,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 
-from ...cache import make_cache
-from ...generate import speculative_generate_step
-from ...memory import wired_limit
-from ...sampling import SamplingConfig
-from ..endtoend import (MethodResult, RunResult, interleave, mlx_lm_can_speculate, run_mlx_lm,
+from mlx_spec.cache import make_cache
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.memory import wired_limit
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.bench.endtoend import (MethodResult, RunResult, interleave, mlx_lm_can_speculate, run_mlx_lm,
                         run_target_alone)
-from ..machine import MachineInfo, machine_info
-from ..prompts import PROMPTS, Prompt, encode_prompts
-from ..serialize import from_dict
-from ..timing import DEFAULT_WARMUP, median, median_interval, ratio, time_after_prefill
+from mlx_spec.bench.machine import MachineInfo, machine_info
+from mlx_spec.bench.prompts import PROMPTS, Prompt, encode_prompts
+from mlx_spec.bench.serialize import from_dict
+from mlx_spec.bench.timing import DEFAULT_WARMUP, median, median_interval, ratio, time_after_prefill
 from ..zoo import HELD_OUT_NAMES, TUNED_NAMES, ZOO_NAMES, Pair, build_zoo
 from . import RESULTS_DIR
 
@@ -215,7 +215,7 @@ def calibration_unavailable() -> Optional[str]:
     if "calibration" not in inspect.signature(speculative_generate_step).parameters:
         return "speculative_generate_step takes no calibration argument yet"
     try:
-        from ..calibrate import calibrate  # noqa: F401
+        from mlx_spec.bench.calibrate import calibrate  # noqa: F401
     except ImportError:
         return "mlx_spec.bench.calibrate is not there yet"
     return None
@@ -343,7 +343,7 @@ def measure(pairs: Sequence[Pair], config: NeverBehindConfig = NeverBehindConfig
         if missing is None:
             say(f"{pair.name}: calibrating")
             began = time.perf_counter()
-            from ..calibrate import calibrate
+            from mlx_spec.bench.calibrate import calibrate
             calibration = calibrate(pair.target_model, None if mtp else pair.draft_model,
                                     pair.tokenizer, mtp=mtp,
                                     mtp_weights=pair.draft_options.get("mtp_weights"))

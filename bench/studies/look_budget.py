@@ -1,7 +1,7 @@
 """Does the prompt look keep to its budget on this machine? Its time against what the policy predicted.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
-        python -m mlx_spec.bench.studies.look_budget --pairs skip-f32,mtp-f32 --out NAME
+        python -m bench.studies.look_budget --pairs skip-f32,mtp-f32 --out NAME
 
 policy.LOOK_BUDGET lets the look (mlx_spec/prompt_look.py) cost LOOK_SHARE of
 the reply's plain time. It decides the rows before any steady plain step is
@@ -31,10 +31,10 @@ from typing import List
 
 import mlx.core as mx
 
-from ... import loop as loop_module
-from ... import policy as policy_module
-from ...policy import AdaptivePolicy
-from ..endtoend import run_target_alone
+from mlx_spec import loop as loop_module
+from mlx_spec import policy as policy_module
+from mlx_spec.policy import AdaptivePolicy
+from mlx_spec.bench.endtoend import run_target_alone
 from ..zoo import HELD_OUT_NAMES, PAIR_NAMES, build_zoo
 from . import check_pairs, constants, parse_temps, study_header, write_results
 from .look_cost import prompts_of, timed_call

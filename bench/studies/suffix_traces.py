@@ -1,6 +1,6 @@
 """Suffix drafting on multi-request traces made from the shipped target's own outputs.
 
-    python -m mlx_spec.bench.studies.suffix_traces [--tokens 96] [--repeats 3] [--out NAME]
+    python -m bench.studies.suffix_traces [--tokens 96] [--repeats 3] [--out NAME]
         [--cost-repeats 9] [--traces repeat,agent,edit,fresh] [--index-tokens 1000000]
 
 A trace is a list of requests (prompt strings) sent in order to one app. Four,
@@ -67,9 +67,9 @@ import numpy as np
 import mlx_spec
 from mlx_spec.bench.machine import blas_library
 from mlx_spec.bench.prompts import PROMPTS
-from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.bench.timing import median
 from mlx_spec.drafters.suffix import LENGTH_PER_MATCHED_TOKEN
+from . import RESULTS_DIR
 
 CONFIGS = ("plain", "lookup", "suffix", "draft", "suffix+draft")
 TRACES = ("repeat", "agent", "edit", "fresh")
@@ -308,8 +308,8 @@ def index_costs(tokenizer, total: int, vocab: int) -> dict:
 
 
 def source_version() -> str:
-    """The commit the package was imported from, and the files of mlx_spec/ (this study
-    aside) that differ from it: the working tree is shared while other work goes on."""
+    """The commit the package was imported from, and the files of mlx_spec/ that differ from
+    it: the working tree is shared while other work goes on."""
     root = Path(mlx_spec.__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
@@ -318,7 +318,7 @@ def source_version() -> str:
                                 text=True, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown (no git)"
-    changed = [line[3:] for line in status.splitlines() if Path(__file__).name not in line]
+    changed = [line[3:] for line in status.splitlines()]
     return commit + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
 
 
@@ -367,7 +367,7 @@ def render(result: dict, argv) -> str:
              f"{result['machine']}, MLX {result['mlx']}, mlx-spec {result['source']}, BLAS library "
              f"loaded: {result['blas']}; shipped "
              f"pair (float16), greedy, {result['tokens']} tokens per request, repeats "
-             f"{', '.join(f'{t} {n}' for t, n in result['repeats'].items())}; `python -m mlx_spec.bench.studies.suffix_traces {' '.join(argv)}`"
+             f"{', '.join(f'{t} {n}' for t, n in result['repeats'].items())}; `python -m bench.studies.suffix_traces {' '.join(argv)}`"
              + (" with OpenBLAS preloaded" if "OpenBLAS" in blas else "") + ".", "",
              "Requests interleaved across configurations (order reversed every other repeat), "
              "every suffix configuration on a new index per trace; all five configurations gave "

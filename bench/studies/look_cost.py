@@ -1,11 +1,11 @@
 """What the prompt look costs before the first token, and what it buys over a whole reply.
 
-    python -m mlx_spec.bench.studies.look_cost --out look-cost-netlib
+    python -m bench.studies.look_cost --out look-cost-netlib
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
-        python -m mlx_spec.bench.studies.look_cost --out look-cost-openblas
-    python -m mlx_spec.bench.studies.look_cost --chunking --pairs shipped-f32 --temps 0.7 \\
+        python -m bench.studies.look_cost --out look-cost-openblas
+    python -m bench.studies.look_cost --chunking --pairs shipped-f32 --temps 0.7 \\
         --prompt-tokens 40,150,500 --out NAME    # the look's own prefill chunk, with and without
-    python -m mlx_spec.bench.studies.look_cost --rows 4,8,16,32 --temps 0.7 --out NAME
+    python -m bench.studies.look_cost --rows 4,8,16,32 --temps 0.7 --out NAME
 
 The never-behind and long-replies tables time a reply from its first token on,
 so they never see the look (mlx_spec/prompt_look.py): it runs after the
@@ -39,16 +39,16 @@ from typing import List
 
 import mlx.core as mx
 
-from ... import loop as loop_module
-from ... import policy as policy_module
-from ... import prompt_look
-from ...cache import prefill as prefill_module
-from ...generate import speculative_generate_step
-from ...policy import AdaptivePolicy
-from ...sampling import SamplingConfig
-from ..endtoend import run_target_alone
-from ..prompts import PROMPTS, encode_prompts
-from ..timing import median_interval
+from mlx_spec import loop as loop_module
+from mlx_spec import policy as policy_module
+from mlx_spec import prompt_look
+from mlx_spec.cache import prefill as prefill_module
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.policy import AdaptivePolicy
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.bench.endtoend import run_target_alone
+from mlx_spec.bench.prompts import PROMPTS, encode_prompts
+from mlx_spec.bench.timing import median_interval
 from ..zoo import PAIR_NAMES, TUNED_NAMES, build_zoo
 from . import check_pairs, constants, parse_temps, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS

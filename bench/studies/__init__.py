@@ -1,16 +1,17 @@
 """Standalone studies: one question each, one command each, run from the repository root.
 
-    python -m mlx_spec.bench.studies.<name> [--help]
+    python -m bench.studies.<name> [--help]
 
 never_behind, long_replies, rule_fires, k_choice, prompt_look, look_cost, plain_laps,
 plain_loop, draft_step, mtp_speed, multiturn_reuse, dflash_acceptance, dflash_cost,
-lookup_track_record, off_switch, look_budget, copy_ceiling,
-rewind_cost, round_overhead, serve_load, verify_cost_dtype, distributed_one_process,
-compare_results and run_bench (`mlx-spec bench` with a fixed seed and a file name per
-machine). Those that write files write them under RESULTS_DIR, `bench/results` relative to
-the current directory: the repository's own bench/results/ when run from its root, which
-bench/README.md lists file by file. `mlx-spec bench` itself
-(mlx_spec/cli/bench.py) needs none of this package.
+dflash_reference, lookup_track_record, off_switch, look_budget, copy_ceiling, suffix_traces,
+rewind_cost, round_overhead, serve_load, serve_abuse, verify_cost_dtype,
+distributed_one_process, compare_results and run_bench (`mlx-spec bench` with a fixed seed and
+a file name per machine). They import the installed package (`mlx_spec`) and the pair zoo
+(bench/zoo.py); the package imports none of them, and the wheel does not hold them. Those that
+write files write them under RESULTS_DIR, `bench/results` relative to the current directory:
+the repository's own bench/results/ when run from its root, which bench/README.md lists file
+by file.
 """
 
 import json
@@ -23,9 +24,9 @@ RESULTS_DIR = Path("bench") / "results"
 
 def study_header(module: str, argv, **fields) -> dict:
     """The command (as typed) and machine line every results file opens with, plus `fields`."""
-    from ..machine import machine_info
+    from mlx_spec.bench.machine import machine_info
     info = machine_info()
-    return {"command": f"python -m mlx_spec.bench.studies.{module} "
+    return {"command": f"python -m bench.studies.{module} "
                        + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": f"{info.chip}, BLAS {info.blas}, MLX {info.mlx_version}", **fields}
 

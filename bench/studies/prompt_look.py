@@ -1,6 +1,6 @@
 """How well does the prompt look predict a source's acceptance? Its reading against the rounds'.
 
-    python -m mlx_spec.bench.studies.prompt_look --out prompt-look-accuracy
+    python -m bench.studies.prompt_look --out prompt-look-accuracy
 
 For each zoo pair and temperature, on the never-behind prompts: what the
 prompt look measured (mlx_spec/prompt_look.py: the mean chance the rule keeps
@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from ... import policy as policy_module
-from ...generate import speculative_generate_step
-from ...policy import AdaptivePolicy, expected_kept
-from ...sampling import SamplingConfig
-from ..prompts import encode_prompts
+from mlx_spec import policy as policy_module
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.policy import AdaptivePolicy, expected_kept
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.bench.prompts import encode_prompts
 from ..zoo import PAIR_NAMES, ZOO_NAMES, build_zoo
 from . import check_pairs, constants, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS

@@ -2,10 +2,10 @@
 block pass against one target step, on this machine; and what the cost model then predicts
 for Apple M-series chips (a roofline MODEL, not a measurement).
 
-    python -m mlx_spec.bench.studies.dflash_cost --out dflash-cost-netlib
+    python -m bench.studies.dflash_cost --out dflash-cost-netlib
     OPENBLAS_NUM_THREADS=1 \
         LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
-        python -m mlx_spec.bench.studies.dflash_cost --out dflash-cost-openblas
+        python -m bench.studies.dflash_cost --out dflash-cost-openblas
     [--row-agreement 0.6 | 0.8,0.7,0.6,...] [--dflash DIR] [--context 256] [--repeats 21]
 
 Measured here, for float16 and float32 (the target and the drafter in the same dtype),
@@ -72,12 +72,12 @@ from mlx_spec import load
 from mlx_spec.bench.block_drafter import drafter_passes
 from mlx_spec.bench.forward import forward_seconds, prefilled_cache
 from mlx_spec.bench.machine import blas_library
-from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.bench.timing import interleaved_medians
 from mlx_spec.costmodel import block_round_cost, expected_tokens_per_round, interpolate
 from mlx_spec.dflash import DFlashModel, load_dflash, parse_config
 from mlx_spec.loading import default_target_path
 from mlx_spec.memory import model_bytes
+from . import RESULTS_DIR
 
 LENGTHS = (1, 2, 4, 8, 16)
 KS = (3, 7, 15)
@@ -335,7 +335,7 @@ def main():
     env = " ".join(f"{name}={os.environ[name]}" for name in ("OPENBLAS_NUM_THREADS", "LD_PRELOAD")
                    if os.environ.get(name))
     result = {"command": (env + " " if env else "") +
-                         "python -m mlx_spec.bench.studies.dflash_cost " + flags,
+                         "python -m bench.studies.dflash_cost " + flags,
               "machine": platform.processor() or platform.machine(), "blas": blas_library(),
               "mlx": mx.__version__, "context": args.context, "repeats": args.repeats,
               "row_agreement": rows[:max(KS)], "measured": measured,

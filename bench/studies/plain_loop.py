@@ -1,6 +1,6 @@
 """mlx-spec's plain decoding against mlx-lm's: the same target, no drafter, seconds per token.
 
-    python -m mlx_spec.bench.studies.plain_loop --out plain-loop-openblas   # (OpenBLAS preload)
+    python -m bench.studies.plain_loop --out plain-loop-openblas   # (OpenBLAS preload)
 
 Where the defaults switch every source off they decode with mlx-spec's own
 plain steps, and the never-behind tables hold them against mlx-lm's
@@ -21,12 +21,12 @@ import time
 
 import mlx.core as mx
 
-from ... import sampling as sampling_module
-from ...generate import speculative_generate_step
-from ...sampling import SamplingConfig
-from ..endtoend import _prefilled, run_target_alone
-from ..prompts import encode_prompts
-from ..timing import median, median_interval
+from mlx_spec import sampling as sampling_module
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.bench.endtoend import _prefilled, run_target_alone
+from mlx_spec.bench.prompts import encode_prompts
+from mlx_spec.bench.timing import median, median_interval
 from ..zoo import ZOO_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS

@@ -1,6 +1,6 @@
 """The single-process baseline for `mlx-spec bench --distributed`: the same figures, target whole.
 
-    python -m mlx_spec.bench.studies.distributed_one_process [--json PATH]
+    python -m bench.studies.distributed_one_process [--json PATH]
 
 Runs the end-to-end and verify-cost measurements of mlx_spec/bench/distributed.py
 on the shipped pair in this one process (no launch, no collectives), so the
@@ -19,8 +19,8 @@ from pathlib import Path
 import mlx_spec
 from mlx_spec.bench.distributed import DEFAULT_MAX_TOKENS, generation_tps, verify_seconds
 from mlx_spec.bench.prompts import QUICK_PROMPTS
-from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.loading import default_draft_path, default_target_path
+from . import RESULTS_DIR
 
 
 def main():

@@ -1,8 +1,8 @@
 """A draft model's step against the target's first plain step: what the cold start compares.
 
-    python -m mlx_spec.bench.studies.draft_step --out draft-step-netlib
+    python -m bench.studies.draft_step --out draft-step-netlib
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
-        python -m mlx_spec.bench.studies.draft_step --out draft-step-openblas
+        python -m bench.studies.draft_step --out draft-step-openblas
 
 With no calibration the loop times one step of a draft model right after its
 prompt prefill and the target's first plain step; a draft whose step takes as
@@ -23,9 +23,9 @@ import statistics
 import sys
 from typing import List
 
-from ...generate import speculative_generate_step
-from ...policy import FIRST_STEP_DISCOUNTED, FIRST_STEP_SLOWER, AdaptivePolicy
-from ..prompts import PROMPTS, encode_prompts
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.policy import FIRST_STEP_DISCOUNTED, FIRST_STEP_SLOWER, AdaptivePolicy
+from mlx_spec.bench.prompts import PROMPTS, encode_prompts
 from ..zoo import ZOO_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS

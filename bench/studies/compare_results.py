@@ -1,6 +1,6 @@
 """Compare bench JSON files side by side (several Macs, or before/after a change).
 
-    python -m mlx_spec.bench.studies.compare_results bench/results/*.json
+    python -m bench.studies.compare_results bench/results/*.json
 
 Prints one row per file: machine, BLAS, bandwidth, draft cost, verify cost at
 k+1, acceptance at T=0, measured speed-ups and the recommended k. Reads
@@ -41,8 +41,11 @@ def row(path: Path, d: dict) -> list:
 
 
 def main(paths):
+    if paths[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if not paths:
-        sys.exit("usage: python -m mlx_spec.bench.studies.compare_results RESULT.json [RESULT.json ...]")
+        sys.exit("usage: python -m bench.studies.compare_results RESULT.json [RESULT.json ...]")
     table = [list(COLUMNS)]
     for p in map(Path, paths):
         d = json.loads(p.read_text())

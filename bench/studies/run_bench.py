@@ -1,8 +1,8 @@
 """Reproducible bench run: fixed seed, results named after the machine, under bench/results/.
 
-    python -m mlx_spec.bench.studies.run_bench            # full run, the shipped pair
-    python -m mlx_spec.bench.studies.run_bench --quick    # a few minutes
-    python -m mlx_spec.bench.studies.run_bench --model T --draft-model D
+    python -m bench.studies.run_bench            # full run, the shipped pair
+    python -m bench.studies.run_bench --quick    # a few minutes
+    python -m bench.studies.run_bench --model T --draft-model D
 
 Run from the repository root: writes bench/results/<chip>-<quick|full>.json
 and .md (and PNGs when matplotlib is installed) unless --json says where;
@@ -15,8 +15,8 @@ import re
 import subprocess
 import sys
 
-from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.calibration.machine import chip_name
+from . import RESULTS_DIR
 
 DEFAULT_SEED = "0"
 

@@ -1,8 +1,8 @@
 """Verify-cost curve of the shipped target in float16 (as shipped) and float32.
 
-    python -m mlx_spec.bench.studies.verify_cost_dtype
+    python -m bench.studies.verify_cost_dtype
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
-        python -m mlx_spec.bench.studies.verify_cost_dtype
+        python -m bench.studies.verify_cost_dtype
 
 Shows why the BLAS library matters for fp32 models on MLX's Linux CPU backend
 and hardly at all for the float16 pair: the time of one forward over T tokens

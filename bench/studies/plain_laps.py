@@ -1,6 +1,6 @@
 """How well does the cold start's trial time a plain step? Its two readings against plain decoding.
 
-    python -m mlx_spec.bench.studies.plain_laps --out plain-laps-openblas   # (OpenBLAS preload)
+    python -m bench.studies.plain_laps --out plain-laps-openblas   # (OpenBLAS preload)
 
 With no calibration the policy decodes a few plain steps (the trial) before
 its first verdict, and every verdict compares a source's rounds with the
@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from ... import policy as policy_module
-from ...generate import speculative_generate_step
-from ...policy import AdaptivePolicy
-from ...sampling import SamplingConfig
-from ..endtoend import run_target_alone
-from ..prompts import encode_prompts
+from mlx_spec import policy as policy_module
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.policy import AdaptivePolicy
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.bench.endtoend import run_target_alone
+from mlx_spec.bench.prompts import encode_prompts
 from ..zoo import ZOO_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS

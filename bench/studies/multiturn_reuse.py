@@ -1,6 +1,6 @@
 """A second chat turn on a reused prompt cache against the same turn decoded fresh.
 
-    python -m mlx_spec.bench.studies.multiturn_reuse [--tokens 96] [--repeats 2] [--out NAME]
+    python -m bench.studies.multiturn_reuse [--tokens 96] [--repeats 2] [--out NAME]
         [--live true,false]
 
 mlx-lm's multi-turn pattern through the Python API, on the shipped pair
@@ -28,8 +28,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import mlx_spec
 from mlx_spec.bench.prompts import PROMPTS
-from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.bench.timing import median
+from . import RESULTS_DIR
 
 FOLLOW_UP = "\n\n# Now the same again, with a docstring:\n"
 
@@ -109,7 +109,7 @@ def main(argv):
     lines = [f"# Turn 2 on a reused prompt cache vs fresh ({blas})", "",
              f"{result['machine']}, MLX {result['mlx']}, shipped pair, draft model, greedy, default "
              f"arguments, {args.tokens} tokens per turn, {len(prompts)} code prompts x {args.repeats} "
-             "repeats, interleaved; `python -m mlx_spec.bench.studies.multiturn_reuse "
+             "repeats, interleaved; `python -m bench.studies.multiturn_reuse "
              f"{' '.join(argv)}`. Decode speed = generation_tps (prefill excluded; a reused "
              "turn's prefill also runs what settling turn 1 left lazy).", "",
              f"Fresh turn 2: median {result['median_fresh_tokens_per_s']} tokens/s.", "",

@@ -1,9 +1,9 @@
 """Where does one of the policy's rules fire? Counts the runs in which it switched a source off.
 
-    python -m mlx_spec.bench.studies.rule_fires --pairs skip-f32,strong --temps 0.7,1 \\
+    python -m bench.studies.rule_fires --pairs skip-f32,strong --temps 0.7,1 \\
         --out cannot-win-fires-netlib
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
-        python -m mlx_spec.bench.studies.rule_fires --out cannot-win-fires-openblas
+        python -m bench.studies.rule_fires --out cannot-win-fires-openblas
 
 A paired timing study (long_replies --flip) says whether a rule moves the
 speed; its noise is several percent on 96 tokens. This one says whether the
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 
-from ... import policy as policy_module
-from ..prompts import encode_prompts
+from mlx_spec import policy as policy_module
+from mlx_spec.bench.prompts import encode_prompts
 from ..zoo import ZOO_NAMES, build_zoo
 from . import study_header, write_results
 from .never_behind import DEFAULT_PROMPTS, run_defaults

@@ -10,7 +10,7 @@ CPU kernels run on their own threads). "mlx-spec, device rule" judges greedy
 drafts with the acceptance rule's graph, as every round did before the host
 comparison; "mlx-spec" is the current loop.
 
-    python -m mlx_spec.bench.studies.round_overhead [--repeats 15] [--max-tokens 200]
+    python -m bench.studies.round_overhead [--repeats 15] [--max-tokens 200]
 
 Prints its figures; writes no file.
 """

@@ -1,6 +1,6 @@
 """Do mlx-spec's DFlash rounds agree with z-lab's own MLX reference on the same checkpoints?
 
-    python -m mlx_spec.bench.studies.dflash_reference --reference PATH [--source TEXT]
+    python -m bench.studies.dflash_reference --reference PATH [--source TEXT]
         [--prompts 4] [--tokens 64] [--out dflash-reference-check]
 
 `--reference` is z-lab's `dflash/model_mlx.py` (github:z-lab/dflash), or a
@@ -69,10 +69,10 @@ from mlx_lm.generate import generate_step
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlx_spec import assemble
-from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.dflash import load_dflash
 from mlx_spec.drafters import DFlashDrafter
 from mlx_spec.generate import speculative_generate_step
+from . import RESULTS_DIR
 
 
 # --- the reference, imported from where it lies -------------------------------------------
@@ -517,7 +517,7 @@ def main():
                   f"|diff| {fmt(row['full_max_logit_diff'])}, same drafts "
                   f"{row['full_same_drafts']}, same accepted {row['full_same_accepted']})",
                   flush=True)
-    command = ("python -m mlx_spec.bench.studies.dflash_reference --reference "
+    command = ("python -m bench.studies.dflash_reference --reference "
                f"{args.reference}" + (f" --source '{args.source}'" if args.source else "") +
                f" --prompts {args.prompts} --tokens {args.tokens} --out {args.out}")
     result = {"command": command, "reference_source": args.source,

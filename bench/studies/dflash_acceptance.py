@@ -2,7 +2,7 @@
 MTP head, at equal verify length (blocks of 4, 8 and 16: k = 3, 7, 15 drafts), and each
 source with the defaults (the adaptive policy, uncalibrated) against plain decoding.
 
-    python -m mlx_spec.bench.studies.dflash_acceptance [--dflash DIR] [--prompts 16] [--tokens 96]
+    python -m bench.studies.dflash_acceptance [--dflash DIR] [--prompts 16] [--tokens 96]
         [--temp 0] [--out NAME]
 
 `--dflash` names the drafter (default: the one shipped in
@@ -33,13 +33,13 @@ import mlx.core as mx
 
 from mlx_spec import load_default_pair
 from mlx_spec.bench.machine import blas_library
-from mlx_spec.bench.studies import RESULTS_DIR
-from mlx_spec.bench.studies.mtp_speed import held_out_prompts
 from mlx_spec.dflash import load_dflash
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loading import default_target_path
 from mlx_spec.precision import upcasting
 from mlx_spec.sampling import SamplingConfig
+from . import RESULTS_DIR
+from .mtp_speed import held_out_prompts
 
 KS = (3, 7, 15)
 
@@ -103,7 +103,7 @@ def main():
                          for r, p in zip(runs, plain)), 3)})
     drafter_flag = f"--dflash {args.dflash} " if args.dflash else ""
     native = "" if upcasting() else "MLX_SPEC_DRAFT_DTYPE=native "  # drafters in their dtype
-    result = {"command": native + "python -m mlx_spec.bench.studies.dflash_acceptance " +
+    result = {"command": native + "python -m bench.studies.dflash_acceptance " +
                          drafter_flag +
                          f"--prompts {args.prompts} --tokens {args.tokens} --temp {args.temp} "
                          f"--out {args.out}",

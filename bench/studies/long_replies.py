@@ -1,13 +1,13 @@
 """Long replies: the defaults against plain decoding over hundreds of tokens, probes included.
 
-    python -m mlx_spec.bench.studies.long_replies --out long-replies-netlib
+    python -m bench.studies.long_replies --out long-replies-netlib
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
-        python -m mlx_spec.bench.studies.long_replies --out long-replies-openblas
-    python -m mlx_spec.bench.studies.long_replies --flip FIRST_ROUNDS_OPTIMISTIC --tokens 96 \\
+        python -m bench.studies.long_replies --out long-replies-openblas
+    python -m bench.studies.long_replies --flip FIRST_ROUNDS_OPTIMISTIC --tokens 96 \\
         --pairs mtp-f32,strong --temps 0.7,1 --out NAME      # any other rule of the policy
-    python -m mlx_spec.bench.studies.long_replies --copy --flip WAIT_FOR_MATCH --tokens 96 \\
+    python -m bench.studies.long_replies --copy --flip WAIT_FOR_MATCH --tokens 96 \\
         --temps 0 --out NAME      # on the never-behind table's copy task, lookup alone beside
-    python -m mlx_spec.bench.studies.long_replies --no-lookup --flip GREEDY_LOOK --tokens 96 \\
+    python -m bench.studies.long_replies --no-lookup --flip GREEDY_LOOK --tokens 96 \\
         --pairs weak --temps 0 --out NAME      # a draft alone, no prompt lookup in front
 
 The never-behind table (never_behind.py) decodes 96 tokens: a source switched
@@ -30,9 +30,9 @@ import argparse
 import sys
 from typing import List
 
-from ... import policy as policy_module
-from ..endtoend import interleave, run_target_alone
-from ..prompts import PROMPTS, encode_prompts
+from mlx_spec import policy as policy_module
+from mlx_spec.bench.endtoend import interleave, run_target_alone
+from mlx_spec.bench.prompts import PROMPTS, encode_prompts
 from ..zoo import HELD_OUT_NAMES, PAIR_NAMES, build_zoo
 from . import check_pairs, constants, parse_temps, study_header, write_results
 from .never_behind import (COPY_SOURCE_PROMPT, DEFAULT_PROMPTS, copy_prompt, paired_ratio,

@@ -1,6 +1,6 @@
 """`mlx-spec serve` under abuse: mixed bad and good requests from several threads at once.
 
-    python -m mlx_spec.bench.studies.serve_abuse [--requests 200] [--threads 8] [--out NAME]
+    python -m bench.studies.serve_abuse [--requests 200] [--threads 8] [--out NAME]
 
 Starts the server in this process (the shipped pair, an API key, the default
 `Limits`, the `serve` defaults otherwise) on a free local port, sends every
@@ -380,7 +380,7 @@ def markdown(result: dict, argv: List[str]) -> str:
     m, mem, big = result["machine"], result["memory_mib"], result["big_body_s"]
     lines = [
         "# `mlx-spec serve` under abuse", "",
-        f"`python -m mlx_spec.bench.studies.serve_abuse {' '.join(argv)}` on {m['cpu']} "
+        f"`python -m bench.studies.serve_abuse {' '.join(argv)}` on {m['cpu']} "
         f"({m['cores']} cores), {m['platform']}, MLX {m['mlx']} on {m['device']} "
         f"(BLAS: {m['blas']}), the shipped pair; the server in the study's process with "
         f"`--api-key`, the default limits and `serve`'s defaults; {result['requests']} requests "
@@ -470,7 +470,7 @@ def main(argv: List[str]) -> int:
         for failure in row["failures"][:5]:
             print(f"FAILED {name}: {failure}", file=sys.stderr)
     if args.out:
-        from mlx_spec.bench.studies import RESULTS_DIR
+        from bench.studies import RESULTS_DIR
 
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         (RESULTS_DIR / f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -1,6 +1,6 @@
 """End-to-end speed of the shipped target's MTP head against the draft model, interleaved.
 
-    python -m mlx_spec.bench.studies.mtp_speed [--prompts 12] [--tokens 96] [--repeats 2] [--out NAME]
+    python -m bench.studies.mtp_speed [--prompts 12] [--tokens 96] [--repeats 2] [--out NAME]
 
 On the held-out prompts the acceptance was simulated on (the training script's
 `make_prompts` over the validation modules, same seed), each prompt is
@@ -28,8 +28,8 @@ import mlx.core as mx
 import numpy as np
 
 import mlx_spec
-from mlx_spec.bench.studies import RESULTS_DIR
 from mlx_spec.generate import speculative_generate_step
+from . import RESULTS_DIR
 
 SEED = 1234  # the training script's: the same held-out prompts as metrics.json
 PROMPT_TOKENS = 64
@@ -118,7 +118,7 @@ def main(argv):
              f"prompts of {PROMPT_TOKENS} tokens x {args.repeats} repeats, {args.tokens} tokens each, "
              "configurations interleaved per prompt (order alternating); every output checked equal to "
              "the target's. Speedup: median over runs of (tokens/s) / (target alone's tokens/s on the "
-             "same prompt, same repeat); adaptive k unless a k is given; `python -m mlx_spec.bench.studies.mtp_speed`.", "",
+             "same prompt, same repeat); adaptive k unless a k is given; `python -m bench.studies.mtp_speed`.", "",
              "| configuration | median tokens/s | speedup vs target (median, IQR) | acceptance |",
              "|---|---|---|---|"]
     for name, r in rows.items():

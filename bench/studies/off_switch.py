@@ -1,6 +1,6 @@
 """The automatic off switch with a useless draft: plain vs adaptive vs fixed k = 4.
 
-    python -m mlx_spec.bench.studies.off_switch
+    python -m bench.studies.off_switch
 
 The shipped target drafts with a random one-layer llama (same vocabulary, no
 skill): every draft is rejected, so speculation can only lose. Interleaved

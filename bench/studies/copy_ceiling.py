@@ -1,6 +1,6 @@
 """How fast could the copy task be on this machine? The target told its own reply, in blocks.
 
-    python -m mlx_spec.bench.studies.copy_ceiling --pairs skip-f16,noisy-f16 --out NAME
+    python -m bench.studies.copy_ceiling --pairs skip-f16,noisy-f16 --out NAME
 
 never_behind's copy task (the target re-emits a function it was just shown, T = 0)
 asks prompt lookup for 3x plain decoding. Two things bound it: the verify pass
@@ -28,16 +28,16 @@ import sys
 import time
 from typing import Callable, Dict, List, Sequence
 
-from ...cache import ModelCache, make_cache
-from ...drafters.protocol import TextSearchDrafter
-from ...generate import speculative_generate_step
-from ...loading import vocab_size
-from ...loop import generate_rounds
-from ...policy import FixedPolicy
-from ...sampling import SamplingConfig
-from ..endtoend import RunResult, interleave, run_target_alone
-from ..prompts import PROMPTS
-from ..timing import DEFAULT_WARMUP, ratio
+from mlx_spec.cache import ModelCache, make_cache
+from mlx_spec.drafters.protocol import TextSearchDrafter
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.loading import vocab_size
+from mlx_spec.loop import generate_rounds
+from mlx_spec.policy import FixedPolicy
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.bench.endtoend import RunResult, interleave, run_target_alone
+from mlx_spec.bench.prompts import PROMPTS
+from mlx_spec.bench.timing import DEFAULT_WARMUP, ratio
 from ..zoo import PAIR_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
 from .lookup_track_record import greedy

@@ -1,6 +1,6 @@
 """Which k do the defaults draft, and what does each k make? The defaults against fixed k.
 
-    python -m mlx_spec.bench.studies.k_choice --pairs shipped-f16,strong --temps 0.7,1 \\
+    python -m bench.studies.k_choice --pairs shipped-f16,strong --temps 0.7,1 \\
         --out k-choice-tuned
 
 A never-behind row says the defaults trail the best fixed k; this says where. For each
@@ -24,11 +24,11 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Sequence
 
-from ...generate import speculative_generate_step
-from ...sampling import SamplingConfig
-from ..endtoend import RunResult, interleave
-from ..prompts import encode_prompts
-from ..timing import median, time_after_prefill
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.sampling import SamplingConfig
+from mlx_spec.bench.endtoend import RunResult, interleave
+from mlx_spec.bench.prompts import encode_prompts
+from mlx_spec.bench.timing import median, time_after_prefill
 from ..zoo import ZOO_NAMES, build_zoo
 from . import check_pairs, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS

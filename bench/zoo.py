@@ -70,8 +70,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import gemma3_text, llama, qwen3_5
 
-from ..dflash import load_dflash
-from ..loading import default_draft_path, default_target_path, load
+from mlx_spec.dflash import load_dflash
+from mlx_spec.loading import default_draft_path, default_target_path, load
 
 WEAK_DRAFT_SEED = 3
 STRONG_DRAFT_GROUP_SIZE, STRONG_DRAFT_BITS = 32, 4
