@@ -208,12 +208,13 @@ def test_load_ignores_stale_files(edit):
     lambda data: json.dumps({**data, "plain_step_s": -0.01}),
     lambda data: json.dumps({**data, "verify_s": {"1": 0.0}}),
     lambda data: json.dumps({**data, "verify_s": {"one": 0.1}}),
+    lambda data: json.dumps({**data, "verify_s": {"\u00b2": 0.1}}),  # "²": str.isdigit, no int
     lambda data: json.dumps({**data, "drafts": {"x": {"step_s": "fast", "acceptance": None}}}),
     lambda data: json.dumps({**data, "drafts": {"x": {"step_s": 0.1, "acceptance": None,
                                                       "round_s": -1.0}}}),
     lambda data: json.dumps([1, 2]),
 ], ids=["not-json", "missing-field", "negative-time", "zero-time", "bad-length",
-        "wrong-type", "negative-round", "not-an-object"])
+        "superscript-length", "wrong-type", "negative-round", "not-an-object"])
 def test_corrupt_files_raise_one_sentence_naming_the_file(corrupt):
     model = make_llama(seed=0)
     _stored(model)

@@ -127,7 +127,7 @@ def _optional_seconds(data, name: str, what: str) -> Optional[float]:
 
 
 def _length(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # "²" is a digit, not an int
         raise CorruptCalibration(f"verify length {text!r} is not a positive int")
     return int(text)
 

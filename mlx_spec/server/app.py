@@ -225,7 +225,7 @@ async def _json(request: Request, max_bytes: int):
     too_big = RequestError(413, f"The request body is larger than this server takes "
                                 f"({max_bytes} bytes, --max-body-bytes).", code="request_too_large")
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise too_big
     body = bytearray()
     async for chunk in request.stream():

@@ -196,14 +196,20 @@ def _penalties(body: dict) -> Dict[str, Any]:
                                     "in [-100, 100].", "logit_bias", "invalid_value")
         pairs = []
         for key, number in bias.items():
-            if not str(key).isdigit() or not _is_number(number) or \
+            if not _is_token_id(key) or not _is_number(number) or \
                     not BIAS_RANGE[0] <= number <= BIAS_RANGE[1]:
-                raise RequestError(400, f"logit_bias must map token ids to numbers in "
-                                        f"[-100, 100]; {key!r}: {number!r} is not.",
-                                   "logit_bias", "invalid_value")
+                raise RequestError(400, f"logit_bias must map token ids (ASCII digits, e.g. "
+                                        f"\"42\") to numbers in [-100, 100]; {key!r}: "
+                                        f"{number!r} is not.", "logit_bias", "invalid_value")
             pairs.append((int(key), float(number)))
         out["logit_bias"] = tuple(pairs)
     return out
+
+
+def _is_token_id(key: str) -> bool:
+    """A token id as JSON keys write it: ASCII digits only ("²" and "٣" are digits to
+    str.isdigit, and the first is no int)."""
+    return key.isascii() and key.isdigit()
 
 
 def _is_number(value) -> bool:
