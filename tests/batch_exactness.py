@@ -1,5 +1,6 @@
 """T = 1 in a continuously refilled batch: tokens 3 and 4 of one prompt's rows against the
-target's exact distribution (a chi-square), shared by test_batch and test_batch_dflash.
+target's exact distribution (a chi-square), shared by test_batch (a draft model, the target's
+MTP head) and test_batch_dflash.
 
 Rows of PROMPT generate 4 tokens each while other prompts of other lengths come and go
 beside them; most samples rewound a rejected draft before token 3. The keyed rule with the
@@ -22,10 +23,11 @@ SAMPLES = 600
 ALPHA = 1e-3
 
 
-def sample_rows(target, draft, accept, samples, width=6):
+def sample_rows(target, draft, accept, samples, width=6, **engine_options):
     """Counts of (t3, t4) of `samples` rows of PROMPT, generated 4 tokens each in a batch
-    kept `width` rows wide, half of them other prompts of other lengths."""
-    engine = BatchEngine(target, draft, num_draft_tokens=2, accept=accept)
+    kept `width` rows wide, half of them other prompts of other lengths. `engine_options` go
+    to BatchEngine (mtp_weights with draft "mtp")."""
+    engine = BatchEngine(target, draft, num_draft_tokens=2, accept=accept, **engine_options)
     sampling = SamplingConfig(temp=1.0)
     rng = random.Random(0)
     ours, counts, started, rewound = set(), {}, 0, 0
@@ -52,11 +54,11 @@ def sample_rows(target, draft, accept, samples, width=6):
     return counts, rewound
 
 
-def check_rows_after_a_rejection(target, draft, residual, exact, min_rewound):
+def check_rows_after_a_rejection(target, draft, residual, exact, min_rewound, **engine_options):
     """The chi-square of SAMPLES rows' tokens 3 and 4 passes exactly when `exact`; more than
     `min_rewound` of the rows rewound a rejected draft before token 3."""
     mx.random.seed(0)
-    counts, rewound = sample_rows(target, draft, keyed_rule(residual), SAMPLES)
+    counts, rewound = sample_rows(target, draft, keyed_rule(residual), SAMPLES, **engine_options)
     assert sum(counts.values()) == SAMPLES
     assert rewound > min_rewound, rewound
     statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(

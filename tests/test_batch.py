@@ -6,7 +6,8 @@
   caches are empty again when the batch drains; a row's kept cache holds its text exactly.
 - T = 1: chi-square of tokens 3 and 4 of one prompt's rows in a batch that is refilled as
   rows end (other prompts beside it), with a poor draft: most samples rewound a rejected
-  draft before token 3. The broken rule (resampling from p) must fail the same test.
+  draft before token 3; the same with the target's MTP head drafting (made over-confident).
+  The broken rule (resampling from p) must fail the same test.
 """
 
 import random
@@ -430,3 +431,25 @@ def test_mtp_rows_equal_their_own_greedy_decoding(name, k, tmp_path):
     for uid, prompt in zip(uids, prompts):
         assert tokens[uid] == plain_greedy(target, prompt, 24)
     assert 0 < accepted < drafted
+
+
+@pytest.fixture(scope="module")
+def small_mtp_target(tmp_path_factory):
+    """A tiny deepseek_v3 target over SMALL_VOCAB tokens and its MTP head made over-confident
+    (the final norm x3): q far sharper than p, so a rule that ignores q shows."""
+    from test_mtp import make_target, mtp_params, write_original
+
+    target = make_target("deepseek_v3", vocab_size=SMALL_VOCAB)
+    params = mtp_params(target, seed=5)
+    params["shared_head.norm.weight"] = params["shared_head.norm.weight"] * 3
+    return target, write_original(tmp_path_factory.mktemp("mtp8") / "d", target, params)
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_mtp_rows_after_a_rejection_are_distributed_as_the_target(small_mtp_target, residual,
+                                                                  exact):
+    """The batched MTP path at T = 1: the head's q per row, the keyed rule's residual p - q."""
+    target, weights = small_mtp_target
+    check_rows_after_a_rejection(target, "mtp", residual, exact, min_rewound=SAMPLES // 2,
+                                 mtp_weights=str(weights))
