@@ -210,6 +210,37 @@ def test_rows_after_a_rejection_are_distributed_as_the_target(small_target_and_d
                                  min_rewound=SAMPLES // 4)
 
 
+def test_a_dflash2_drafter_is_served_batched(chat_drafter, tmp_path):
+    """`mlx-spec serve` batches a DFlash2 drafter too (can_batch is what it decides by): two
+    clients at once get the target's own text, both rows drafted by the selector's walk."""
+    needs_the_server()
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_spec.dflash.dflash2 import DFlash2Model
+    from mlx_spec.server.app import create_app, serve_in_background
+    from mlx_spec.server.batch_worker import BatchWorker, can_batch
+    from mlx_spec.server.cache_store import PromptCacheStore
+
+    target, tokenizer, _, _ = chat_drafter
+    vocab = target.args.vocab_size
+    drafter = make_dflash2(tmp_path / "d2", 48, [0, 1], block_size=6, seed=5, is_causal=True,
+                           mask_token_id=vocab - 1, vocab_size=vocab)
+    assert isinstance(drafter, DFlash2Model) and can_batch(target, drafter)
+    worker = BatchWorker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
+                         max_concurrency=4)
+    server, thread, url = serve_in_background(create_app(worker, "default"))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda prompt: ask(url + "/v1", prompt, num_draft_tokens=3,
+                                                       prompt_lookup=False), SERVED_PROMPTS[:2]))
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    for prompt, answer in zip(SERVED_PROMPTS, answers):
+        assert answer["choices"][0]["text"] == reference(target, tokenizer, prompt)
+        assert answer["speculation"]["drafted"] > 0, answer["speculation"]
+
+
 # --- DFlash2: the candidate selector walks every row's block ------------------------------
 
 @pytest.fixture(scope="module")

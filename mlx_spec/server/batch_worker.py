@@ -10,8 +10,8 @@ batch limit. A job's prompt cache comes from the store and goes back to it
 holding the prompt and every token generated, as with the one-at-a-time
 worker. Used when both models batch (`can_batch`: attention and sliding-window
 targets and hybrids of Gated DeltaNet, short-convolution or Mamba-2 layers;
-attention drafts, the target's MTP head or a DFlash drafter); other targets and
-DFlash2 drafters keep the one-at-a-time worker.
+attention drafts, the target's MTP head or a DFlash or DFlash2 drafter); other
+targets keep the one-at-a-time worker.
 """
 
 from __future__ import annotations
