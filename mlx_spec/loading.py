@@ -1,7 +1,8 @@
-"""Loading models (local directory or Hugging Face repo) and checking a pair fits together.
+"""Loading models (local directory, Hugging Face repo or GGUF file) and checking a pair fits.
 
-`load` is mlx-lm's loader with clear errors; with no path it loads the small
-target/draft pair shipped inside the package.
+`load` is mlx-lm's loader with clear errors; a GGUF file (or a directory holding
+one) is read by `mlx_spec.gguf`; with no path it loads the small target/draft
+pair shipped inside the package.
 """
 
 from __future__ import annotations
@@ -29,21 +30,33 @@ def _looks_like_repo_id(path: str) -> bool:
     return len(parts) == 2 and all(parts) and not path.startswith((".", "~"))
 
 
-def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, TokenizerWrapper]:
-    """Load `(model, tokenizer)` from a local directory or a Hugging Face repo id.
+GGUF_OPTIONS = ("dequantize", "dtype")
+GGUF_REPORT_ATTR = "_mlx_spec_gguf_report"
 
-    With no argument, loads the shipped default target model. Keyword
-    arguments go to `mlx_lm.load`. Raises ValueError with a readable
-    sentence when the model cannot be found or read.
+
+def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, TokenizerWrapper]:
+    """Load `(model, tokenizer)` from a local directory, a Hugging Face repo id or a GGUF file.
+
+    With no argument, loads the shipped default target model. A `.gguf` file
+    (any name: an Ollama blob has no suffix) or a directory holding one file
+    is converted in memory (`mlx_spec.gguf`; keywords `dequantize=True` keeps
+    quantized matrices in floats, `dtype=` picks the float type; what was done
+    is `gguf_report(model)`). Other keyword arguments go to `mlx_lm.load`.
+    Raises ValueError with a readable sentence when the model cannot be found
+    or read.
     """
     import mlx_lm
 
     path = str(path_or_hf_repo) if path_or_hf_repo is not None else str(default_target_path())
+    path = os.path.expanduser(path)
     if not Path(path).exists() and not _looks_like_repo_id(path):
         raise ValueError(
-            f"Model path '{path}' does not exist; give a local model directory "
+            f"Model path '{path}' does not exist; give a local model directory, a GGUF file "
             "or a Hugging Face repo id such as mlx-community/Qwen2.5-0.5B-Instruct-4bit."
         )
+    gguf_path = _gguf_path(path)
+    if gguf_path is not None:
+        return _load_gguf(gguf_path, kwargs)
     try:
         loaded = mlx_lm.load(path, **kwargs)
     except ValueError:
@@ -58,6 +71,34 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
         ) from exc
     _remember_directory(loaded[0], path)
     return loaded
+
+
+def _gguf_path(path: str):
+    """The GGUF file `path` names, or None for an MLX / Hugging Face model."""
+    from .gguf.reader import find_gguf
+
+    found = find_gguf(path)
+    if found is None and Path(path).is_file():
+        raise ValueError(f"'{path}' is a file but not a GGUF file (it does not start with the "
+                         "GGUF magic); give a GGUF file or a model directory.")
+    return found
+
+
+def _load_gguf(path, options: dict):
+    from .gguf.load import load_gguf
+
+    unknown = sorted(set(options) - set(GGUF_OPTIONS))
+    if unknown:
+        raise ValueError(f"Loading a GGUF file takes only {', '.join(GGUF_OPTIONS)}, not "
+                         f"{', '.join(unknown)}.")
+    model, tokenizer, report = load_gguf(path, **options)
+    object.__setattr__(model, GGUF_REPORT_ATTR, report)  # not a parameter of the model
+    return model, tokenizer
+
+
+def gguf_report(model):
+    """What loading a GGUF file did to each tensor (`GgufReport`), or None for other models."""
+    return getattr(model, GGUF_REPORT_ATTR, None)
 
 
 def _remember_directory(model, path: str) -> None:

@@ -11,12 +11,17 @@ import click
 
 
 def load_model(path, role):
-    from ..loading import load
+    """Load one model; a GGUF file's conversion is reported on stderr in one line."""
+    from ..loading import gguf_report, load
 
     try:
-        return load(path)
+        model, tokenizer = load(path)
     except ValueError as exc:
         raise click.UsageError(f"Cannot load the {role} model: {exc}") from None
+    report = gguf_report(model)
+    if report is not None:
+        click.echo(f"[{role}] {report.summary()}", err=True)
+    return model, tokenizer
 
 
 def resolve_models(model, draft_model, no_draft):
