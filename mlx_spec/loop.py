@@ -41,6 +41,8 @@ class Round:
     # The first step of a plain block: its time carries the queue's fill (the policy's
     # STEADY_PLAIN_STEPS times a plain step by the laps after it).
     opens_block: bool = False
+    # A draft of another tokenizer: how its proposal crossed ("string" or "intersection")
+    cross_rule: Optional[str] = None
 
 
 @dataclass
@@ -94,7 +96,7 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
     decoder.history.extend(tokens)
     return Round(tokens, len(drafted), n, proposal.source,
                  _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling),
-                 chances)
+                 chances, cross_rule=proposal.cross_rule)
 
 
 def processed(processors, seen: mx.array, drafts: mx.array, logits: mx.array) -> mx.array:
@@ -367,7 +369,7 @@ def _without_own_token(decoder: Decoder, round_: Round) -> Round:
     target cache then holds the whole history (the generation ends here)."""
     decoder.history.pop()
     return Round(round_.tokens[:-1], round_.num_drafted, round_.num_accepted, round_.source,
-                 round_.logprobs[:-1], round_.chances)
+                 round_.logprobs[:-1], round_.chances, cross_rule=round_.cross_rule)
 
 
 def _offers(drafters) -> Callable[[List[int]], bool]:

@@ -14,6 +14,8 @@ class Proposal:
     probs: Optional[mx.array]  # (k, V) q, probabilities; None when decoding greedily
     source: str  # "draft", "lookup", "suffix", "mtp" or "dflash": where accepted tokens came from
     drafter: object  # the drafter to commit() after verification
+    # A draft of another tokenizer: how the proposal crossed ("string" or "intersection")
+    cross_rule: Optional[str] = None
 
     @property
     def num_tokens(self) -> int:
