@@ -56,6 +56,7 @@ def _is_path(value) -> bool:
 
 
 _MODEL = ("a model such as load() returns", _is_model)
+_TOKENIZER = ("a tokenizer such as load() returns", lambda v: hasattr(v, "encode"))
 _FLAG = ("True or False", lambda v: isinstance(v, bool))
 _OPTIONAL_FLAG = ("True, False or None", lambda v: v is None or isinstance(v, bool))
 _CALLBACK = ("a function", callable)
@@ -68,7 +69,9 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "draft_model": ('None, a model such as load() returns, a DFlash drafter, the path of either, '
                     'or "mtp"', _is_draft),
     "mtp_weights": ("None, a directory or a Hugging Face repo id", _is_path),
-    "tokenizer": ("a tokenizer such as load() returns", lambda v: hasattr(v, "encode")),
+    "tokenizer": _TOKENIZER,
+    "draft_tokenizer": _optional(_TOKENIZER),
+    "target_tokenizer": _optional(_TOKENIZER),
     "max_tokens": ("an int >= 1, or -1 for no limit", lambda v: _is_int(v) and (v >= 1 or v == -1)),
     "num_draft_tokens": _optional(_int(1)),
     "max_draft_tokens": _int(1),

@@ -28,11 +28,13 @@ from .dflash import DFlashModel, check_fits, dflash_directory, is_dflash_model, 
 from .dflash.taps import tap_capture
 from .distributed.agreement import agree_across_ranks
 from .distributed.group import sharding_group
-from .drafters import (DFlash2Drafter, DFlashDrafter, DraftModelDrafter, MTPDrafter,
-                       PromptLookupDrafter, SuffixDrafter, SuffixIndex, default_suffix_index)
+from .drafters import (CrossTokenizerDrafter, DFlash2Drafter, DFlashDrafter, DraftModelDrafter,
+                       MTPDrafter, PromptLookupDrafter, SuffixDrafter, SuffixIndex,
+                       default_suffix_index)
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
 from .drafters.suffix import suffix_min_match
-from .loading import check_pair, vocab_size
+from .drafters.vocab_bridge import VocabBridge, bridge_for, too_small
+from .loading import check_pair, tokenizer_of, vocab_size
 from .loading import load as load_model
 from .mtp import load_mtp, split_target
 from .policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, make_policy
@@ -57,7 +59,8 @@ class Assembly:
 def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_draft_tokens,
              adaptive, max_draft_tokens, auto_off, draft_confidence, prompt_lookup,
              prompt_lookup_max_ngram, max_kv_size, policy, calibration,
-             mtp_weights, logits_processors=None, suffix=None) -> Assembly:
+             mtp_weights, logits_processors=None, suffix=None, tokenizer=None,
+             draft_tokenizer=None) -> Assembly:
     """Caches, drafters, policy and agreement for one call (see speculative_generate_step)."""
     target_vocab = vocab_size(model)
     if isinstance(draft_model, os.PathLike):
@@ -71,8 +74,10 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         draft_model = None  # it reads the target's hidden states: no cache of its own to keep
     elif isinstance(draft_model, str):  # the directory of an ordinary draft model
         draft_model = load_model(draft_model)[0]
+    bridge = None  # to a draft of another vocabulary
     if draft_model is not None:
-        check_pair(model, draft_model)
+        draft_model, bridge = pair_for(model, draft_model, tokenizer, draft_tokenizer, prompt_cache)
+    if draft_model is not None:
         prepare_drafter(draft_model, model)  # float32 on the CPU backend (precision.py)
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
     suffix_index = suffix_index_for(suffix)
@@ -100,7 +105,10 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
                                             max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram,
                                             context=earlier))
     draft = None
-    if draft_model is not None:
+    if draft_model is not None and bridge is not None:  # (no reused cache: nothing to settle)
+        drafters.append(CrossTokenizerDrafter(draft_model, bridge, sampling, target_vocab,
+                                              vocab_size(draft_model), draft_cache))
+    elif draft_model is not None:
         draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
                                   confidence=draft_confidence, processors=logits_processors)
         drafters.append(draft)
@@ -127,6 +135,42 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
                         capture=tap_capture(model, block_drafter.dflash_config.target_layer_ids)
                         if block_drafter is not None else None)
     return Assembly(target, drafters, draft, policy, agree, earlier)
+
+
+def draft_bridge(target_model, draft_model, tokenizer=None,
+                 draft_tokenizer=None) -> Optional[VocabBridge]:
+    """The bridge to the draft's vocabulary when it differs from the target's, else None.
+
+    The tokenizers are the ones given, else the ones `load` read with each model. With no
+    draft tokenizer nothing is known (None: `check_pair` judges by sizes).
+    """
+    draft_tokenizer = draft_tokenizer if draft_tokenizer is not None else tokenizer_of(draft_model)
+    if draft_tokenizer is None:
+        return None
+    tokenizer = tokenizer if tokenizer is not None else tokenizer_of(target_model)
+    if tokenizer is None:
+        raise ValueError("draft_tokenizer needs the target's tokenizer too: pass "
+                         "target_tokenizer=, or load the target with mlx_spec.load.")
+    return bridge_for(tokenizer, draft_tokenizer)
+
+
+def pair_for(model, draft_model, tokenizer, draft_tokenizer, prompt_cache):
+    """(the draft model or None, the bridge to its vocabulary or None): a draft of the
+    target's vocabulary is checked (`check_pair`); one of another gets a bridge, or is left out
+    with a warning when the two share too little to help."""
+    bridge = draft_bridge(model, draft_model, tokenizer, draft_tokenizer)
+    if bridge is None:
+        check_pair(model, draft_model)
+        return draft_model, None
+    if prompt_cache is not None:
+        raise ValueError("A draft of another tokenizer cannot reuse a prompt_cache yet; pass "
+                         "prompt_cache=None, or a draft that shares the target's tokenizer.")
+    if too_small(bridge):
+        warnings.warn(f"The draft's vocabulary shares only {bridge.shared} tokens with the "
+                      "target's: too few for its drafts to help, so the draft is off.",
+                      stacklevel=4)
+        return None, None
+    return draft_model, bridge
 
 
 def _split_prompt_cache(prompt_cache, target_model, draft_model):

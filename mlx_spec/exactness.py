@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from .arguments import check_arguments
+from .assemble import draft_bridge
 from .cache import ModelCache, make_cache
 from .generate import speculative_generate_step
 from .cache.prefill import prefill
@@ -79,27 +80,32 @@ def exact_distribution(target_model, prompt: List[int], sampling: SamplingConfig
 def sample_first_two(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
                      samples: int, num_draft_tokens: int = 2, accept=None,
                      prompt_lookup: bool = False, mtp_weights=None,
-                     logits_processors=None, suffix=None) -> Tuple[Dict[Tuple[int, int], int], float]:
+                     logits_processors=None, suffix=None, tokenizers=(None, None)
+                     ) -> Tuple[Dict[Tuple[int, int], int], float]:
     """Counts of (t1, t2) over `samples` speculative generations, and the acceptance rate."""
     counts, accepted, drafted = _sample_first_two(
         target_model, draft_model, prompt, sampling, samples, num_draft_tokens, accept,
-        prompt_lookup, mtp_weights, logits_processors, suffix)
+        prompt_lookup, mtp_weights, logits_processors, suffix, tokenizers)
     return counts, (accepted / drafted if drafted else 0.0)
 
 
 def _sample_first_two(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
                       samples: int, num_draft_tokens: int, accept, prompt_lookup: bool,
-                      mtp_weights, logits_processors,
-                      suffix=None) -> Tuple[Dict[Tuple[int, int], int], int, int]:
+                      mtp_weights, logits_processors, suffix=None, tokenizers=(None, None)
+                      ) -> Tuple[Dict[Tuple[int, int], int], int, int]:
     """Counts of (t1, t2), and the tokens accepted and drafted over all samples.
 
     With `suffix` every sample's text joins the index, so later samples draft from earlier
-    ones' (each sample's proposals depend only on earlier samples: the output stays exact)."""
+    ones' (each sample's proposals depend only on earlier samples: the output stays exact).
+    `tokenizers`: (the target's, the draft's) for a draft of another vocabulary."""
+    target_tokenizer, draft_tokenizer = tokenizers
     # The whole prompt every sample: lookup, suffix drafting and block drafters read it (an MTP
-    # layer or a DFlash drafter learns it from the target's prefill), and logits processors
-    # see it.
+    # layer or a DFlash drafter learns it from the target's prefill), logits processors see
+    # it, and a draft of another vocabulary reads its text.
     fresh = prompt_lookup or suffix not in (None, False) or isinstance(draft_model, str) or \
-        is_dflash_model(draft_model) or bool(logits_processors)
+        is_dflash_model(draft_model) or bool(logits_processors) or \
+        (draft_model is not None and
+         draft_bridge(target_model, draft_model, target_tokenizer, draft_tokenizer) is not None)
     target_cache = make_cache(target_model)
     draft_cache = make_cache(draft_model) if draft_model is not None and not fresh else []
     caches = [ModelCache(target_model, target_cache)]
@@ -118,7 +124,8 @@ def _sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sa
             accept=accept, prompt_lookup=prompt_lookup, mtp_weights=mtp_weights, suffix=suffix,
             prompt_cache=None if fresh else target_cache + draft_cache,
             calibration=None,  # k is fixed: nothing to calibrate (and no fingerprint per sample)
-            logits_processors=logits_processors,
+            logits_processors=logits_processors, target_tokenizer=target_tokenizer,
+            draft_tokenizer=draft_tokenizer,
         ):
             out += round_.tokens
             drafted += round_.num_drafted
@@ -201,13 +208,16 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
                     samples: int = DEFAULT_SAMPLES, num_draft_tokens: int = 2,
                     alpha: float = DEFAULT_ALPHA, accept=None, prompt_lookup: bool = False,
                     seed: Optional[int] = 0, mtp_weights=None,
-                    logits_processors=None, suffix=None) -> ExactnessResult:
+                    logits_processors=None, suffix=None, draft_tokenizer=None,
+                    target_tokenizer=None) -> ExactnessResult:
     """Run the whole check; `result.passed` is False when speculation changed the output.
-    With mlx-lm's `logits_processors` the exact distribution is the processed one."""
+    With mlx-lm's `logits_processors` the exact distribution is the processed one. A draft of
+    another vocabulary needs both tokenizers (given, or read by `mlx_spec.load`)."""
     check_arguments(target_model=target_model, draft_model=draft_model, prompt=prompt,
                     samples=samples, num_draft_tokens=num_draft_tokens,
                     alpha=alpha, accept=accept, prompt_lookup=prompt_lookup, seed=seed,
-                    mtp_weights=mtp_weights, logits_processors=logits_processors, suffix=suffix)
+                    mtp_weights=mtp_weights, logits_processors=logits_processors, suffix=suffix,
+                    draft_tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer)
     check_sampling(sampling)
     if sampling.sampler is not None:
         raise ValueError("The exactness check needs a sampler it can read (temp, top_p, top_k, "
@@ -224,7 +234,7 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
     exact = exact_distribution(target_model, prompt, sampling, logits_processors=logits_processors)
     counts, accepted, drafted = _sample_first_two(
         target_model, draft_model, prompt, sampling, samples, num_draft_tokens, accept,
-        prompt_lookup, mtp_weights, logits_processors, suffix)
+        prompt_lookup, mtp_weights, logits_processors, suffix, (target_tokenizer, draft_tokenizer))
     statistic, dof, p_value = chi_square(counts, exact)
     acceptance = accepted / drafted if drafted else 0.0
     return ExactnessResult(samples, statistic, dof, p_value, acceptance, alpha, drafted)

@@ -18,7 +18,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .acceptance import rule_name
 from .arguments import check_arguments
-from .assemble import assemble, check_calibration
+from .assemble import assemble, check_calibration, draft_bridge
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from .dflash import dflash_directory, is_dflash_model
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
@@ -107,6 +107,8 @@ def speculative_generate_step(
     mtp_weights=None,
     logits_processors=None,
     input_embeddings=None,
+    draft_tokenizer=None,
+    target_tokenizer=None,
 ) -> "RoundStream":
     """Rounds of token ids from `model` (the target), speculating with the drafters.
 
@@ -154,6 +156,13 @@ def speculative_generate_step(
     the target's logits at every verified position, each given the tokens
     before it (drafts included), and the draft model's logits the same way;
     the output is exactly the processed distribution's.
+
+    A draft model of another vocabulary drafts across it when its tokenizer is known:
+    `draft_tokenizer` (else the one `mlx_spec.load` read with it) and the target's
+    (`target_tokenizer`, else the one `load` read with the target; stream_generate passes
+    its own). Each round proposes the draft's text re-read by the target's tokenizer, or the
+    draft's distribution restricted to the tokens both share (docs/drafting.md); exact either
+    way. Not with a reused `prompt_cache` yet.
     """
     check_arguments(**locals())  # every parameter, by name
     check_sampling(sampling)
@@ -170,7 +179,7 @@ def speculative_generate_step(
         auto_off=auto_off, draft_confidence=draft_confidence, prompt_lookup=prompt_lookup,
         prompt_lookup_max_ngram=prompt_lookup_max_ngram, max_kv_size=max_kv_size, policy=policy,
         calibration=calibration, mtp_weights=mtp_weights, logits_processors=logits_processors,
-        suffix=suffix)
+        suffix=suffix, tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer)
     rounds = generate_rounds(
         prompt, parts.target, parts.drafters, parts.policy, sampling=sampling,
         max_tokens=max_tokens, prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
@@ -178,7 +187,8 @@ def speculative_generate_step(
         logits_processors=logits_processors, input_embeddings=input_embeddings,
     )
     session = Session(parts.target, parts.draft, parts.target.length, prompt_cache, parts.earlier)
-    return RoundStream(rounds, session, parts.policy)
+    bridges = [d.bridge for d in parts.drafters if hasattr(d, "bridge")]  # another vocabulary
+    return RoundStream(rounds, session, parts.policy, bridges[0].overlap if bridges else None)
 
 
 def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup, suffix,
@@ -215,10 +225,12 @@ def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup
 class RoundStream:
     """The rounds of one call (an iterator, like a generator) and the caches they advance."""
 
-    def __init__(self, rounds: Iterator[Round], session: Session, policy=None):
+    def __init__(self, rounds: Iterator[Round], session: Session, policy=None,
+                 vocab_overlap: Optional[float] = None):
         self._rounds = rounds
         self.session = session
         self.policy = policy
+        self.vocab_overlap = vocab_overlap  # a draft of another tokenizer: see GenerationStats
 
     def __iter__(self):
         return self
@@ -290,7 +302,8 @@ def stream_generate(
         sampling = read_sampler(sampler)
     if isinstance(draft_model, os.PathLike):
         draft_model = str(draft_model)
-    if _is_loaded_draft_model(draft_model):  # "mtp", a path, a DFlash drafter: checked later
+    if _is_loaded_draft_model(draft_model) and draft_bridge(  # "mtp", a path, DFlash: later
+            model, draft_model, tokenizer, kwargs.get("draft_tokenizer")) is None:
         check_pair(model, draft_model, tokenizer)
     embeddings = kwargs.get("input_embeddings")
     tokens = [] if embeddings is not None and _is_empty(prompt) else _as_tokens(tokenizer, prompt)
@@ -305,12 +318,13 @@ def stream_generate(
     eos = set(tokenizer.eos_token_ids)
     rounds = speculative_generate_step(
         tokens, model, draft_model, max_tokens=max_tokens,
-        num_draft_tokens=num_draft_tokens, sampling=sampling, stop_tokens=eos, **kwargs,
+        num_draft_tokens=num_draft_tokens, sampling=sampling, stop_tokens=eos,
+        target_tokenizer=tokenizer, **kwargs,
     )
     reused = kwargs.get("prompt_cache") is not None
     live = reused and prompt_cache_live  # held at every response, not only at the end
     recorder = StatsRecorder(len(tokens), rounds.policy.describe().get("calibrated"),
-                             rule_name(sampling))
+                             rule_name(sampling), rounds.vocab_overlap)
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     session = rounds.session

@@ -1,4 +1,5 @@
-"""Loading models (local directory, Hugging Face repo or GGUF file) and checking a pair fits.
+"""Loading models (local directory, Hugging Face repo or GGUF file) and checking a pair fits
+(one vocabulary, or a bridge between two).
 
 `load` is mlx-lm's loader with clear errors; a GGUF file (or a directory holding
 one) is read by `mlx_spec.gguf`; with no path it loads the small target/draft
@@ -32,6 +33,7 @@ def _looks_like_repo_id(path: str) -> bool:
 
 GGUF_OPTIONS = ("dequantize", "dtype")
 GGUF_REPORT_ATTR = "_mlx_spec_gguf_report"
+TOKENIZER_ATTR = "_mlx_spec_tokenizer"  # the tokenizer `load` read with the model
 
 
 def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, TokenizerWrapper]:
@@ -70,6 +72,7 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
             f"Could not load model '{path}'{hint}: {type(exc).__name__}: {exc}".strip()
         ) from exc
     _remember_directory(loaded[0], path)
+    object.__setattr__(loaded[0], TOKENIZER_ATTR, loaded[1])  # a draft of another vocabulary
     return loaded
 
 
@@ -93,6 +96,7 @@ def _load_gguf(path, options: dict):
                          f"{', '.join(unknown)}.")
     model, tokenizer, report = load_gguf(path, **options)
     object.__setattr__(model, GGUF_REPORT_ATTR, report)  # not a parameter of the model
+    object.__setattr__(model, TOKENIZER_ATTR, tokenizer)
     return model, tokenizer
 
 
@@ -129,25 +133,33 @@ def check_pair(target_model, draft_model, target_tokenizer=None, draft_tokenizer
 
     A draft's embedding may be padded shorter than the target's (as in the
     Qwen2.5 family); with tokenizers given it must still cover every token.
+    A draft of another vocabulary drafts across it (`assemble.draft_bridge`) instead.
     """
     if draft_tokenizer is not None and target_tokenizer is not None:
         if _vocab(draft_tokenizer) != _vocab(target_tokenizer):
             raise ValueError(
                 "The draft model's tokenizer differs from the target's (mismatched "
-                "vocabularies); choose a draft from the same model family."
+                "vocabularies); pass both tokenizers to draft across them."
             )
+    across = " (mismatched vocabularies); to draft across tokenizers pass the draft's " \
+        "tokenizer as draft_tokenizer=, or load the draft with mlx_spec.load."
     target_size, draft_size = vocab_size(target_model), vocab_size(draft_model)
     if draft_size > target_size:
         raise ValueError(
             f"The draft model's vocabulary ({draft_size} tokens) is larger than the "
-            f"target's ({target_size}); the two models do not share a tokenizer."
+            f"target's ({target_size}){across}"
         )
     tokenizer_size = len(_vocab(target_tokenizer)) if target_tokenizer is not None else 0
     if draft_size < tokenizer_size:
         raise ValueError(
             f"The draft model's vocabulary ({draft_size} tokens) does not cover the "
-            f"tokenizer's {tokenizer_size} tokens (mismatched vocabularies)."
+            f"tokenizer's {tokenizer_size} tokens{across}"
         )
+
+
+def tokenizer_of(model):
+    """The tokenizer `load` read with `model`, or None."""
+    return getattr(model, TOKENIZER_ATTR, None)
 
 
 def _vocab(tokenizer) -> dict:

@@ -32,6 +32,11 @@ class GenerationStats:
     peak_memory_gb: float = 0.0
     calibrated: Optional[bool] = None  # adaptive policy started from a calibration (None: fixed k)
     rule: str = "greedy"  # the acceptance rule: "greedy", "residual" or "sampler match"
+    # A draft of another tokenizer: the fraction of the target's tokens with a twin (same
+    # string) in the draft's vocabulary, and per crossing rule ("string", "intersection")
+    # (rounds, drafted, accepted)
+    vocab_overlap: Optional[float] = None
+    cross_rules: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -90,6 +95,11 @@ class GenerationStats:
                     {"lookup", "suffix"} & set(self.accepted_by_source):
                 src = ", ".join(f"{s} {n}" for s, n in sorted(self.accepted_by_source.items()))
                 lines.append(f"Accepted tokens by source: {src}")
+        if self.vocab_overlap is not None:
+            rules = "; ".join(f"{name} {r} rounds, {a}/{d} accepted"
+                              for name, (r, d, a) in sorted(self.cross_rules.items()))
+            lines.append(f"Draft of another tokenizer ({self.vocab_overlap:.1%} of the target's "
+                         f"tokens have a twin): {rules or 'no rounds'}")
         if self.plain_steps and (self.rounds or self.drafted):
             lines.append(f"Plain decoding steps (no draft): {self.plain_steps}")
         if self.rule == "sampler match" and self.rounds:
@@ -105,10 +115,13 @@ class GenerationStats:
 class StatsRecorder:
     """Accumulates rounds; `snapshot()` returns the frozen stats so far."""
 
-    def __init__(self, prompt_tokens: int, calibrated: Optional[bool] = None, rule: str = "greedy"):
+    def __init__(self, prompt_tokens: int, calibrated: Optional[bool] = None, rule: str = "greedy",
+                 vocab_overlap: Optional[float] = None):
         self.prompt_tokens = prompt_tokens
         self.calibrated = calibrated
         self.rule = rule
+        self.vocab_overlap = vocab_overlap
+        self.cross_rules: Dict[str, List[int]] = {}
         self.start = time.perf_counter()
         self.prompt_seconds = None
         self.generation_tokens = 0
@@ -141,6 +154,11 @@ class StatsRecorder:
             self.drafted_at[i] += 1
         self.by_source[round_.source] += round_.num_accepted
         self.draft_lengths.append(round_.num_drafted)
+        cross_rule = getattr(round_, "cross_rule", None)  # (a batch row's output has none)
+        if cross_rule is not None:
+            counts = self.cross_rules.setdefault(cross_rule, [0, 0, 0])
+            for i, n in enumerate((1, round_.num_drafted, round_.num_accepted)):
+                counts[i] += n
 
     def snapshot(self) -> GenerationStats:
         elapsed = time.perf_counter() - self.start
@@ -162,4 +180,6 @@ class StatsRecorder:
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             calibrated=self.calibrated,
             rule=self.rule,
+            vocab_overlap=self.vocab_overlap,
+            cross_rules={name: tuple(c) for name, c in self.cross_rules.items()},
         )

@@ -366,3 +366,98 @@ def test_tokens_after_a_mid_generation_rejection(tiny_pair, rule, drafter_class,
     statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
         target_model, TINY_PROMPT, SamplingConfig(temp=1.0)))
     assert (p_value > ALPHA) == exact, (statistic, dof, p_value)
+
+
+# --- through the API and the command line ------------------------------------------------
+
+
+def test_api_greedy_parity_and_stats(pairs):
+    """stream_generate with draft_model= and draft_tokenizer=: the target's own text, and the
+    stats say which rule each round used and how much of the vocabulary has a twin."""
+    from mlx_spec import generate, stream_generate
+
+    target_tok, draft_tok, target_model, draft_model = pairs["spm-draft"]
+    prompt = "hello world, def the"
+    alone = generate(target_model, target_tok, prompt, max_tokens=100, prompt_lookup=False)
+    responses = list(stream_generate(target_model, target_tok, prompt, draft_model=draft_model,
+                                     draft_tokenizer=draft_tok, max_tokens=100,
+                                     num_draft_tokens=3, prompt_lookup=False))
+    assert "".join(r.text for r in responses) == alone
+    stats = responses[-1].stats
+    assert stats.vocab_overlap == pytest.approx(make_bridge(target_tok, draft_tok).overlap)
+    assert sum(r for r, _, _ in stats.cross_rules.values()) == stats.rounds > 0
+    assert "Draft of another tokenizer" in stats.summary()
+
+
+def test_api_lookup_in_front_and_the_adaptive_policy(pairs):
+    """Prompt lookup in front of a draft of another tokenizer, the adaptive policy choosing k
+    (the draft is its "draft" source): still the target's text."""
+    from mlx_spec import generate
+
+    target_tok, draft_tok, target_model, draft_model = pairs["shifted"]
+    prompt = "hello world hello world, def the hello"
+    alone = generate(target_model, target_tok, prompt, max_tokens=120, prompt_lookup=False)
+    both = generate(target_model, target_tok, prompt, draft_model=draft_model,
+                    draft_tokenizer=draft_tok, max_tokens=120, prompt_lookup=True,
+                    calibration=None)
+    assert both == alone
+
+
+def test_a_draft_without_its_tokenizer_is_one_sentence(pairs):
+    from mlx_spec import generate
+
+    target_tok, draft_tok, target_model, draft_model = pairs["spm-draft"]  # 289 > 275 tokens
+    with pytest.raises(ValueError, match="pass the draft's tokenizer as draft_tokenizer="):
+        generate(target_model, target_tok, "hello", draft_model=draft_model, max_tokens=4)
+    from mlx_spec.generate import speculative_generate_step
+    with pytest.raises(ValueError, match="needs the target's tokenizer too"):
+        speculative_generate_step([5, 6], target_model, draft_model, draft_tokenizer=draft_tok)
+    with pytest.raises(ValueError, match="cannot reuse a prompt_cache yet"):
+        list(speculative_generate_step([5, 6], target_model, draft_model, draft_tokenizer=draft_tok,
+                                       target_tokenizer=target_tok,
+                                       prompt_cache=make_cache(target_model)))
+
+
+def test_a_pair_that_shares_too_little_warns_and_decodes_alone():
+    from mlx_spec import generate
+
+    """Only <unk> in common (1 token of the smaller vocabulary's 11, under 10%)."""
+    target_tok = tiny_sentencepiece(TINY_TARGET + ["aa", "bb", "aaa", "bbb", "▁▁"])
+    draft_tok = tiny_sentencepiece(["xx", "yy", "xy", "yx", "xxy", "yyx", "xyx", "yxy", "x", "y"])
+    target_model = make_llama(vocab_size=vocab_len(target_tok), seed=0)
+    draft_model = make_llama(vocab_size=vocab_len(draft_tok), seed=1, hidden=32, layers=1)
+    alone = generate(target_model, target_tok, "ab", max_tokens=30, prompt_lookup=False)
+    with pytest.warns(UserWarning, match="too few for its drafts to help, so the draft is off"):
+        text = generate(target_model, target_tok, "ab", draft_model=draft_model,
+                        draft_tokenizer=draft_tok, max_tokens=30, prompt_lookup=False)
+    assert text == alone
+
+
+def test_exactness_check_takes_a_draft_of_another_tokenizer(tiny_pair):
+    from mlx_spec.exactness import check_exactness
+
+    target_tok, draft_tok, target_model, draft_model = tiny_pair
+    result = check_exactness(target_model, draft_model, TINY_PROMPT, SamplingConfig(temp=1.0),
+                             samples=400, draft_tokenizer=draft_tok, target_tokenizer=target_tok)
+    assert result.drafted > 0 and result.passed, result
+
+
+def test_cli_generate_and_check_draft_across_tokenizers(model_dirs):
+    """A draft directory with another tokenizer: `generate` prints the target's own text,
+    `check` passes; both say on stderr that they draft across tokenizers."""
+    from click.testing import CliRunner
+
+    from mlx_spec.cli import main
+
+    target, foreign = str(model_dirs["target"]), str(model_dirs["foreign"])
+    runner = CliRunner()
+    base = ["generate", "--model", target, "--prompt", "def fibonacci(n):", "-n", "40",
+            "--ignore-chat-template", "--quiet"]
+    alone = runner.invoke(main, base + ["--no-draft"])
+    crossed_run = runner.invoke(main, base + ["--draft-model", foreign, "-k", "3"])
+    assert alone.exit_code == 0 and crossed_run.exit_code == 0, crossed_run.output
+    assert crossed_run.stdout == alone.stdout
+    assert "another tokenizer than the target's: drafting across it" in crossed_run.stderr
+    checked = runner.invoke(main, ["check", "--model", target, "--draft-model", foreign,
+                                   "--samples", "300"])
+    assert checked.exit_code == 0, checked.output

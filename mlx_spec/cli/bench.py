@@ -78,7 +78,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
 
     say = _progress()
     say(f"loading {model} and {draft_model}")
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False)
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False, command="bench")
     if is_dflash_model(draft):
         say("the draft is a DFlash block drafter: its pass per round is measured instead of a "
             "draft step, and the report says which phases do not apply")

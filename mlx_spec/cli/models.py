@@ -1,7 +1,7 @@
 """The one model resolver of the command line: flags -> loaded models, or one UsageError sentence.
 
 With no --model every command uses the shipped pair; --model alone decodes
-with no draft unless one is given; a mismatched pair is refused here. MLX
+with no draft unless one is given; a draft of another tokenizer drafts across it. MLX
 and the models are imported when a command runs, never at `--help`.
 """
 
@@ -39,12 +39,15 @@ def resolve_models(model, draft_model, no_draft):
     return model, (None if no_draft else draft_model)
 
 
-def load_pair(model, draft_model, no_draft):
-    """Load the target (and the draft unless there is none); refuse mismatched pairs.
+def load_pair(model, draft_model, no_draft, command=None):
+    """Load the target (and the draft unless there is none); a draft of another tokenizer
+    drafts across it (said on stderr) unless `command` names one that cannot yet, a draft that
+    does not fit is refused.
 
     A draft directory holding a DFlash drafter (config.json: DFlashDraftModel)
     loads as one, checked to fit the target."""
     from ..dflash import check_fits, dflash_directory, load_dflash
+    from ..assemble import draft_bridge
     from ..loading import check_pair
 
     model, draft_model = resolve_models(model, draft_model, no_draft)
@@ -60,9 +63,19 @@ def load_pair(model, draft_model, no_draft):
         return target_model, tokenizer, drafter
     draft, draft_tokenizer = load_model(draft_model, "draft")
     try:
-        check_pair(target_model, draft, tokenizer, draft_tokenizer)
+        bridge = draft_bridge(target_model, draft, tokenizer, draft_tokenizer)
+        if bridge is None:
+            check_pair(target_model, draft, tokenizer, draft_tokenizer)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if bridge is not None and command is not None:
+        raise click.UsageError(f"`mlx-spec {command}` cannot draft across tokenizers yet; give a "
+                               "draft that shares the target's tokenizer (generate and check "
+                               "draft across them).")
+    if bridge is not None:  # `load` keeps its tokenizer with it: the API finds it there
+        click.echo(f"[draft] another tokenizer than the target's: drafting across it "
+                   f"({bridge.shared} of the target's {bridge.target.size} tokens have a twin)",
+                   err=True)
     return target_model, tokenizer, draft
 
 

@@ -83,7 +83,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
         scopes = SuffixScopes(suffix_scope, path=suffix_file, **budget)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp)
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp, command="serve")
     if mtp:
         draft = load_mtp_head(target_model, mtp_weights)
     try:

@@ -33,7 +33,7 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
 
     if not (show or forget):
         say("loading the models")
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget)
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget, command="tune")
     if forget:
         _forget_calibration(calibration, target_model)
     elif show:

@@ -1,4 +1,5 @@
-"""Where proposals come from: a draft model, n-gram lookup in the text so far, suffix drafting
+"""Where proposals come from: a draft model (of the target's vocabulary or, across a
+`VocabBridge`, of another: cross_tokenizer.py), n-gram lookup in the text so far, suffix drafting
 from everything seen before (suffix_index.py holds it), the target's MTP layer, a DFlash block
 drafter (DFlash2: the same block pass, its drafts picked by a candidate selector).
 
@@ -22,6 +23,7 @@ proposal this round" so the next drafter in line is asked.
 
 from __future__ import annotations
 
+from .cross_tokenizer import CrossTokenizerDrafter
 from .dflash import DFlashDrafter
 from .dflash2 import DFlash2Drafter
 from .draft_model import DraftModelDrafter
@@ -31,5 +33,5 @@ from .protocol import Proposal
 from .suffix import SuffixDrafter, default_suffix_index
 from .suffix_index import SuffixIndex
 
-__all__ = ["Proposal", "DFlash2Drafter", "DFlashDrafter", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter",
+__all__ = ["Proposal", "CrossTokenizerDrafter", "DFlash2Drafter", "DFlashDrafter", "DraftModelDrafter", "MTPDrafter", "PromptLookupDrafter",
            "SuffixDrafter", "SuffixIndex", "default_suffix_index"]

@@ -274,14 +274,35 @@ def make_bridge(target_tokenizer, draft_tokenizer) -> VocabBridge:
 
 def vocabularies_differ(target_tokenizer, draft_tokenizer) -> bool:
     """Whether the draft's token ids mean other text than the target's: by the vocabularies'
-    contents (each id's piece), not by the tokenizers' names."""
+    contents (each piece and its id, added tokens included), not by the tokenizers' names."""
     def pieces(tokenizer):
         hf = getattr(tokenizer, "_tokenizer", tokenizer)
         backend = getattr(hf, "backend_tokenizer", None)
         return backend.get_vocab(with_added_tokens=True) if backend is not None else hf.get_vocab()
 
-    target, draft = pieces(target_tokenizer), pieces(draft_tokenizer)
-    if target == draft:
-        return False
-    by_id = {index: piece for piece, index in target.items()}
-    return any(by_id.get(index) != piece for piece, index in draft.items())
+    return pieces(target_tokenizer) != pieces(draft_tokenizer)
+
+
+# Below this fraction of the smaller vocabulary with a twin in the other, a draft of another
+# tokenizer is not used (a warning says so): the two hardly write the same text.
+MIN_SHARED_FRACTION = 0.1
+
+_BRIDGES: dict = {}  # ids of the (target, draft) tokenizers inside any wrapper -> (them, bridge)
+
+
+def bridge_for(target_tokenizer, draft_tokenizer) -> Optional[VocabBridge]:
+    """The bridge between two tokenizers, None when their vocabularies are the same. The last
+    two pairs' are kept (a 262k vocabulary takes about a second to read)."""
+    key = tuple(id(getattr(t, "_tokenizer", t)) for t in (target_tokenizer, draft_tokenizer))
+    if key not in _BRIDGES:
+        bridge = make_bridge(target_tokenizer, draft_tokenizer) \
+            if vocabularies_differ(target_tokenizer, draft_tokenizer) else None
+        while len(_BRIDGES) >= 2:
+            _BRIDGES.pop(next(iter(_BRIDGES)))
+        _BRIDGES[key] = ((target_tokenizer, draft_tokenizer), bridge)  # held: the ids stay theirs
+    return _BRIDGES[key][1]
+
+
+def too_small(bridge: VocabBridge) -> bool:
+    """Whether two vocabularies share too little for a draft to help (MIN_SHARED_FRACTION)."""
+    return bridge.shared < MIN_SHARED_FRACTION * min(bridge.target.size, bridge.draft.size)
