@@ -13,6 +13,6 @@ result = batch_generate(target_model, tokenizer, prompts, draft_model=draft_mode
                         max_tokens=64, verbose=True)
 for prompt, text in zip(prompts, result.texts):
     print(f"--- {prompt!r}\n{text}")
-alone = [generate(target_model, tokenizer, p, max_tokens=64) for p in prompts]
+alone = [generate(target_model, tokenizer, p, max_tokens=64, prompt_lookup=False) for p in prompts]
 print("each identical to the target alone:", result.texts == alone)
 print("rounds run at each k:", result.stats["rounds_by_k"])

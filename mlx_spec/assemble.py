@@ -16,10 +16,9 @@ from typing import Callable, List, Optional, Union
 
 import mlx.core as mx
 
-from . import policy as policy_rules
 from .arguments import check_instance
 from .cache import (DEFAULT_RESERVE, ModelCache, cache_length, check_prompt_cache,
-                    check_rewindable, make_cache, make_rewindable)
+                    check_rewindable, make_cache, make_rewindable, unsupported_kinds)
 from .calibration import Calibration, dflash_key, load_calibration, mtp_key
 from .calibration.record import ROUND_K
 from .costmodel import CostPrior
@@ -31,7 +30,7 @@ from .distributed.group import sharding_group
 from .drafters import (CrossTokenizerDrafter, DFlash2Drafter, DFlashDrafter, DraftModelDrafter,
                        MTPDrafter, PromptLookupDrafter, SuffixDrafter, SuffixIndex,
                        default_suffix_index)
-from .drafters.prompt_lookup import PAIRED_MIN_NGRAM
+from .drafters.prompt_lookup import PAIRED_MIN_NGRAM, on_by_default
 from .drafters.suffix import suffix_min_match
 from .drafters.vocab_bridge import VocabBridge, bridge_for, too_small
 from .loading import check_pair, tokenizer_of, vocab_size
@@ -81,9 +80,9 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         prepare_drafter(draft_model, model)  # float32 on the CPU backend (precision.py)
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
     suffix_index = suffix_index_for(suffix)
-    if prompt_lookup is None:
-        prompt_lookup = (drafting or suffix_index is not None) and \
-            (sampling.greedy or policy_rules.LOOKUP_WHEN_SAMPLING)
+    if prompt_lookup is None:  # on, but never where it would refuse what plain decoding does
+        prompt_lookup = on_by_default(drafting, sampling.greedy) and (
+            drafting or suffix_index is not None or not unsupported_kinds(make_cache(model)))
     block = block_drafter.dflash_config.block_size if block_drafter is not None else 0
     reserve = max(DEFAULT_RESERVE,
                   max(num_draft_tokens or 0, max_draft_tokens, DEFAULT_MAX_LOOKUP_TOKENS,

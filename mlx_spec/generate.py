@@ -120,23 +120,26 @@ def speculative_generate_step(
     steps (as mlx-lm's generate_step); `stream_generate` gives mlx-lm's
     contract on top.
 
-    With no draft model and no prompt lookup it decodes the target alone.
+    With no draft model and `prompt_lookup=False` it decodes the target alone.
     `num_draft_tokens` pins k; left as None the default policy chooses
     (`adaptive=True`: k chosen each round from measured acceptance and cost,
     with an automatic fall-back to plain decoding when speculation loses).
     `draft_confidence` stops drafting when the draft's top probability falls
-    below it (costs one host sync per draft step). `prompt_lookup` puts n-gram
-    proposals from the context in front of the draft model; None (the default)
-    turns it on when a draft model is given and decoding is greedy, where the
-    benchmark measured it fastest. Its proposals may run up to
-    DEFAULT_MAX_LOOKUP_TOKENS under the adaptive policy (they cost no draft steps).
+    below it (costs one host sync per draft step). `prompt_lookup` drafts from
+    n-grams of the context (alone, or in front of the draft model); None (the
+    default) turns it on for any target at every temperature, except in front of
+    a draft model, MTP head or block drafter at temperature > 0 (there it took
+    rounds from the drafter's better proposals), and leaves it off for a target
+    whose cache no rewind path handles. The adaptive policy keeps it only while it
+    pays. Its proposals may run up to DEFAULT_MAX_LOOKUP_TOKENS under the adaptive
+    policy (they cost no draft steps).
 
     `suffix` drafts from everything seen before: True searches the process's
     shared `SuffixIndex` (every earlier call's prompt and output, and this
     one's), a `SuffixIndex` searches that one (an app keeps it across calls,
     and may save it to a file); the call's own text joins the index. It goes
-    in front of the other drafters; left to its default, prompt lookup is then
-    on at temperature 0, behind it, for the matches shorter than 4 tokens.
+    in front of the other drafters; prompt lookup, when on, goes behind it, for
+    the matches shorter than 4 tokens.
 
     `calibration`: "auto" (the default) starts the adaptive policy from this
     machine's stored calibration (`mlx-spec tune`) when there is one for the

@@ -260,11 +260,6 @@ MATCH_TIME_DOUBLES = True  # False: twice the tokens (the negative control of a 
 # round's one sync: loop._judge): expected kept drafts and the chance of a rejection in place
 # of the counts (the same mean, far less noise).
 SOFT_ACCEPTANCE = True  # False: the counts (the negative control of a test)
-# Prompt lookup's default at T > 0 (in front of a draft, an MTP head or a block drafter): its
-# proposal is a point mass, kept with chance p(x), so its rounds at T > 0 keep far less than
-# greedy ones; the policy now learns each round's chances (SOFT_ACCEPTANCE) and switches a
-# losing source off. True: on at T > 0 too (assemble.py reads it per call; a study flips it).
-LOOKUP_WHEN_SAMPLING = False
 EXPLORE_EVERY = 6  # every so often try a longer or shorter k to keep the cost fit honest
 PRIOR_ROUNDS = 1.0  # a calibration weighs as much as this many rounds at each of three k
 FIRST_LOOKUP_TOKENS = 8  # lookup's first length with no calibration

@@ -56,29 +56,22 @@ def test_prompt_lookup_greedy_parity(target_model, drafts, reference, prompt_nam
     assert got == reference(prompt_name, 37)
 
 
-def test_prompt_lookup_is_on_by_default_only_for_greedy_with_a_draft(target_model, drafts):
+def test_prompt_lookup_is_on_by_default_except_in_front_of_a_draft_when_sampling(target_model,
+                                                                                 drafts):
     prompt = [1, 2, 3, 4, 5] * 6  # the context ends in a repeated 2-gram
+    sampled = {"sampling": SamplingConfig(temp=1.0)}
 
     def sources(draft, **kwargs):
         return {r.source for r in speculative_generate_step(prompt, target_model, draft,
                                                             max_tokens=30, **kwargs)}
 
     assert "lookup" in sources(drafts["related"])
+    assert "lookup" in sources(None)  # no draft: lookup alone, greedy
+    assert "lookup" in sources(None, **sampled)  # and sampling
     assert "lookup" not in sources(drafts["related"], prompt_lookup=False)
-    assert "lookup" not in sources(drafts["related"], sampling=SamplingConfig(temp=1.0))
-    assert "lookup" not in sources(None)  # no draft: plain decoding unless asked
-
-
-def test_lookup_when_sampling_turns_lookup_on_at_temperature(target_model, drafts,
-                                                              monkeypatch):
-    from mlx_spec import policy
-
-    prompt = [1, 2, 3, 4, 5] * 6
-    monkeypatch.setattr(policy, "LOOKUP_WHEN_SAMPLING", True)
-    rounds = list(speculative_generate_step(prompt, target_model, drafts["related"],
-                                            max_tokens=30, sampling=SamplingConfig(temp=1.0),
-                                            num_draft_tokens=3))
-    assert "lookup" in {r.source for r in rounds}
+    assert "lookup" not in sources(None, prompt_lookup=False)  # the target alone
+    assert "lookup" not in sources(drafts["related"], **sampled)  # the draft's q comes first
+    assert "lookup" in sources(drafts["related"], prompt_lookup=True, **sampled)
 
 
 def test_acceptance_tracks_draft_quality(target_model, drafts):

@@ -41,7 +41,7 @@ if __name__ == "__main__":
     target_model, tokenizer = load()
     draft_model = useless_draft(target_model.args.vocab_size)
     ids = tokenizer.encode("def parse_args(argv=None):\n    parser = argparse.ArgumentParser()\n")
-    methods = {"plain": {},
+    methods = {"plain": {"prompt_lookup": False},
                "adaptive": {"draft_model": draft_model, "adaptive": True, "prompt_lookup": False},
                "fixed k=4": {"draft_model": draft_model, "num_draft_tokens": 4, "prompt_lookup": False}}
     rates = {name: [] for name in methods}

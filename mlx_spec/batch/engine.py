@@ -137,7 +137,7 @@ class BatchEngine:
         if not 0 <= cached < len(request.prompt):
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
-                       self.draft is not None or self.dflash is not None)
+                       self.model_drafter is not None)  # a draft model, MTP head or DFlash
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (

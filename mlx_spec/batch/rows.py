@@ -15,7 +15,7 @@ from typing import Collection, List, Optional, Sequence
 import mlx.core as mx
 
 from ..defaults import DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
-from ..drafters.prompt_lookup import PAIRED_MIN_NGRAM, PromptLookupDrafter
+from ..drafters.prompt_lookup import PAIRED_MIN_NGRAM, PromptLookupDrafter, on_by_default
 from ..drafters.suffix import SuffixDrafter, suffix_min_match
 from ..sampling import SamplingConfig
 
@@ -28,7 +28,7 @@ class RowRequest:
     max_tokens: int
     sampling: SamplingConfig = SamplingConfig()
     seed: Optional[int] = None
-    prompt_lookup: Optional[bool] = None  # None: on at temp 0, off otherwise (as the solo API)
+    prompt_lookup: Optional[bool] = None  # None: prompt_lookup.on_by_default (as the solo API)
     num_draft_tokens: Optional[int] = None  # pinned k for this row (0: never drafts)
     logits_processors: Sequence = ()
     logprobs: bool = False  # hand out the target's log-probabilities of each token
@@ -82,7 +82,8 @@ class Row:
 def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collection[int],
              has_draft_model: bool) -> Row:
     sampling = request.sampling
-    use_lookup = request.prompt_lookup if request.prompt_lookup is not None else sampling.greedy
+    use_lookup = request.prompt_lookup if request.prompt_lookup is not None else \
+        on_by_default(has_draft_model, sampling.greedy)
     searchers = []
     history = list(request.prompt)
     if request.num_draft_tokens != 0:

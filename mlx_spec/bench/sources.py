@@ -66,7 +66,7 @@ def _run(target_model, draft_model, ids, temp, max_tokens, **options) -> Tuple[f
 
 def methods_for(ks: Sequence[int]) -> Dict[str, dict]:
     """Method name -> options for speculative_generate_step (draft model used unless None)."""
-    methods = {PLAIN: {"use_draft": False}}
+    methods = {PLAIN: {"use_draft": False, "prompt_lookup": False}}
     methods.update({fixed(k): {"num_draft_tokens": k, "prompt_lookup": False} for k in ks})
     methods[ADAPTIVE] = {"adaptive": True, "prompt_lookup": False}
     methods[LOOKUP] = {"use_draft": False, "prompt_lookup": True}
