@@ -6,7 +6,8 @@
   caches are empty again when the batch drains; a row's kept cache holds its text exactly.
 - T = 1: chi-square of tokens 3 and 4 of one prompt's rows in a batch that is refilled as
   rows end (other prompts beside it), with a poor draft: most samples rewound a rejected
-  draft before token 3; the same with the target's MTP head drafting (made over-confident).
+  draft before token 3; the same with the target's MTP head drafting (made over-confident),
+  and with prompt lookup alone (no draft model: on by default).
   The broken rule (resampling from p) must fail the same test.
 """
 
@@ -233,6 +234,14 @@ def small_pair():
 def test_rows_after_a_rejection_are_distributed_as_the_target(small_pair, residual, exact):
     # tokens 3 and 4 mostly came after a rewind
     check_rows_after_a_rejection(*small_pair, residual, exact, min_rewound=SAMPLES // 2)
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_lookup_rows_after_a_rejection_are_distributed_as_the_target(small_pair, residual, exact):
+    """No draft model: every row looks up by default at T = 1 (q a point mass); 263 of the 600
+    rows rewound a rejected lookup draft before token 3 (seed 0)."""
+    check_rows_after_a_rejection(small_pair[0], None, residual, exact, min_rewound=SAMPLES // 3)
 
 
 # --- the batch policy on synthetic rounds: seconds from a cost model, tokens from acceptance ---

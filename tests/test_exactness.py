@@ -68,6 +68,26 @@ def test_prompt_lookup_sampling_matches_target(target_model):
     assert result.passed, result
 
 
+@pytest.mark.parametrize("accept,exact", [(None, True), (resample_from_target_accept, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_prompt_lookup_after_a_rejection_matches_target(accept, exact):
+    """Lookup alone (as a target with no draft runs by default) on a model over 8 tokens whose
+    prompt holds each of them, so that after a rejected first proposal the second token is a
+    lookup proposal too, continuing the residual draw's latest occurrence. Resampling a
+    rejection from p instead of p minus the one-hot q must fail the same test."""
+    from tiny import make_llama
+
+    target = make_llama(vocab_size=8, seed=0)
+    # "3 1 4" recurs: lookup proposes "3 2" (p(3) = 0.66 there); a rejection draws mostly 0 or 2
+    prompt = list(range(8)) + PROMPT + [3, 2] + PROMPT
+    result = check_exactness(target, None, prompt, CONFIGS["temp=1"], samples=SAMPLES,
+                             num_draft_tokens=3, alpha=ALPHA, prompt_lookup=True, seed=5,
+                             accept=accept)
+    first_rounds = 2 * SAMPLES  # two drafts each (the room left of max_tokens = 2)
+    assert result.drafted - first_rounds > SAMPLES // 5, result  # second-token proposals
+    assert result.passed == exact, result
+
+
 def test_negative_control_broken_rule_is_caught(target_model, poor_draft):
     """Resampling rejections from p (not p - q) biases the output; the test must see it."""
     result = check_exactness(target_model, poor_draft, PROMPT, CONFIGS["temp=1"],

@@ -1,0 +1,158 @@
+"""A target with no draft speculates by default (issue 63): prompt lookup is on at every
+temperature, in the API, the command line, a batch and both server workers; greedy it gives
+the target's own text, and a reply that quotes its prompt comes partly from lookup. The exact
+rule under it at T > 0 is tested in test_exactness (one call) and test_batch (a batch)."""
+
+import httpx
+import mlx.core as mx
+import pytest
+from click.testing import CliRunner
+from mlx_lm.generate import generate_step as mlx_lm_generate_step
+
+from gguf_files import real_model_path
+from mlx_spec import generate, load, stream_generate
+from mlx_spec.batch import BatchEngine, RowRequest
+from mlx_spec.cli import main
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.loading import default_target_path
+from mlx_spec.sampling import SamplingConfig
+
+
+
+def greedy(model, ids, max_tokens):
+    """The target alone, by mlx-lm."""
+    return [int(t) for t, _ in mlx_lm_generate_step(mx.array(ids, mx.uint32), model,
+                                                     max_tokens=max_tokens)]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """The shipped target (trained on Python source): unlike a random tiny model it copies."""
+    return load(str(default_target_path()))
+
+
+@pytest.fixture(scope="module")
+def quoting(shipped):
+    """(ids, text): an opening, the target's own greedy reply to it, the opening again, so
+    that the target's reply quotes the prompt (bench/studies/never_behind's copy task)."""
+    model, tokenizer = shipped
+    opening = tokenizer.encode("def parse_args(argv=None):\n")
+    ids = opening + greedy(model, opening, 40) + tokenizer.encode("\n\n") + opening
+    return ids, tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.7])
+def test_a_target_with_no_draft_speculates_by_default(shipped, quoting, temp):
+    model, ids = shipped[0], quoting[0]
+    sampling = SamplingConfig(temp=temp)
+    rounds = list(speculative_generate_step(ids, model, None, max_tokens=24, sampling=sampling,
+                                            calibration=None))
+    plain = list(speculative_generate_step(ids, model, None, max_tokens=24, sampling=sampling,
+                                           prompt_lookup=False))
+    assert "lookup" in {r.source for r in rounds}
+    assert {r.source for r in plain} == {"target"}  # prompt_lookup=False: the target alone
+
+
+def test_the_default_gives_the_targets_text_and_drafts_a_quoting_reply(shipped, quoting):
+    model, ids = shipped[0], quoting[0]
+    rounds = list(speculative_generate_step(ids, model, None, max_tokens=40, calibration=None))
+    assert [t for r in rounds for t in r.tokens][:40] == greedy(model, ids, 40)
+    assert sum(r.num_accepted for r in rounds if r.source == "lookup") >= 20
+
+
+def test_a_target_whose_cache_cannot_rewind_decodes_plainly_by_default():
+    """Lookup left to its default never refuses what plain decoding does: a cache kind no
+    rewind path handles (as deepseek_v41's) turns it off instead (asked for, it is refused)."""
+    from tiny import make_llama
+
+    class CompressedCache:
+        offset = 0
+
+    target = make_llama(layers=2)
+    target.make_cache = lambda: [CompressedCache() for _ in target.layers]
+    speculative_generate_step([1, 2, 3], target, None, max_tokens=5)  # not refused
+    with pytest.raises(ValueError, match="cannot rewind"):
+        speculative_generate_step([1, 2, 3], target, None, max_tokens=5, prompt_lookup=True)
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.7])
+def test_stream_generate_reports_lookup_by_default(shipped, quoting, temp):
+    model, tokenizer = shipped
+    responses = list(stream_generate(model, tokenizer, quoting[1], max_tokens=24, temp=temp,
+                                     calibration=None))
+    stats = responses[-1].stats
+    assert stats.rounds > 0 and stats.drafted > 0
+    if temp == 0:
+        assert stats.accepted_by_source.get("lookup", 0) > 0
+        assert any(r.source == "lookup" for r in responses)
+        assert "".join(r.text for r in responses) == generate(
+            model, tokenizer, quoting[1], max_tokens=24, prompt_lookup=False)
+
+
+def test_the_command_line_speculates_with_no_draft_unless_told_not_to(quoting):
+    base = ["generate", "--model", str(default_target_path()), "--no-draft", "-n", "24",
+            "--no-calibration", "--prompt", quoting[1]]
+    on, off = CliRunner().invoke(main, base), CliRunner().invoke(main, base + ["--no-prompt-lookup"])
+    assert on.exit_code == off.exit_code == 0, on.output + off.output
+    assert "Accepted tokens by source: lookup" in on.stderr
+    assert "Speculation:" not in off.stderr
+    assert on.stdout == off.stdout
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.7])
+def test_a_batch_row_with_no_draft_looks_up_by_default(shipped, quoting, temp):
+    model, ids = shipped[0], quoting[0]
+    engine = BatchEngine(model)
+    sampling = SamplingConfig(temp=temp)
+    uids = [engine.insert(RowRequest(ids, 24, sampling)),
+            engine.insert(RowRequest(ids, 24, sampling, prompt_lookup=False))]
+    sources, tokens = {uid: set() for uid in uids}, {uid: [] for uid in uids}
+    while engine.busy:
+        for out in engine.step():
+            sources[out.uid].add(out.source)
+            tokens[out.uid] += out.tokens
+    assert "lookup" in sources[uids[0]] and sources[uids[1]] == {"target"}
+    if temp == 0:
+        assert tokens[uids[0]] == tokens[uids[1]] == greedy(model, ids, 24)
+
+
+@pytest.mark.parametrize("worker", ["serial", "batched"])
+def test_the_server_looks_up_by_default_for_a_request_with_no_draft(shipped, quoting, worker):
+    pytest.importorskip("starlette")
+    from mlx_spec.server.app import create_app, serve_in_background
+    from mlx_spec.server.batch_worker import BatchWorker
+    from mlx_spec.server.worker import GenerationWorker
+
+    model, tokenizer = shipped
+    kind = BatchWorker if worker == "batched" else GenerationWorker
+    expected = generate(model, tokenizer, quoting[0], max_tokens=24, prompt_lookup=False)
+    server, thread, url = serve_in_background(create_app(kind(model, tokenizer, None), "tiny"))
+    try:
+        answers = [httpx.post(url + "/v1/completions", timeout=60, json={
+            "prompt": quoting[0], "max_tokens": 24, "temperature": temp, **extra}).json()
+            for temp, extra in ((0, {}), (0.7, {}), (0, {"prompt_lookup": False}))]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    greedy_on, sampled_on, greedy_off = (a["speculation"] for a in answers)
+    assert answers[0]["choices"][0]["text"] == answers[2]["choices"][0]["text"] == expected
+    assert greedy_on["accepted_by_source"].get("lookup", 0) > 0
+    assert sampled_on["drafted"] > 0  # at T = 0.7 too
+    assert greedy_off["drafted"] == 0
+
+
+@pytest.mark.real_model
+def test_smollm2_drafts_a_quoting_reply_by_default_and_keeps_its_greedy_text():
+    path = real_model_path("SmolLM2-135M-Instruct.Q4_1.gguf")
+    if path is None:
+        pytest.skip("SmolLM2-135M-Instruct.Q4_1.gguf is not in $MLX_SPEC_REAL_MODELS or "
+                    "~/.cache/mlx-spec/real-models")
+    model, tokenizer = load(str(path))
+    code = "def add(a, b):\n    total = a + b\n    return total\n"
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Repeat this code exactly:\n\n{code}"}],
+        tokenize=False, add_generation_prompt=True)
+    responses = list(stream_generate(model, tokenizer, prompt, max_tokens=24, calibration=None))
+    text = "".join(r.text for r in responses)
+    assert text == generate(model, tokenizer, prompt, max_tokens=24, prompt_lookup=False)
+    assert responses[-1].stats.accepted_by_source.get("lookup", 0) > 0
