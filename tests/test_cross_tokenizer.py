@@ -461,3 +461,28 @@ def test_cli_generate_and_check_draft_across_tokenizers(model_dirs):
     checked = runner.invoke(main, ["check", "--model", target, "--draft-model", foreign,
                                    "--samples", "300"])
     assert checked.exit_code == 0, checked.output
+
+
+# --- the real pair: Gemma 3 270M drafted for by SmolLM2 135M -----------------------------
+
+
+@pytest.mark.real_model
+def test_real_pair_greedy_parity():
+    """Gemma 3's 262,144-token SentencePiece vocabulary and SmolLM2's 49,152-token
+    byte-level BPE: SmolLM2 drafts for Gemma, the text is Gemma's own (16 tokens)."""
+    from gguf_files import real_model_path
+
+    from mlx_spec import generate, load, stream_generate
+
+    paths = [real_model_path(n) for n in ("gemma-3-270m-q4_k_m.gguf",
+                                          "SmolLM2-135M-Instruct.Q4_1.gguf")]
+    if None in paths:
+        pytest.skip("the real GGUF files are not downloaded (make real-models)")
+    (target_model, target_tok), (draft_model, _) = load(str(paths[0])), load(str(paths[1]))
+    prompt = "<start_of_turn>user\nName three colours.<end_of_turn>\n<start_of_turn>model\n"
+    alone = generate(target_model, target_tok, prompt, max_tokens=16, prompt_lookup=False)
+    responses = list(stream_generate(target_model, target_tok, prompt, draft_model=draft_model,
+                                     max_tokens=16, num_draft_tokens=3, prompt_lookup=False))
+    assert "".join(r.text for r in responses) == alone
+    stats = responses[-1].stats
+    assert 0.1 < stats.vocab_overlap < 0.25 and stats.rounds > 0

@@ -44,6 +44,7 @@ from .protocol import Proposal, point_mass_proposal
 from .vocab_bridge import VocabBridge
 
 RULES = ("string", "intersection")
+DEFAULT_RULE = "auto"  # "string" or "intersection" pins one (a study flips it)
 EXPLORE_EVERY = 8  # rounds of one rule after which "auto" tries the other once
 RATE_MEMORY = 0.7  # weight of the past in each rule's tokens-per-second estimate
 MAX_STEPS_PER_TOKEN = 2.0  # the string rule drafts at most this many steps per target token
@@ -61,7 +62,9 @@ class CrossTokenizerDrafter:
     source = "draft"  # to the policy it is the draft model
 
     def __init__(self, draft_model, bridge: VocabBridge, sampling: SamplingConfig,
-                 target_vocab_size: int, draft_vocab_size: int, cache=None, rule: str = "auto"):
+                 target_vocab_size: int, draft_vocab_size: int, cache=None,
+                 rule: Optional[str] = None):
+        rule = rule or DEFAULT_RULE
         if rule not in RULES + ("auto",):
             raise ValueError(f'rule must be "auto", "string" or "intersection", got {rule!r}.')
         self.draft_model = draft_model
