@@ -96,7 +96,7 @@ def make_model(arch: str, seed=0):
     return model, family
 
 
-def write_model(path, model, arch, qtype=Q.F32, tied=False, permute=True):
+def write_model(path, model, arch, qtype=Q.F32, tied=False, permute=True, extra=None):
     """The model as llama.cpp would write it; returns the dequantized weights written (mlx names)."""
     from gguf import GGUFWriter, quants
 
@@ -151,6 +151,8 @@ def write_model(path, model, arch, qtype=Q.F32, tied=False, permute=True):
             back = (back.reshape(heads, back.shape[0] // heads // 2, 2, -1)
                     .swapaxes(1, 2).reshape(back.shape))
         written[name] = back
+    for name, value in (extra or {}).items():
+        writer.add_tensor(name, value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -229,6 +231,27 @@ def test_gemma_norms_and_sliding_window(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_load, "NORM_PLUS_ONE", set())
     wrong, _ = load(str(tmp_path / "g.gguf"))
     assert logits_gap(wrong, model) > 1e-2
+
+
+def test_llama3_rope_frequency_factors(tmp_path):
+    """Llama 3.1+ files carry rope_freqs (llama.cpp's per-pair factors) instead of a scaling config."""
+    from mlx_lm.models import llama
+
+    model, _ = make_model("llama")
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    scaled = llama.Model(dataclasses.replace(model.args, rope_scaling=scaling))
+    scaled.load_weights(list(tree_flatten(model.parameters())))
+    dims, base = 16, model.args.rope_theta
+    rope = scaled.model.layers[0].self_attn.rope
+    factors = np.array(rope._freqs) / base ** (np.arange(0, dims, 2) / dims)
+    assert factors.max() > 1.5  # the scaling changes some pairs
+    write_model(tmp_path / "l3.gguf", model, "llama",
+                extra={"rope_freqs.weight": factors.astype(np.float32)})
+    loaded, _ = load(str(tmp_path / "l3.gguf"), dtype="float32")
+    long_tokens = mx.concatenate([TOKENS] * 4, axis=1)  # 80 positions: past the original 64
+    assert mx.abs(loaded(long_tokens) - scaled(long_tokens)).max().item() < 1e-3
+    assert mx.abs(loaded(long_tokens) - model(long_tokens)).max().item() > 1e-2
 
 
 def test_tied_embeddings(tmp_path):
