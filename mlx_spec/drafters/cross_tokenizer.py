@@ -68,7 +68,8 @@ class CrossTokenizerDrafter:
         if rule not in RULES + ("auto",):
             raise ValueError(f'rule must be "auto", "string" or "intersection", got {rule!r}.')
         self.draft_model = draft_model
-        self.draft = ModelCache(draft_model, cache if cache is not None else make_cache(draft_model))
+        self.draft = ModelCache(draft_model,
+                                cache if cache is not None else make_cache(draft_model))
         if self.draft.has_recurrent:
             raise ValueError("A draft with recurrent state (a hybrid or SSM model) cannot draft "
                              "across tokenizers yet; choose an attention-only draft model.")
@@ -78,15 +79,20 @@ class CrossTokenizerDrafter:
         self.rule = rule
         self.text = DraftText(bridge)
         self.fed: List[int] = []  # the draft ids the draft cache holds
-        rows = max(draft_vocab_size, bridge.draft.size)  # its logits may be padded
+        # Twins within both models' logits (a tokenizer may hold ids past them, or fewer)
+        rows = draft_vocab_size
         twins = np.full(rows, -1, np.int64)
-        twins[:min(rows, bridge.draft.size)] = bridge.draft_to_target[:rows]
+        known = min(rows, bridge.draft.size)
+        twins[:known] = bridge.draft_to_target[:known]
+        twins[twins >= target_vocab_size] = -1
+        self._twins = twins
         self._shared = mx.array(twins >= 0)  # (V_d,) the draft tokens with a target twin
         self._to_target = mx.array(np.maximum(twins, 0).astype(np.uint32))  # (V_d,)
         # q mapped to target ids: target id -> its draft twin's column, or the zero column
-        back = bridge.target_to_draft[:target_vocab_size]
-        back = np.concatenate([back, np.full(target_vocab_size - len(back), -1, np.int64)])
-        self._q_index = mx.array(np.where(back >= 0, back, rows).astype(np.uint32))  # (V_t,)
+        back = np.full(target_vocab_size, rows, np.int64)
+        shared = np.nonzero(twins >= 0)[0]
+        back[twins[shared]] = shared
+        self._q_index = mx.array(back.astype(np.uint32))  # (V_t,)
         self._rates: Dict[str, Optional[float]] = dict.fromkeys(RULES)  # tokens per second
         self._streak = 0  # rounds since "auto" last tried the other rule
         self._round = None  # (rule, started) of the proposal awaiting commit
@@ -94,13 +100,10 @@ class CrossTokenizerDrafter:
         self._next: List[int] = []  # the id after `fed` that the next step feeds
         self.first_guess = None
 
-    @property
-    def overlap(self) -> float:
-        return self.bridge.overlap
-
     # --- keeping the draft's own text in step -------------------------------------------
 
-    def prefill(self, prompt: List[int], step_size: int, progress=None, look_rows: int = 0) -> None:
+    def prefill(self, prompt: List[int], step_size: int, progress=None,
+                look_rows: int = 0) -> None:
         want = self.text.update(prompt)
         self.draft.restore_length(0)
         prefill(self.draft, want[:-1], step_size, progress)
@@ -116,8 +119,8 @@ class CrossTokenizerDrafter:
         keep = min(_common_prefix(self.fed, want), len(want) - 1)
         self.draft.restore_length(keep)
         unseen = want[keep:]
-        if len(unseen) > CATCH_UP_SPLIT:  # a backlog: no output layer over it (as DraftModelDrafter)
-            self.draft.forward(mx.array(unseen[:-1], mx.uint32))  # its logits are never evaluated
+        if len(unseen) > CATCH_UP_SPLIT:  # a backlog: no output layer over it (DraftModelDrafter)
+            self.draft.forward(mx.array(unseen[:-1], mx.uint32))  # logits never evaluated
             unseen = unseen[-1:]
         logits = self.draft.forward(mx.array(unseen, mx.uint32))[-1]  # (V_d,)
         self.fed = list(want)
@@ -136,8 +139,7 @@ class CrossTokenizerDrafter:
             mx.eval(logits)
             fastest = min(fastest, time.perf_counter() - start)
             self.draft.restore_length(self.draft.length - 1)
-        guess = int(mx.where(self._shared, logits, -mx.inf).argmax().item())
-        twin = int(self.bridge.draft_to_target[guess]) if guess < self.bridge.draft.size else -1
+        twin = int(self._twins[int(mx.where(self._shared, logits, -mx.inf).argmax().item())])
         self.first_guess = twin if twin >= 0 else None
         return fastest
 
@@ -163,7 +165,8 @@ class CrossTokenizerDrafter:
                 raw.append(logits)
                 if shared_only:
                     logits = mx.where(self._shared, logits, -mx.inf)
-                logq = logits if self.sampling.greedy else logprobs_from_logits(logits, self.sampling)
+                logq = logits if self.sampling.greedy else \
+                    logprobs_from_logits(logits, self.sampling)  # (V_d,) the same transform as p
                 tokens.append(sample(logq, self.sampling)[None])  # (1,)
                 logprobs.append(logq)
                 mx.async_eval(tokens[-1])
