@@ -22,6 +22,7 @@ from .assemble import assemble, check_calibration, draft_bridge
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from .dflash import dflash_directory, is_dflash_model
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
+from .drafters.prompt_lookup import on_by_default
 from .loading import check_pair, vocab_size
 from .loop import Round, generate_rounds
 from .memory import wired_limit
@@ -318,6 +319,8 @@ def stream_generate(
         # The adaptive k follows timings, and the random stream follows k: a seeded
         # sampling run is reproducible only with a fixed k (the default one here).
         kwargs["adaptive"] = False
+        if kwargs.get("prompt_lookup") is None:  # at a fixed k it would have no off switch
+            kwargs["prompt_lookup"] = on_by_default(draft_model is not None, False, seeded=True)
     eos = set(tokenizer.eos_token_ids)
     rounds = speculative_generate_step(
         tokens, model, draft_model, max_tokens=max_tokens,

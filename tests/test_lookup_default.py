@@ -89,6 +89,25 @@ def test_stream_generate_reports_lookup_by_default(shipped, quoting, temp):
             model, tokenizer, quoting[1], max_tokens=24, prompt_lookup=False)
 
 
+def test_a_seeded_sampled_run_does_not_look_up_by_default(shipped, quoting):
+    """A seed at T > 0 fixes k (so that it repeats the text), and lookup alone at a fixed k
+    would have no off switch: left to its default it is off there, in a call and a batch row;
+    asked for, it drafts."""
+    model, tokenizer = shipped
+
+    def stats(**kwargs):
+        return list(stream_generate(model, tokenizer, quoting[1], max_tokens=16, temp=0.7,
+                                    seed=3, **kwargs))[-1].stats
+
+    assert stats().drafted == 0 and stats(prompt_lookup=True).drafted > 0
+    engine = BatchEngine(model)
+    uid = engine.insert(RowRequest(quoting[0], 16, SamplingConfig(temp=0.7), seed=3))
+    sources = set()
+    while engine.busy:
+        sources |= {out.source for out in engine.step() if out.uid == uid}
+    assert sources == {"target"}
+
+
 def test_the_command_line_speculates_with_no_draft_unless_told_not_to(quoting):
     base = ["generate", "--model", str(default_target_path()), "--no-draft", "-n", "24",
             "--no-calibration", "--prompt", quoting[1]]

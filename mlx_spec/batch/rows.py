@@ -83,7 +83,7 @@ def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collec
              has_draft_model: bool) -> Row:
     sampling = request.sampling
     use_lookup = request.prompt_lookup if request.prompt_lookup is not None else \
-        on_by_default(has_draft_model, sampling.greedy)
+        on_by_default(has_draft_model, sampling.greedy, seeded=request.seed is not None)
     searchers = []
     history = list(request.prompt)
     if request.num_draft_tokens != 0:

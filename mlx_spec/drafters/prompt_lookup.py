@@ -31,9 +31,13 @@ SHORT_LOOKUP_TOKENS = 2  # an alignment cut short twice in a row proposes this m
 FAILURES_BEFORE_SHORT = 2  # proposals in a row cut short that make an alignment short
 
 
-def on_by_default(model_behind: bool, greedy: bool) -> bool:
+def on_by_default(model_behind: bool, greedy: bool, seeded: bool = False) -> bool:
     """Prompt lookup's default (`prompt_lookup=None`): on for every target at every temperature,
-    except in front of a paid drafter (a draft model, an MTP head, a block drafter) at T > 0.
+    except in front of a paid drafter (a draft model, an MTP head, a block drafter) at T > 0,
+    and in a `seeded` sampled run (stream_generate with a seed, a batch row with one), whose k
+    is fixed so that the seed repeats the text: lookup alone would then draft at every match
+    with no off switch, and lose at every one where verifying costs a plain step per token (a
+    quantized model on a CPU).
 
     Alone, lookup competes only with plain steps: a round with no match is a plain step (the
     host search is a few dict lookups), and the policy switches lookup off while it loses. In
@@ -42,7 +46,7 @@ def on_by_default(model_behind: bool, greedy: bool) -> bool:
     lookup alone was the best setting and cost up to 10% elsewhere (shipped-f16 at T = 0.7:
     1.23x -> 1.11x plain; docs/drafting.md, "Prompt lookup").
     """
-    return greedy or not model_behind
+    return greedy or not (model_behind or seeded)
 
 
 def _continue(found: List[int], k: int) -> List[int]:
