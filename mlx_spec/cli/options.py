@@ -70,7 +70,7 @@ speculation_options = options(
     click.option("--max-draft-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_DRAFT_TOKENS, show_default=True, help="Largest k the adaptive policy may choose."),
     click.option("--no-auto-off", is_flag=True, help="Adaptive policy: never fall back to plain decoding."),
     click.option("--draft-confidence", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0, show_default=True, help="Stop drafting when the draft's top probability falls below this."),
-    click.option("--prompt-lookup/--no-prompt-lookup", default=None, help="Draft by n-gram lookup in the prompt and output so far, kept while the adaptive policy finds it pays (default: on at every --temp, except in front of a draft model, MTP head or DFlash drafter at --temp > 0)."),
+    click.option("--prompt-lookup/--no-prompt-lookup", default=None, help="Draft by n-gram lookup in the prompt and output so far, kept while the adaptive policy finds it pays (default: on at every --temp, except in front of a draft model, MTP head or DFlash drafter, or with --seed, at --temp > 0)."),
     click.option("--prompt-lookup-max-ngram", type=click.IntRange(min=1), default=DEFAULT_MAX_NGRAM, show_default=True),
     click.option("--calibration/--no-calibration", default=True, show_default=True, help="Start the adaptive policy from this machine's stored `mlx-spec tune` measurements, if any."),
 )
