@@ -24,12 +24,15 @@ from .calibration.record import ROUND_K
 from .costmodel import CostPrior
 from .defaults import DEFAULT_MAX_LOOKUP_TOKENS
 from .dflash import DFlashModel, check_fits, dflash_directory, is_dflash_model, load_dflash
-from .dflash.taps import tap_capture
+from .dflash.taps import decoder_layers, tap_capture
 from .distributed.agreement import agree_across_ranks
+from .eagle3 import eagle3_directory, is_eagle3_head, load_eagle3
+from .eagle3 import check_fits as check_eagle3_fits
 from .distributed.group import sharding_group
 from .drafters import (CrossTokenizerDrafter, DFlash2Drafter, DFlashDrafter, DraftModelDrafter,
                        MTPDrafter, PromptLookupDrafter, SuffixDrafter, SuffixIndex,
                        default_suffix_index)
+from .drafters.eagle3 import Eagle3Drafter
 from .drafters.prompt_lookup import PAIRED_MIN_NGRAM, on_by_default
 from .drafters.suffix import suffix_min_match
 from .drafters.vocab_bridge import VocabBridge, bridge_for, too_small
@@ -69,7 +72,8 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         mtp_head = mtp_head.drafting()  # float32 on the CPU backend (precision.py)
         draft_model = None  # no second model: no draft cache, no pair to check
     block_drafter = block_drafter_for(model, draft_model)
-    if block_drafter is not None:
+    eagle3_head = eagle3_head_for(model, draft_model) if block_drafter is None else None
+    if block_drafter is not None or eagle3_head is not None:
         draft_model = None  # it reads the target's hidden states: no cache of its own to keep
     elif isinstance(draft_model, str):  # the directory of an ordinary draft model
         draft_model = load_model(draft_model)[0]
@@ -78,7 +82,8 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         draft_model, bridge = pair_for(model, draft_model, tokenizer, draft_tokenizer, prompt_cache)
     if draft_model is not None:
         prepare_drafter(draft_model, model)  # float32 on the CPU backend (precision.py)
-    drafting = draft_model is not None or mtp_head is not None or block_drafter is not None
+    drafting = draft_model is not None or mtp_head is not None or block_drafter is not None \
+        or eagle3_head is not None
     suffix_index = suffix_index_for(suffix)
     if prompt_lookup is None:  # on, but never where it would refuse what plain decoding does
         prompt_lookup = on_by_default(drafting, sampling.greedy) and (
@@ -118,6 +123,8 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         draft = block_class(block_drafter, model, sampling, start=cache_length(target_cache),
                             context=held_context(prompt_cache))
         drafters.append(draft)
+    if eagle3_head is not None:
+        drafters.append(Eagle3Drafter(eagle3_head, model, sampling))
     if policy is None:
         if sharding_group(model) is not None:  # a calibration measures one machine: start cold
             calibration = None
@@ -132,7 +139,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     target = ModelCache(model, target_cache, rewindable=speculating or prompt_cache is not None,
                         reserve=reserve, split=split_target(model) if mtp_head is not None else None,
                         capture=tap_capture(model, block_drafter.dflash_config.target_layer_ids)
-                        if block_drafter is not None else None)
+                        if block_drafter is not None else eagle3_capture(model, eagle3_head))
     return Assembly(target, drafters, draft, policy, agree, earlier)
 
 
@@ -250,6 +257,30 @@ def block_drafter_for(model, draft_model) -> Optional[DFlashModel]:
                          "target does not hold whole on every rank; draft with a draft model, "
                          "prompt lookup or MTP there.")
     return prepare_drafter(draft_model)
+
+
+def eagle3_head_for(model, draft_model):
+    """The EAGLE-3 head when draft_model is one (loaded, or the path of one), checked to fit
+    the target; None for any other draft."""
+    if isinstance(draft_model, str) and draft_model != "mtp":
+        if eagle3_directory(draft_model) is None:
+            return None
+        draft_model = load_eagle3(draft_model)
+    if not is_eagle3_head(draft_model):
+        return None
+    check_eagle3_fits(draft_model, model)
+    if sharding_group(model) is not None:
+        raise ValueError("An EAGLE-3 head reads the target's hidden states, which a sharded "
+                         "target does not hold whole on every rank; draft with a draft model, "
+                         "prompt lookup or MTP there.")
+    return prepare_drafter(draft_model)
+
+
+def eagle3_capture(model, head):
+    """The target's taps an EAGLE-3 head reads (None without one)."""
+    if head is None:
+        return None
+    return tap_capture(model, head.eagle3_config.tap_layers(len(decoder_layers(model))))
 
 
 def mtp_head_for(model, draft_model, mtp_weights):

@@ -28,6 +28,7 @@ from .cache import ModelCache, make_cache
 from .generate import speculative_generate_step
 from .cache.prefill import prefill
 from .dflash import is_dflash_model
+from .eagle3 import is_eagle3_head
 from .sampling import SamplingConfig, check_sampling, logprobs_from_logits
 
 DEFAULT_SAMPLES = 2000
@@ -103,7 +104,8 @@ def _sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sa
     # layer or a DFlash drafter learns it from the target's prefill), logits processors see
     # it, and a draft of another vocabulary reads its text.
     fresh = prompt_lookup or suffix not in (None, False) or isinstance(draft_model, str) or \
-        is_dflash_model(draft_model) or bool(logits_processors) or \
+        is_dflash_model(draft_model) or is_eagle3_head(draft_model) or \
+        bool(logits_processors) or \
         (draft_model is not None and
          draft_bridge(target_model, draft_model, target_tokenizer, draft_tokenizer) is not None)
     target_cache = make_cache(target_model)

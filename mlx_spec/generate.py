@@ -21,6 +21,7 @@ from .arguments import check_arguments
 from .assemble import assemble, check_calibration, draft_bridge
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from .dflash import dflash_directory, is_dflash_model
+from .eagle3 import eagle3_directory, is_eagle3_head
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .drafters.prompt_lookup import on_by_default
 from .loading import check_pair, vocab_size
@@ -211,11 +212,12 @@ def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup
     if ids and len(ids) != input_embeddings.shape[0]:
         raise ValueError(f"input_embeddings hold {input_embeddings.shape[0]} positions and the "
                          f"prompt {len(ids)} token ids; give as many ids, or none.")
-    if draft_model == "mtp" or is_dflash_model(draft_model) or \
-            isinstance(draft_model, (str, os.PathLike)) and dflash_directory(draft_model):
+    if draft_model == "mtp" or is_dflash_model(draft_model) or is_eagle3_head(draft_model) or \
+            isinstance(draft_model, (str, os.PathLike)) and \
+            (dflash_directory(draft_model) or eagle3_directory(draft_model)):
         raise ValueError("input_embeddings work with a draft model or prompt lookup, not with "
-                         "an MTP head or a DFlash drafter (they read the target's own prompt "
-                         "pass).")
+                         "an MTP head, a DFlash drafter or an EAGLE-3 head (they read the "
+                         "target's own prompt pass).")
     if ids:
         return ids, draft_model, prompt_lookup, suffix
     if processors:
@@ -364,7 +366,7 @@ def _is_empty(prompt) -> bool:
 
 def _is_loaded_draft_model(draft_model) -> bool:
     return draft_model is not None and not isinstance(draft_model, str) and \
-        not is_dflash_model(draft_model)
+        not is_dflash_model(draft_model) and not is_eagle3_head(draft_model)
 
 
 def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len: int):

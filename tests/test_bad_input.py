@@ -101,7 +101,7 @@ def test_models_and_flags_of_generate_are_checked(pair, case):
     sentence = {"swapped": "model must be a model such as load() returns, got a TokenizerWrapper.",
                 "tokenizer": "tokenizer must be a tokenizer such as load() returns, got 5.",
                 "draft": "draft_model must be None, a model such as load() returns, a DFlash "
-                         "drafter, the path of either, or \"mtp\", got 3.",
+                         "drafter, an EAGLE-3 head, the path of one, or \"mtp\", got 3.",
                 "verbose": "verbose must be True or False, got 'yes'."}[case]
     with pytest.raises(ValueError) as error:
         call()
