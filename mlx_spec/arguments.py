@@ -48,8 +48,7 @@ def _is_model(value) -> bool:
 def _is_draft(value) -> bool:
     if value is None or isinstance(value, (str, os.PathLike)):  # "mtp" or a drafter's path
         return True
-    # a DFlash drafter, an EAGLE-3 head
-    return _is_model(value) or hasattr(value, "dflash_config") or hasattr(value, "eagle3_config")
+    return _is_model(value) or hasattr(value, "dflash_config")  # a DFlash drafter
 
 
 def _is_path(value) -> bool:
@@ -67,8 +66,8 @@ _SEED = ("an int in [0, 2**64) (MLX's seed range)", lambda v: _is_int(v) and 0 <
 CHECKS: Dict[str, Tuple[str, Callable]] = {
     "model": _MODEL,
     "target_model": _MODEL,
-    "draft_model": ('None, a model such as load() returns, a DFlash drafter, an EAGLE-3 head, '
-                    'the path of one, or "mtp"', _is_draft),
+    "draft_model": ('None, a model such as load() returns, a DFlash drafter, the path of either, '
+                    'or "mtp"', _is_draft),
     "mtp_weights": ("None, a directory or a Hugging Face repo id", _is_path),
     "tokenizer": _TOKENIZER,
     "draft_tokenizer": _optional(_TOKENIZER),
@@ -94,6 +93,9 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "suffix": ("None, True, False or a SuffixIndex",
                lambda v: v is None or isinstance(v, bool) or hasattr(v, "longest")),
     "auto_off": _FLAG,
+    "tree": ("None (the policy decides), False (chains) or a (depth, width) pair of ints >= 1",
+             lambda v: v is None or v is False or (isinstance(v, (tuple, list)) and len(v) == 2
+                                                   and all(_is_int(x) and x >= 1 for x in v))),
     "prompt_cache_live": _FLAG,
     "verbose": _FLAG,
     "prompt_progress_callback": _optional(_CALLBACK),

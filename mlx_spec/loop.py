@@ -24,6 +24,9 @@ from .attention import round_attention
 from .cache import ModelCache
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
 from .policy import DraftPolicy
+from .tree import depths
+from .tree_acceptance import greedy_targets, greedy_walk, tree_outcomes, walk
+from .tree_verify import keep_path, tree_attention
 from .sampling import SamplingConfig, logprobs_from_logits, model_logprobs, sample
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Round:
     opens_block: bool = False
     # A draft of another tokenizer: how its proposal crossed ("string" or "intersection")
     cross_rule: Optional[str] = None
+    # A token tree's round: the nodes verified (num_drafted is then its depth); 0 for a chain
+    tree_nodes: int = 0
 
 
 @dataclass
@@ -97,6 +102,46 @@ def speculative_round(decoder: Decoder, proposal) -> Round:
     return Round(tokens, len(drafted), n, proposal.source,
                  _reported(target_logits[: n + 1], target_logprobs[: n + 1], decoder.sampling),
                  chances, cross_rule=proposal.cross_rule)
+
+
+def tree_round(decoder: Decoder, proposal) -> Round:
+    """speculative_round over a token tree (drafters/tree.py): one pass over the flattened
+    tree, each node seeing the context and its ancestors (tree_verify), the multi-candidate
+    rule (tree_acceptance), the cache compacted to the accepted path."""
+    parents = proposal.parents
+    verify_input = mx.concatenate([mx.array(decoder.history[-1:], mx.uint32), proposal.tokens])
+    decoder.target.anchor()
+    with round_attention(), tree_attention(decoder.target.trimmable, parents):
+        target_logits = decoder.target.forward(verify_input)  # (N, V)
+    target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (N, V)
+    path, token, drafted = _judge_tree(decoder, proposal, target_logits, target_logprobs)
+    n, token = _stop_at(decoder.stop_tokens, [drafted[i - 1] for i in path], len(path), token)
+    path = path[:n]
+    keep_path(decoder.target, [0] + path)
+    proposal.drafter.commit(path)
+    tokens = [drafted[i - 1] for i in path] + [token]
+    decoder.history.extend(tokens)
+    rows = mx.array([0] + path)
+    depth = max(depths(parents))
+    return Round(tokens, int(depth), n, proposal.source,
+                 _reported(target_logits[rows], target_logprobs[rows], decoder.sampling),
+                 tree_nodes=len(parents) - 1)
+
+
+def _judge_tree(decoder: Decoder, proposal, target_logits, target_logprobs):
+    """(accepted nodes, the next token, every drafted token) as host values: one sync."""
+    parents, k = proposal.parents, proposal.num_tokens
+    if decoder.accept is greedy_accept:
+        parts = [greedy_targets(target_logits), proposal.tokens]
+        values = decoder.agree(mx.concatenate(parts)).tolist()  # the only sync of the round
+        path, token = greedy_walk(parents, values[len(parents):], values[:len(parents)])
+        return path, token, values[len(parents):]
+    slot, token = tree_outcomes(parents, proposal.tokens, proposal.probs, target_logprobs)
+    values = decoder.agree(mx.concatenate([slot.astype(mx.uint32), token, proposal.tokens]))
+    values = values.tolist()  # the only sync of the round
+    n = len(parents)
+    path, token = walk(parents, values[:n], values[n:2 * n])
+    return path, token, values[2 * n:2 * n + k]
 
 
 def processed(processors, seen: mx.array, drafts: mx.array, logits: mx.array) -> mx.array:
@@ -311,7 +356,8 @@ def generate_rounds(
             # The first token comes from the prompt's last embedding: a plain step.
             rounds = plain_rounds(decoder, 1, embedding=input_embeddings[-1:])
         elif proposal is not None:
-            round_ = speculative_round(decoder, proposal)
+            verify = tree_round if getattr(proposal, "parents", None) else speculative_round
+            round_ = verify(decoder, proposal)
             if len(round_.tokens) > room:  # every draft kept and the room full: the target's
                 round_ = _without_own_token(decoder, round_)  # own token is not wanted (mlx-lm)
             rounds = iter([round_])
@@ -369,7 +415,8 @@ def _without_own_token(decoder: Decoder, round_: Round) -> Round:
     target cache then holds the whole history (the generation ends here)."""
     decoder.history.pop()
     return Round(round_.tokens[:-1], round_.num_drafted, round_.num_accepted, round_.source,
-                 round_.logprobs[:-1], round_.chances, cross_rule=round_.cross_rule)
+                 round_.logprobs[:-1], round_.chances, cross_rule=round_.cross_rule,
+                 tree_nodes=round_.tree_nodes)
 
 
 def _offers(drafters) -> Callable[[List[int]], bool]:

@@ -35,6 +35,7 @@ CATCH_UP_SPLIT = 4
 
 class DraftModelDrafter:
     source = "draft"
+    keep_logprobs = False  # True: each proposal's per-step log q (or logits, greedy) in kept_logprobs
 
     def __init__(self, draft_model, sampling: SamplingConfig, target_vocab_size: int,
                  cache=None, confidence: float = 0.0, processors=None):
@@ -106,7 +107,7 @@ class DraftModelDrafter:
             self.draft.forward(mx.array(unseen[:-1], mx.uint32))  # its logits are never evaluated
             unseen = unseen[-1:]
         y = mx.array(unseen, mx.uint32)  # tokens the draft has not seen
-        draft_tokens, draft_probs = [], []
+        draft_tokens, draft_probs, kept = [], [], []
         seen = mx.array(history, mx.uint32) if self.processors else None
         with round_attention():  # once per proposal: the first pass catches up on 1..k+1 tokens
             for i in range(k):
@@ -122,6 +123,8 @@ class DraftModelDrafter:
                 draft_logprobs = (draft_logits if self.sampling.greedy and not self.confidence
                                   else logprobs_from_logits(draft_logits, self.sampling))
                 y = sample(draft_logprobs, self.sampling)[None]  # (1,)
+                if self.keep_logprobs:  # (a token tree's siblings: drafters/tree.py)
+                    kept.append(draft_logprobs)
                 if self.sampling.greedy:
                     mx.async_eval(y)
                 else:
@@ -133,6 +136,7 @@ class DraftModelDrafter:
         # The cache now holds history + all drafts but the last (which is unseen).
         self._proposed_at = len(history)
         self.cached = len(history) + len(draft_tokens) - 1
+        self.kept_logprobs = mx.stack(kept) if kept else None  # (k, V_d)
         probs = None
         if draft_probs:
             probs = mx.stack(draft_probs)  # (k, V_d)

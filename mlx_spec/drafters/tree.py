@@ -1,0 +1,171 @@
+"""Tree proposals: several candidates per position, from the sources that have them.
+
+`TreeDrafter(base, depth, width)` wraps a drafter and proposes a token tree
+(mlx_spec.tree) instead of a chain, verified by the loop's `tree_round`:
+
+- a draft model (`DraftModelDrafter`): its chain is the spine, and beside each
+  spine node `width - 1` sibling leaves drawn from the same q (the draft's
+  distribution at the spine node's parent): at T = 0 its next-best tokens, at
+  T > 0 i.i.d. samples from q (with replacement, as the spine token itself).
+  depth * width nodes for the draft cost of one chain.
+- prompt lookup (`PromptLookupDrafter`): its own proposal is the first path, and
+  up to `width - 1` other earlier occurrences of the last n-gram (latest first)
+  whose continuations differ add theirs; shared prefixes merge (a trie), so
+  siblings are distinct tokens, each a point mass (one-hot q).
+
+A proposal's `spine` is the path its base drafter proposed as a chain: the
+base is committed with how far the accepted path followed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+
+from ..tree import from_paths, spine_and_siblings
+from ..tree_verify import tree_capable
+from .draft_model import DraftModelDrafter
+from .prompt_lookup import PromptLookupDrafter, _continue
+
+
+@dataclass
+class TreeProposal:
+    tokens: mx.array  # (N-1,) uint32: nodes 1..N-1 (node 0 is the last history token)
+    probs: Optional[mx.array]  # (N-1, V) q each node was drawn from; None when greedy
+    parents: Tuple[int, ...]  # (N,) parents[0] == -1
+    spine: Tuple[int, ...]  # the base drafter's own chain, as node ids
+    source: str
+    drafter: object
+    cross_rule: Optional[str] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[0]
+
+    def along_spine(self, path: Sequence[int]) -> int:
+        """How many of the accepted `path`'s nodes are the spine's first ones."""
+        n = 0
+        while n < len(path) and n < len(self.spine) and path[n] == self.spine[n]:
+            n += 1
+        return n
+
+
+def with_trees(drafters, tree, target, sampling, verifiable: bool = True) -> list:
+    """`drafters` with the draft model and prompt lookup proposing trees of `tree`'s
+    (depth, width), where the target's cache can verify one (tree_verify.tree_capable),
+    the rule is the library's own (`verifiable`: no custom accept, logits processors or
+    sharded target) and so is the sampler. None (the policy's choice: chains for now) and
+    False keep the drafters as they are."""
+    if not tree or not verifiable or sampling.sampler is not None or not tree_capable(target):
+        return list(drafters)
+    depth, width = tree
+    return [TreeDrafter(d, depth, width) if _tree_source(d) else d for d in drafters]
+
+
+def _tree_source(drafter) -> bool:
+    return isinstance(drafter, PromptLookupDrafter) or type(drafter) is DraftModelDrafter
+
+
+class TreeDrafter:
+    """A drafter proposing trees of at most `depth` levels and `width` children a node."""
+
+    def __init__(self, base, depth: int, width: int):
+        if depth < 1 or width < 1:
+            raise ValueError(f"a tree needs depth >= 1 and width >= 1, got {depth}x{width}.")
+        self.base, self.depth, self.width = base, depth, width
+        self.source = base.source
+        self._proposal: Optional[TreeProposal] = None
+        if isinstance(base, PromptLookupDrafter):
+            self._tree = self._lookup_tree
+        elif _tree_source(base):
+            base.keep_logprobs = True  # its per-step log q, for the siblings
+            self._tree = self._draft_tree
+        else:
+            raise ValueError(f"the {base.source!r} drafter proposes chains only.")
+
+    def __getattr__(self, name):  # prefill, can_propose, peek, settle...: the base's own
+        return getattr(self.base, name)
+
+    def propose(self, history: List[int], k: int):
+        self._proposal = self._tree(history, min(k, self.depth))
+        return self._proposal
+
+    def commit(self, path) -> None:
+        """`path`: the accepted nodes (a tree round) or a count (a chain round)."""
+        if isinstance(path, int) or self._proposal is None:
+            return self.base.commit(path)
+        self.base.commit(self._proposal.along_spine(path))
+        self._proposal = None
+
+    def _draft_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
+        chain = self.base.propose(history, k)
+        if chain is None:
+            return None
+        logprobs = self.base.kept_logprobs  # (k', V_d) per spine step, lazy
+        depth = chain.num_tokens
+        parents = spine_and_siblings(depth, self.width)
+        others = self.width - 1
+        if chain.probs is None:  # T = 0: the next-best tokens after the spine's own
+            ranked = mx.argsort(-logprobs, axis=-1)[:, :self.width]  # (k', W), the argmax first
+            siblings = ranked[:, 1:]
+        else:  # T > 0: i.i.d. draws from the same q
+            siblings = mx.random.categorical(mx.log(chain.probs), axis=-1,
+                                             num_samples=others) if others else None
+        tokens, probs = [], []
+        for i in range(depth):  # depth i: the spine token, then its siblings
+            tokens.append(chain.tokens[i:i + 1])
+            if others:
+                tokens.append(siblings[i].astype(mx.uint32))
+            if chain.probs is not None:
+                probs.append(mx.broadcast_to(chain.probs[i:i + 1], (self.width, chain.probs.shape[-1])))
+        spine = tuple(1 + i * self.width for i in range(depth))
+        return TreeProposal(mx.concatenate(tokens).astype(mx.uint32),
+                            mx.concatenate(probs) if probs else None, parents, spine,
+                            self.source, self)
+
+    def _lookup_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
+        first = self.base.lookup(history, k)
+        if not first:
+            return None
+        token_paths = [first] + _other_matches(self.base._text, self.base.ngram_sizes,
+                                               len(first), self.width - 1, first)
+        parents, tokens = from_paths(token_paths)
+        drafted = mx.array(tokens[1:], mx.uint32)
+        probs = None
+        if not self.base.greedy:
+            vocab = self.base.target_vocab_size
+            probs = (mx.arange(vocab)[None] == drafted[:, None]).astype(mx.float32)  # (N-1, V)
+        spine = _path_nodes(parents, tokens, first)
+        return TreeProposal(drafted, probs, parents, spine, self.source, self)
+
+
+def _other_matches(text: List[int], ngram_sizes, length: int, count: int,
+                   first: List[int]) -> List[List[int]]:
+    """Up to `count` continuations of other earlier occurrences of the text's last n-gram
+    (the longest n that has any, latest occurrence first), each unlike `first` and the others."""
+    found: List[List[int]] = []
+    for n in ngram_sizes:
+        if len(text) <= n or count == 0:
+            continue
+        tail = text[-n:]
+        for end in range(len(text) - 1, n - 1, -1):
+            if text[end - n:end] == tail:
+                path = _continue(text[end:end + length], length)
+                if path and path != first and path not in found and not first[:len(path)] == path:
+                    found.append(path)
+                    if len(found) == count:
+                        return found
+        if found:
+            return found
+    return found
+
+
+def _path_nodes(parents: Sequence[int], tokens: Sequence[int], path: Sequence[int]) -> Tuple[int, ...]:
+    """The node ids of a token path from the root."""
+    nodes, node = [], 0
+    for token in path:
+        node = next(i for i in range(len(parents)) if parents[i] == node and tokens[i] == token)
+        nodes.append(node)
+    return tuple(nodes)
