@@ -48,7 +48,8 @@ def _is_model(value) -> bool:
 def _is_draft(value) -> bool:
     if value is None or isinstance(value, (str, os.PathLike)):  # "mtp" or a drafter's path
         return True
-    return _is_model(value) or hasattr(value, "dflash_config")  # a DFlash drafter
+    # a DFlash drafter, an EAGLE-3 head
+    return _is_model(value) or hasattr(value, "dflash_config") or hasattr(value, "eagle3_config")
 
 
 def _is_path(value) -> bool:
@@ -66,8 +67,8 @@ _SEED = ("an int in [0, 2**64) (MLX's seed range)", lambda v: _is_int(v) and 0 <
 CHECKS: Dict[str, Tuple[str, Callable]] = {
     "model": _MODEL,
     "target_model": _MODEL,
-    "draft_model": ('None, a model such as load() returns, a DFlash drafter, the path of either, '
-                    'or "mtp"', _is_draft),
+    "draft_model": ('None, a model such as load() returns, a DFlash drafter, an EAGLE-3 head, '
+                    'the path of one, or "mtp"', _is_draft),
     "mtp_weights": ("None, a directory or a Hugging Face repo id", _is_path),
     "tokenizer": _TOKENIZER,
     "draft_tokenizer": _optional(_TOKENIZER),

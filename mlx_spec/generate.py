@@ -21,7 +21,9 @@ from .arguments import check_arguments
 from .assemble import assemble, check_calibration, draft_bridge
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from .dflash import dflash_directory, is_dflash_model
+from .eagle3 import eagle3_directory, is_eagle3_head
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
+from .drafters.prompt_lookup import on_by_default
 from .drafters.tree import with_trees
 from .loading import check_pair, vocab_size
 from .loop import Round, generate_rounds
@@ -220,11 +222,12 @@ def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup
     if ids and len(ids) != input_embeddings.shape[0]:
         raise ValueError(f"input_embeddings hold {input_embeddings.shape[0]} positions and the "
                          f"prompt {len(ids)} token ids; give as many ids, or none.")
-    if draft_model == "mtp" or is_dflash_model(draft_model) or \
-            isinstance(draft_model, (str, os.PathLike)) and dflash_directory(draft_model):
+    if draft_model == "mtp" or is_dflash_model(draft_model) or is_eagle3_head(draft_model) or \
+            isinstance(draft_model, (str, os.PathLike)) and \
+            (dflash_directory(draft_model) or eagle3_directory(draft_model)):
         raise ValueError("input_embeddings work with a draft model or prompt lookup, not with "
-                         "an MTP head or a DFlash drafter (they read the target's own prompt "
-                         "pass).")
+                         "an MTP head, a DFlash drafter or an EAGLE-3 head (they read the "
+                         "target's own prompt pass).")
     if ids:
         return ids, draft_model, prompt_lookup, suffix
     if processors:
@@ -328,6 +331,8 @@ def stream_generate(
         # The adaptive k follows timings, and the random stream follows k: a seeded
         # sampling run is reproducible only with a fixed k (the default one here).
         kwargs["adaptive"] = False
+        if kwargs.get("prompt_lookup") is None:  # at a fixed k it would have no off switch
+            kwargs["prompt_lookup"] = on_by_default(draft_model is not None, False, seeded=True)
     eos = set(tokenizer.eos_token_ids)
     rounds = speculative_generate_step(
         tokens, model, draft_model, max_tokens=max_tokens,
@@ -371,7 +376,7 @@ def _is_empty(prompt) -> bool:
 
 def _is_loaded_draft_model(draft_model) -> bool:
     return draft_model is not None and not isinstance(draft_model, str) and \
-        not is_dflash_model(draft_model)
+        not is_dflash_model(draft_model) and not is_eagle3_head(draft_model)
 
 
 def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len: int):
