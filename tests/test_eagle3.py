@@ -511,3 +511,57 @@ def test_bad_heads_are_one_sentence(case, match, llama, tmp_path):
     with pytest.raises(ValueError, match=match) as info:
         eagle3_head_for(target, str(path))
     assert "\n" not in str(info.value)
+
+
+# --- the command line ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cli_head(model_dirs, tmp_path_factory):
+    """A SpecForge head for conftest's target directory (2 layers: explicit taps)."""
+    from mlx_spec.loading import load
+
+    target = load(str(model_dirs["target"]))[0]
+    tensors = head_tensors(target, 200, seed=6)
+    return write_head(tmp_path_factory.mktemp("cli") / "head", SPECFORGE, target, tensors,
+                      [0, 1, 1])
+
+
+def cli(*args):
+    from click.testing import CliRunner
+
+    from mlx_spec.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_generate_and_check_take_a_head_directory(model_dirs, cli_head):
+    plain = cli("generate", "--model", model_dirs["target"], "--no-draft", "--no-prompt-lookup",
+                "-n", 24, "--temp", 0, "--ignore-chat-template", "-q")
+    drafted = cli("generate", "--model", model_dirs["target"], "--draft-model", cli_head,
+                  "--no-prompt-lookup", "-n", 24, "--temp", 0, "--ignore-chat-template")
+    assert plain.exit_code == 0 and drafted.exit_code == 0, drafted.output
+    assert drafted.stdout.startswith(plain.stdout.strip()[:40])
+    checked = cli("check", "--model", model_dirs["target"], "--draft-model", cli_head,
+                  "--samples", 200)
+    assert checked.exit_code == 0, checked.output
+
+
+@pytest.mark.parametrize("command", ["bench", "tune", "serve"])
+def test_commands_that_cannot_draft_with_a_head_say_so(command, model_dirs, cli_head):
+    result = cli(command, "--model", model_dirs["target"], "--draft-model", cli_head)
+    assert result.exit_code != 0
+    assert f"`mlx-spec {command}` cannot draft with an EAGLE-3 head yet" in result.output
+
+
+def test_a_head_for_another_target_is_one_sentence_on_the_command_line(model_dirs, heads):
+    result = cli("generate", "--model", model_dirs["target"], "--draft-model", heads[ORIGINAL],
+                 "-n", 4)
+    assert result.exit_code != 0
+    assert "use the head published for this target" in result.output
+
+
+def test_batched_decoding_refuses_a_head_in_one_sentence(heads, llama):
+    from mlx_spec.batch.engine import check_batchable
+
+    with pytest.raises(ValueError, match="does not draft with an EAGLE-3 head yet"):
+        check_batchable(llama, load_eagle3(str(heads[ORIGINAL])))

@@ -36,6 +36,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
+from ..eagle3 import is_eagle3_head
 from ..loading import vocab_size
 from ..policy import AdaptivePolicy
 from ..precision import prepare_drafter
@@ -70,6 +71,9 @@ def check_batchable(target_model, draft_model=None) -> None:
                          "(mlx_spec.dflash.load_dflash) or the target's MTP head (\"mtp\").")
     elif draft_model is not None and is_dflash_model(draft_model):
         draft_model = None  # it reads the target's hidden states: no cache kinds of its own
+    elif is_eagle3_head(draft_model):
+        raise ValueError("Batched decoding does not draft with an EAGLE-3 head yet; decode "
+                         "with it one request at a time (stream_generate, generate).")
     if not batchable(target_model):
         raise ValueError("The target's cache layers are not plain KVCache layers beside "
                          "Gated DeltaNet, short-convolution or Mamba-2 state, which batched "

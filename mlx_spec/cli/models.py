@@ -44,9 +44,10 @@ def load_pair(model, draft_model, no_draft, command=None):
     drafts across it (said on stderr) unless `command` names one that cannot yet, a draft that
     does not fit is refused.
 
-    A draft directory holding a DFlash drafter (config.json: DFlashDraftModel)
-    loads as one, checked to fit the target."""
+    A draft directory holding a DFlash drafter (config.json: DFlashDraftModel) or an EAGLE-3
+    head (any of its three published layouts) loads as one, checked to fit the target."""
     from ..dflash import check_fits, dflash_directory, load_dflash
+    from ..eagle3 import eagle3_directory
     from ..assemble import draft_bridge
     from ..loading import check_pair
 
@@ -61,6 +62,8 @@ def load_pair(model, draft_model, no_draft, command=None):
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         return target_model, tokenizer, drafter
+    if eagle3_directory(draft_model) is not None:
+        return target_model, tokenizer, _eagle3_head(draft_model, target_model, command)
     draft, draft_tokenizer = load_model(draft_model, "draft")
     try:
         bridge = draft_bridge(target_model, draft, tokenizer, draft_tokenizer)
@@ -77,6 +80,22 @@ def load_pair(model, draft_model, no_draft, command=None):
                    f"({bridge.shared} of the target's {bridge.target.size} tokens have a twin)",
                    err=True)
     return target_model, tokenizer, draft
+
+
+def _eagle3_head(path, target_model, command):
+    """The EAGLE-3 head in `path`, checked to fit the target; one sentence where `command`
+    (bench, tune, serve) cannot draft with one yet."""
+    from ..eagle3 import check_fits, load_eagle3
+
+    if command is not None:
+        raise click.UsageError(f"`mlx-spec {command}` cannot draft with an EAGLE-3 head yet; "
+                               "generate and check can.")
+    try:
+        head = load_eagle3(path)
+        check_fits(head, target_model)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return head
 
 
 def load_mtp_head(target_model, mtp_weights) -> str:
