@@ -37,6 +37,8 @@ class GenerationStats:
     # (rounds, drafted, accepted)
     vocab_overlap: Optional[float] = None
     cross_rules: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)
+    tree_rounds: int = 0  # rounds that verified a token tree (their drafted count: its depth)
+    tree_nodes: int = 0  # tree nodes verified in those rounds
 
     @property
     def acceptance_rate(self) -> float:
@@ -100,6 +102,9 @@ class GenerationStats:
                               for name, (r, d, a) in sorted(self.cross_rules.items()))
             lines.append(f"Draft of another tokenizer ({self.vocab_overlap:.1%} of the target's "
                          f"tokens have a twin): {rules or 'no rounds'}")
+        if self.tree_rounds:
+            lines.append(f"Token trees: {self.tree_rounds} rounds, {self.tree_nodes} nodes "
+                         f"verified ({self.tree_nodes / self.tree_rounds:.1f} a round)")
         if self.plain_steps and (self.rounds or self.drafted):
             lines.append(f"Plain decoding steps (no draft): {self.plain_steps}")
         if self.rule == "sampler match" and self.rounds:
@@ -130,6 +135,7 @@ class StatsRecorder:
         self.drafted_at: Counter = Counter()
         self.by_source: Counter = Counter()
         self.draft_lengths: List[int] = []
+        self.tree_rounds = self.tree_nodes = 0
 
     def prompt_done(self) -> None:
         if self.prompt_seconds is None:
@@ -154,6 +160,10 @@ class StatsRecorder:
             self.drafted_at[i] += 1
         self.by_source[round_.source] += round_.num_accepted
         self.draft_lengths.append(round_.num_drafted)
+        nodes = getattr(round_, "tree_nodes", 0)  # (a batch row's output has none)
+        if nodes:
+            self.tree_rounds += 1
+            self.tree_nodes += nodes
         cross_rule = getattr(round_, "cross_rule", None)  # (a batch row's output has none)
         if cross_rule is not None:
             counts = self.cross_rules.setdefault(cross_rule, [0, 0, 0])
@@ -182,4 +192,6 @@ class StatsRecorder:
             rule=self.rule,
             vocab_overlap=self.vocab_overlap,
             cross_rules={name: tuple(c) for name, c in self.cross_rules.items()},
+            tree_rounds=self.tree_rounds,
+            tree_nodes=self.tree_nodes,
         )

@@ -296,3 +296,30 @@ def test_the_naive_rule_fails_the_same_test(models, exact_pairs, monkeypatch):
     counts, _ = _pairs(models["plain"], draft, END_TO_END_SAMPLES, (2, 3), seed=5)
     statistic, dof, p_value = chi_square(counts, exact_pairs)
     assert p_value < ALPHA, (statistic, dof, p_value)
+
+
+def test_the_command_line_takes_a_tree_shape_and_the_stats_count_tree_rounds(models):
+    from mlx_spec.cli.generate import tree_shape
+    from mlx_spec.stats import StatsRecorder
+
+    assert tree_shape("auto") is None and tree_shape("off") is False
+    assert tree_shape("3x2") == (3, 2)
+    for bad in ["3", "0x2", "x", "3x2x1", "ax2"]:
+        with pytest.raises(Exception, match="DEPTHxWIDTH"):
+            tree_shape(bad)
+    _, rounds = _decode(models["plain"], models["draft"], prompt_lookup=False,
+                        num_draft_tokens=3, tree=(3, 2))
+    recorder = StatsRecorder(len(PROMPT))
+    for round_ in rounds:
+        recorder.record(round_)
+    stats = recorder.snapshot()
+    assert stats.tree_rounds == len(rounds)
+    assert stats.tree_nodes == sum(r.tree_nodes for r in rounds) > 5 * len(rounds)
+    assert "Token trees: " in stats.summary()
+
+
+def test_batches_refuse_a_tree_in_one_sentence(models):
+    from mlx_spec.batch.api import batch_generate
+
+    with pytest.raises(ValueError, match="chains only"):
+        batch_generate(models["plain"], None, [[1, 2, 3]], tree=(2, 2))

@@ -46,11 +46,15 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    mtp_weights: Optional[str] = None,
                    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
-                   verbose: bool = False) -> BatchResponse:
+                   verbose: bool = False, tree=None) -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
     loaded model, a loaded DFlash drafter, or "mtp": the target's own MTP head, from
     `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
-    (0: plain batched decoding), None lets the batch policy choose it. `seed` gives row i the seed `seed + i`."""
+    (0: plain batched decoding), None lets the batch policy choose it. `seed` gives row i the seed `seed + i`.
+    Rows draft chains: `tree` takes None or False only."""
+    if tree not in (None, False):
+        raise ValueError("batch_generate drafts chains only: token trees (tree=) run one "
+                         "sequence at a time, with generate or stream_generate.")
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
     budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)

@@ -27,12 +27,13 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup or suffix drafting.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
+@click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the draft model and prompt lookup, verified in one pass: DxW (e.g. 3x2: depth 3, width 2), off (chains), auto (the policy's choice: chains for now). Chains where the target's cache cannot verify a tree (sliding windows, recurrent state).")
 @mtp_options
 @click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram, suffix, suffix_file,
-             ignore_chat_template, color, calibration, quiet, mtp, mtp_weights, sharding):
+             ignore_chat_template, color, calibration, quiet, tree, mtp, mtp_weights, sharding):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from ..generate import stream_generate
 
@@ -62,7 +63,7 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
             min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
             calibration="auto" if calibration else None, mtp_weights=mtp_weights,
-            suffix=index,
+            suffix=index, tree=tree,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
             text = click.style(response.text, fg=fg) if fg else response.text
@@ -78,6 +79,18 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     if response is not None and not quiet:
         click.echo("=" * 10, err=True)
         click.echo(response.stats.summary(), err=True)
+
+
+def tree_shape(value: str):
+    """--tree's value as the API's `tree=`: auto -> None, off -> False, DxW -> (D, W)."""
+    if value == "auto":
+        return None
+    if value == "off":
+        return False
+    depth, x, width = value.lower().partition("x")
+    if not (x and depth.isdigit() and width.isdigit() and int(depth) >= 1 and int(width) >= 1):
+        raise click.BadParameter(f"give auto, off or DEPTHxWIDTH such as 3x2, not {value!r}.")
+    return int(depth), int(width)
 
 
 def suffix_index(path):
