@@ -130,7 +130,8 @@ class Eagle3Head(nn.Module):
     def __call__(self, embeds: mx.array, hidden: mx.array, cache: KVCache) -> mx.array:
         """(T, H) embeddings and (T, H) hidden states (fused taps, or its own outputs) ->
         (T, H) pre-norm outputs; the cache gains T entries."""
-        return self.midlayer(embeds[None], hidden[None].astype(embeds.dtype), cache)[0]
+        dtype = self.fc.weight.dtype  # (a quantized or half-precision target embedding)
+        return self.midlayer(embeds[None].astype(dtype), hidden[None].astype(dtype), cache)[0]
 
     def draft_logits(self, g: mx.array) -> mx.array:
         """(..., draft_vocab_size) logits over the draft vocabulary."""
