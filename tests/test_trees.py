@@ -323,3 +323,74 @@ def test_batches_refuse_a_tree_in_one_sentence(models):
 
     with pytest.raises(ValueError, match="chains only"):
         batch_generate(models["plain"], None, [[1, 2, 3]], tree=(2, 2))
+
+
+# Tokens 3-4 after rejections: a target over 8 tokens, whose exact distribution of (t3, t4)
+# sums over every (t1, t2); a related draft, so that a round often keeps a sibling (a
+# compacted cache) or rejects mid-tree before tokens 3-4 are drawn.
+SMALL = dict(vocab_size=8, hidden=64, heads=2, kv_heads=1)
+SMALL_PROMPT = [1, 5, 2, 7, 3]
+LATER_SAMPLES = 600
+
+
+def _later_pairs_exact(target):
+    """{(t3, t4): probability} at T = 1 after SMALL_PROMPT, summed over (t1, t2)."""
+    def dist(prefixes):  # (P, L) -> (P, V) next-token probabilities
+        return mx.softmax(target(mx.array(prefixes))[:, -1].astype(mx.float32), axis=-1)
+    exact = np.zeros((V, V))
+    one = np.array(dist([SMALL_PROMPT])[0])
+    pairs = [SMALL_PROMPT + [a, b] for a in range(V) for b in range(V)]
+    two = np.array(dist([SMALL_PROMPT + [a] for a in range(V)]))
+    three = np.array(dist(pairs))  # (64, V)
+    four = np.array(dist([p + [c] for p in pairs for c in range(V)]))  # (512, V)
+    for i, (a, b) in enumerate((a, b) for a in range(V) for b in range(V)):
+        weight = one[a] * two[a, b]
+        exact += weight * three[i][:, None] * four[i * V:(i + 1) * V]
+    return {(c, d): float(exact[c, d]) for c in range(V) for d in range(V)}
+
+
+def _later_pairs(target, draft, samples, seed):
+    mx.random.seed(seed)
+    counts, kept_sibling = {}, 0
+    for _ in range(samples):
+        out = []
+        for round_ in speculative_generate_step(
+                SMALL_PROMPT, target, draft, max_tokens=4, num_draft_tokens=2,
+                sampling=SamplingConfig(temp=1.0), prompt_lookup=False, tree=(2, 3),
+                calibration=None):
+            if len(out) < 2 and round_.num_accepted and len(out) + len(round_.tokens) < 4:
+                kept_sibling += 1  # (a kept draft before tokens 3-4: compacted or trimmed)
+            out += round_.tokens
+        key = (out[2], out[3], -1)[:2]
+        counts[key] = counts.get(key, 0) + 1
+    return counts, kept_sibling
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    target = make_llama(seed=3, **SMALL)
+    return target, perturbed(target, noise=0.3, seed=2), _later_pairs_exact(target)
+
+
+def _pooled(counts, exact):
+    """chi_square's (t1, t2) keys over (t3, t4): every cell resolved."""
+    return chi_square({(a, b): n for (a, b), n in counts.items()},
+                      {(a, b): p for (a, b), p in exact.items()})
+
+
+def test_tokens_3_and_4_after_tree_rounds_are_the_target_s(small_pair):
+    target, draft, exact = small_pair
+    counts, kept = _later_pairs(target, draft, LATER_SAMPLES, seed=9)
+    assert kept > LATER_SAMPLES // 4
+    statistic, dof, p_value = _pooled(counts, exact)
+    assert p_value > ALPHA, (statistic, dof, p_value)
+
+
+def test_the_naive_rule_fails_on_tokens_3_and_4(small_pair, monkeypatch):
+    import mlx_spec.loop as loop
+    monkeypatch.setattr(loop, "tree_outcomes",
+                        lambda *args: tree_outcomes(*args, residual=False))
+    target, draft, exact = small_pair
+    counts, _ = _later_pairs(target, draft, LATER_SAMPLES, seed=9)
+    statistic, dof, p_value = _pooled(counts, exact)
+    assert p_value < ALPHA, (statistic, dof, p_value)
