@@ -635,3 +635,27 @@ def test_batched_decoding_refuses_a_head_in_one_sentence(heads, llama):
 
     with pytest.raises(ValueError, match="does not draft with an EAGLE-3 head yet"):
         check_batchable(llama, load_eagle3(str(heads[ORIGINAL])))
+
+
+def test_a_conversation_with_a_reused_prompt_cache_and_a_quantized_target(bigram, good_head):
+    """Three turns on one prompt cache give the target-alone's text (the head starts each call
+    from the taps it is shown); a quantized target's embedding is borrowed as it is."""
+    from mlx_spec.cache import make_cache
+
+    target = near_bigram(make_llama(vocab_size=64, hidden=64, layers=LAYERS, seed=0))
+    path = good_head.parent.parent / "q-head"
+    if not path.exists():
+        write_head(path, SPECULATORS, target, good_head_tensors(target, 48, seed=7),
+                   DEFAULT_IDS[SPECULATORS])
+    nn.quantize(target, group_size=32, bits=8)
+    head = load_eagle3(str(path))
+
+    def conversation(draft):
+        cache, texts = make_cache(target), []
+        for turn in (PROMPT, [7, 8, 9], [3, 4]):
+            texts.append([t for r in speculative_generate_step(
+                turn, target, draft, max_tokens=20, num_draft_tokens=3, prompt_cache=cache,
+                calibration=None, prompt_lookup=False) for t in r.tokens])
+        return texts
+
+    assert conversation(head) == conversation(None)
