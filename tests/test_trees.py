@@ -270,7 +270,7 @@ def _pairs(target, draft, samples, shape, seed):
 
 
 SHORT_PROMPT = [3, 1, 4, 1, 3, 1, 5, 1]  # lookup: "1" was followed by 4, 3 and 5
-END_TO_END_SAMPLES = 1000
+END_TO_END_SAMPLES = 600
 
 
 @pytest.fixture(scope="module")
@@ -278,8 +278,7 @@ def exact_pairs(models):
     return exact_distribution(models["plain"], SHORT_PROMPT, SamplingConfig(temp=1.0))
 
 
-@pytest.mark.parametrize("source,shape", [("draft", (2, 3)), ("draft", (2, 2)),
-                                          ("lookup", (2, 3))])
+@pytest.mark.parametrize("source,shape", [("draft", (2, 3)), ("lookup", (2, 3))])
 def test_tree_rounds_at_t1_give_the_target_s_first_two_tokens(models, exact_pairs, source, shape):
     draft = make_llama(seed=7, hidden=32, layers=1) if source == "draft" else None  # a poor one
     counts, trees = _pairs(models["plain"], draft, END_TO_END_SAMPLES, shape, seed=5)
@@ -330,7 +329,7 @@ def test_batches_refuse_a_tree_in_one_sentence(models):
 # compacted cache) or rejects mid-tree before tokens 3-4 are drawn.
 SMALL = dict(vocab_size=8, hidden=64, heads=2, kv_heads=1)
 SMALL_PROMPT = [1, 5, 2, 7, 3]
-LATER_SAMPLES = 600
+LATER_SAMPLES = 400
 
 
 def _later_pairs_exact(target):
