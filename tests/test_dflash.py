@@ -52,7 +52,7 @@ def test_layer_types_set_windows_and_causality():
                                                               "full_attention"],
                                         sliding_window=4))
     assert (config.window(0), config.window(1)) == (4, None)
-    assert (config.causal(0), config.causal(1)) == (False, False)  # z-lab: bidirectional block
+    assert (config.causal(0), config.causal(1)) == (True, False)  # z-lab: sliding ones causal
     forced = parse_config(dflash_config(48, [1], is_causal=True))
     assert forced.causal(0) and forced.causal(1)
 
@@ -186,10 +186,16 @@ def from_scratch_block_rows(target, drafter, history, around=None, embed_scale=1
             values = np.repeat(values.transpose(1, 0, 2), heads // kv, 0)
             query_pos, key_pos = positions[c:, None], positions[None, :]
             visible = np.ones((B, c + B), bool)
-            if config.causal(i):
+            # z-lab's dflash/model.py: is_causal for all layers when the config says one, else
+            # sliding layers causal; a window is p - j < W, and j - p < W when bidirectional
+            sliding = config.layer_types[i] == "sliding_attention"
+            causal = sliding if config.is_causal is None else config.is_causal
+            if causal:
                 visible &= key_pos <= query_pos
-            if config.window(i) is not None:
-                visible &= query_pos - key_pos < config.window(i)
+            if sliding:
+                visible &= query_pos - key_pos < config.sliding_window
+                if not causal:
+                    visible &= key_pos - query_pos < config.sliding_window
             scores = np.where(visible, q @ keys.transpose(0, 2, 1) / np.sqrt(hd), -np.inf)
             weights = np.exp(scores - scores.max(-1, keepdims=True))
             weights /= weights.sum(-1, keepdims=True)
@@ -223,22 +229,23 @@ class Recording(DFlashDrafter):
         return proposal
 
 
-@pytest.mark.parametrize("layout", ["full", "sliding", "causal"])
+@pytest.mark.parametrize("layout", ["full", "sliding", "causal", "sliding-bidirectional"])
 def test_each_block_equals_a_from_scratch_forward_over_the_kept_context(
         tmp_path, llama_target, monkeypatch, layout):
     """Over real rounds with rejections: every block's q equals a dense forward whose context
     is the target's taps at every kept position (a tap, position or context off by one fails)."""
     from mlx_spec import assemble
 
-    kwargs = {"full": {}, "sliding": dict(layer_types=["sliding_attention", "full_attention"],
-                                          sliding_window=4),
-              "causal": dict(is_causal=True)}[layout]
+    sliding = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    kwargs = {"full": {}, "sliding": sliding, "causal": dict(is_causal=True),
+              "sliding-bidirectional": dict(sliding, sliding_window=2, is_causal=False)}[layout]
     drafter = make_dflash(tmp_path / layout, 48, [1, 3], block_size=5, **kwargs)
     monkeypatch.setattr(assemble, "DFlashDrafter", Recording)
     Recording.proposals = []
     mx.random.seed(3)
     sampling = SamplingConfig(temp=1.0)
-    rounds = list(speculative_generate_step(PROMPT, llama_target, drafter, max_tokens=24,
+    tokens = 60 if layout.startswith("sliding") else 24  # well past the window
+    rounds = list(speculative_generate_step(PROMPT, llama_target, drafter, max_tokens=tokens,
                                             num_draft_tokens=3, sampling=sampling,
                                             prompt_lookup=False, calibration=None))
     assert any(r.num_drafted > r.num_accepted for r in rounds[:-1])  # rejections happened

@@ -78,7 +78,7 @@ class BatchDFlash:
     def cuttable(self) -> bool:
         """Causal inside the block: rows after k never reach rows 0..k (as alone; DFlash2's
         convolutions are causal and its selector walks rows 1..k)."""
-        return bool(self.config.is_causal)
+        return self.config.all_causal
 
     def new_row_cache(self) -> list:
         return [KVCache() for _ in self.drafter.layers]
@@ -208,9 +208,11 @@ class BatchDFlash:
         block = mx.arange(size)[None, :]
         see_context = mx.ones((size, count), mx.bool_)
         see_block = block <= query if causal else mx.ones((size, size), mx.bool_)
-        if window is not None:
+        if window is not None:  # z-lab: p - j < window, and j - p < window when bidirectional
             see_context = see_context & (query - context < window)
             see_block = see_block & (query - block < window)
+            if not causal:
+                see_block = see_block & (block - query < window)
         padding = mx.arange(count)[None, :] >= mx.array(self.cache.padding)[:, None]  # (B, count)
         see_context = see_context[None] & padding[:, None, :]  # (B, size, count)
         see_block = mx.broadcast_to(see_block[None], (padding.shape[0], size, size))

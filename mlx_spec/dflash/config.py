@@ -56,7 +56,7 @@ class DFlashConfig:
     target_layer_ids: Tuple[int, ...]
     layer_types: Tuple[str, ...]
     sliding_window: Optional[int]
-    is_causal: Optional[bool]  # None or False: every layer bidirectional inside the block
+    is_causal: Optional[bool]  # None: sliding layers causal inside the block, full ones not
     rope_theta: float
     rope_scaling: Optional[dict]
     dflash2: Optional[DFlash2Parts] = None  # a DFlash2DraftModel's convolutions and selector
@@ -66,10 +66,18 @@ class DFlashConfig:
         return ARCHITECTURE if self.dflash2 is None else ARCHITECTURE2
 
     def causal(self, layer: int) -> bool:
-        """Whether layer `layer`'s queries see only earlier block positions: only when the
-        config says `is_causal: true`. z-lab's code runs every layer, sliding ones included,
-        bidirectionally inside the block (is_causal=False; a window only limits the context)."""
+        """Whether layer `layer`'s queries see only earlier block positions. z-lab's
+        `dflash/model.py` (`Qwen3DFlashAttention`): the config's `is_causal` for every layer when
+        it says one, else sliding layers causal and full ones bidirectional."""
+        if self.is_causal is None:
+            return self.layer_types[layer] == "sliding_attention"
         return bool(self.is_causal)
+
+    @property
+    def all_causal(self) -> bool:
+        """Every layer causal inside the block: a block cut after row k is exactly its first
+        rows."""
+        return all(self.causal(i) for i in range(self.num_hidden_layers))
 
     def window(self, layer: int) -> Optional[int]:
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None

@@ -10,9 +10,10 @@ its public descriptions; this is our own code):
   absolute positions), never through input_layernorm; only these are cached.
 - block: [the last token] + [mask] * (B - 1), embedded with the target's own
   embedding, at positions c .. c + B - 1 after the c context positions. Full
-  and sliding layers alike are bidirectional inside the block (z-lab's code
-  passes is_causal=False; a config's `is_causal: true` makes all causal), and a sliding
-  layer's query at position p sees keys at positions j with p - j < window.
+  layers are bidirectional inside the block and sliding layers causal, unless
+  the config's `is_causal` says otherwise for all (z-lab's `dflash/model.py`);
+  a sliding layer's query at position p sees keys at positions j with
+  p - j < window (and, bidirectional, j - p < window too).
 - output: the drafter's own `norm`, then the TARGET's output head; block rows
   1 .. B - 1 are the B - 1 drafts.
 """

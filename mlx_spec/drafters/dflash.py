@@ -183,7 +183,7 @@ class DFlashDrafter:
         """Causal inside the block: rows after k never reach rows 0..k, so a round drafting
         k runs a block of k + 1. (DFlash2's convolutions are causal too, and its selector
         walks rows 1..k left to right.)"""
-        return bool(self.config.is_causal)
+        return self.config.all_causal
 
     def block_rows(self, history: List[int], size: Optional[int] = None) -> Optional[mx.array]:
         """The drafter's normed rows (1, size, H) for the block [last token] + [mask] *
@@ -247,9 +247,11 @@ def block_mask(config, layer: int, context_start: int, offset: int,
     see_block = mx.ones((block_size, block_size), mx.bool_)
     if causal:
         see_block = block <= query
-    if window is not None:
+    if window is not None:  # z-lab: p - j < window, and j - p < window too when bidirectional
         see_context = see_context & (query - context < window)
         see_block = see_block & (query - block < window)
+        if not causal:
+            see_block = see_block & (block - query < window)
     return mx.concatenate([see_context, see_block], axis=1)
 
 
@@ -268,7 +270,8 @@ def anchored_mask(config, layer: int, context_start: int, count: int, anchors: m
         see_block = offsets[None, :] <= offsets[:, None]
     if window is not None:
         see_context = see_context & (query - context < window)
-        see_block = see_block & (offsets[:, None] - offsets[None, :] < window)
+        see_block = see_block & (abs(offsets[:, None] - offsets[None, :]) < window) \
+            if not causal else see_block & (offsets[:, None] - offsets[None, :] < window)
     see_context = mx.broadcast_to(see_context, (anchors.shape[0], size, count))
     see_block = mx.broadcast_to(see_block[None], (anchors.shape[0], size, size))
     return mx.concatenate([see_context, see_block], axis=-1)[:, None]
