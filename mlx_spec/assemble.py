@@ -147,16 +147,17 @@ def draft_bridge(target_model, draft_model, tokenizer=None,
                  draft_tokenizer=None) -> Optional[VocabBridge]:
     """The bridge to the draft's vocabulary when it differs from the target's, else None.
 
-    The tokenizers are the ones given, else the ones `load` read with each model. With no
-    draft tokenizer nothing is known (None: `check_pair` judges by sizes).
+    The tokenizers are the ones given, else the ones `load` read with each model. Without
+    both nothing is known (None: `check_pair` judges by sizes); a draft_tokenizer given
+    without the target's is one sentence.
     """
-    draft_tokenizer = draft_tokenizer if draft_tokenizer is not None else tokenizer_of(draft_model)
-    if draft_tokenizer is None:
-        return None
     tokenizer = tokenizer if tokenizer is not None else tokenizer_of(target_model)
-    if tokenizer is None:
+    if draft_tokenizer is not None and tokenizer is None:
         raise ValueError("draft_tokenizer needs the target's tokenizer too: pass "
                          "target_tokenizer=, or load the target with mlx_spec.load.")
+    draft_tokenizer = draft_tokenizer if draft_tokenizer is not None else tokenizer_of(draft_model)
+    if draft_tokenizer is None or tokenizer is None:
+        return None
     return bridge_for(tokenizer, draft_tokenizer)
 
 

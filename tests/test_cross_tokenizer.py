@@ -422,6 +422,21 @@ def test_a_draft_without_its_tokenizer_is_one_sentence(pairs):
                                        prompt_cache=make_cache(target_model)))
 
 
+def test_a_kept_draft_tokenizer_alone_asks_nothing(model_dirs):
+    """A draft `load` read (its tokenizer kept) beside a target whose tokenizer is unknown
+    (mlx_lm.load, a sharded load): judged by sizes as before, no sentence about tokenizers."""
+    import mlx_lm
+
+    from mlx_spec import load
+    from mlx_spec.generate import speculative_generate_step
+
+    target_model = mlx_lm.load(str(model_dirs["target"]))[0]
+    draft_model = load(str(model_dirs["draft"]))[0]
+    rounds = list(speculative_generate_step([5, 6, 7], target_model, draft_model, max_tokens=8,
+                                            num_draft_tokens=2, calibration=None))
+    assert sum(len(r.tokens) for r in rounds) == 8 and all(r.cross_rule is None for r in rounds)
+
+
 def test_a_pair_that_shares_too_little_warns_and_decodes_alone():
     from mlx_spec import generate
 
