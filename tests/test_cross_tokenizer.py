@@ -505,3 +505,19 @@ def test_real_pair_greedy_parity():
     assert "".join(r.text for r in responses) == alone
     stats = responses[-1].stats
     assert 0.1 < stats.vocab_overlap < 0.25 and stats.rounds > 0
+
+
+def test_batched_generation_refuses_a_draft_of_another_tokenizer(pairs):
+    from mlx_spec import batch_generate
+    from mlx_spec.loading import TOKENIZER_ATTR
+
+    target_tok, draft_tok, target_model, _ = pairs["merges"]
+    draft_model = make_llama(vocab_size=vocab_len(draft_tok), seed=7, hidden=32, layers=1)
+    object.__setattr__(draft_model, TOKENIZER_ATTR, draft_tok)  # as mlx_spec.load keeps it
+    with pytest.raises(ValueError, match="Batched generation drafts only with a draft of the "
+                                         "target's tokenizer"):
+        batch_generate(target_model, target_tok, ["hello", "world"], draft_model=draft_model,
+                       max_tokens=4)
+    object.__setattr__(draft_model, TOKENIZER_ATTR, target_tok)  # the same vocabulary: drafts
+    assert len(batch_generate(target_model, target_tok, ["hello"], draft_model=draft_model,
+                              max_tokens=4).texts) == 1

@@ -70,8 +70,14 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
     check_batchable(model, draft_model)
     if draft_model is not None and draft_model != "mtp" and not is_dflash_model(draft_model):
-        from ..loading import check_pair
+        from ..drafters.vocab_bridge import vocabularies_differ
+        from ..loading import check_pair, tokenizer_of
 
+        draft_tokenizer = tokenizer_of(draft_model)
+        if draft_tokenizer is not None and vocabularies_differ(tokenizer, draft_tokenizer):
+            raise ValueError("Batched generation drafts only with a draft of the target's "
+                             "tokenizer; decode a pair of two tokenizers with generate or "
+                             "stream_generate.")
         check_pair(model, draft_model, tokenizer)
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ids = [_token_ids(tokenizer, p, i) for i, p in enumerate(prompts)]
