@@ -9,9 +9,9 @@ one-hot q, the intersection rule's restricted q).
 - Rule level (--draws): p is the target's real next-token distribution at T = 1 after a
   prompt, q the real draft's proposal there (lookup's token after the earlier match; the
   first target token of SmolLM2's greedy text; SmolLM2's distribution restricted to the
-  shared tokens, mapped to Gemma ids); the acceptance rule the loop runs
-  (acceptance.speculative_accept, one draft) emits a token DRAWS times, compared with p
-  over its 30 likeliest tokens and the pooled tail.
+  shared tokens, mapped to Gemma ids); the acceptance rule the batch engine runs
+  (acceptance.keyed_rule: the loop's rule with a key of its own; one draft) emits a token
+  DRAWS times, compared with p over its 30 likeliest tokens and the pooled tail.
 - End to end (--end-to-end N): `mlx-spec check`'s test (mlx_spec/exactness.py): the first
   two generated tokens sampled N times with speculation through the whole loop against
   the exact distribution. Costly here (each sample re-runs the prompt on the CPU).
@@ -37,6 +37,7 @@ CASES = ("lookup", "cross-string", "cross-intersection")
 
 
 TOP = 30  # likeliest tokens resolved; the rest pooled
+CHUNK = 250  # draws evaluated at once
 
 
 def _models(case, root, options):
@@ -85,7 +86,7 @@ def rule_level(case, root, draws, seed):
     import mlx.core as mx
     import numpy as np
 
-    from mlx_spec.acceptance import resample_from_target_accept, speculative_accept
+    from mlx_spec.acceptance import keyed_rule
     from mlx_spec.exactness import chi2_survival
 
     target, tokenizer, draft, draft_tokenizer, prompt = _models(case, root, {})
@@ -97,18 +98,20 @@ def rule_level(case, root, draws, seed):
     p_np = np.array(p, dtype=np.float64)
     top = np.argsort(-p_np)[:TOP]
     rows = []
-    for label, rule in (("exact rule", speculative_accept),
-                        ("negative control", resample_from_target_accept)):
-        mx.random.seed(seed)
+    # the batch engine's rule (a key of its own per draw), many draws at once
+    for label, residual in (("exact rule", True), ("negative control", False)):
+        rule = mx.vmap(keyed_rule(residual), in_axes=(0, None, None, 0))
         started = time.perf_counter()
         emitted = []
-        for _ in range(draws):
-            x = mx.random.categorical(mx.log(q))[None].astype(mx.uint32)
-            n, nxt = rule(x, q[None], logp)
-            emitted.append(mx.where(n > 0, x[0], nxt))
-            if len(emitted) % 500 == 0:
-                mx.eval(emitted)
-        tokens = np.array(mx.stack(emitted))
+        for chunk in range(0, draws, CHUNK):
+            n_draws = min(CHUNK, draws - chunk)
+            key = mx.random.key(seed * 1_000_003 + chunk + (0 if residual else 500_000_000))
+            x_key, rule_key = mx.random.split(key)
+            x = mx.random.categorical(mx.log(q), num_samples=n_draws, key=x_key)
+            x = x.astype(mx.uint32)[:, None]  # (n, k = 1)
+            n, nxt = rule(x, q[None], logp, mx.random.split(rule_key, n_draws))
+            emitted.append(np.array(mx.where(n > 0, x[:, 0], nxt)))
+        tokens = np.concatenate(emitted)
         counts = np.array([np.sum(tokens == t) for t in top] + [np.sum(~np.isin(tokens, top))])
         expected = draws * np.append(p_np[top], 1 - p_np[top].sum())
         keep = expected >= 5
