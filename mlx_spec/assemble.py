@@ -79,7 +79,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         draft_model = load_model(draft_model)[0]
     bridge = None  # to a draft of another vocabulary
     if draft_model is not None:
-        draft_model, bridge = pair_for(model, draft_model, tokenizer, draft_tokenizer, prompt_cache)
+        draft_model, bridge = pair_for(model, draft_model, tokenizer, draft_tokenizer)
     if draft_model is not None:
         prepare_drafter(draft_model, model)  # float32 on the CPU backend (precision.py)
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None \
@@ -109,9 +109,10 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
                                             max_ngram=prompt_lookup_max_ngram, min_ngram=min_ngram,
                                             context=earlier))
     draft = None
-    if draft_model is not None and bridge is not None:  # (no reused cache: nothing to settle)
+    if draft_model is not None and bridge is not None:  # it keeps its own cache in step
         drafters.append(CrossTokenizerDrafter(draft_model, bridge, sampling, target_vocab,
-                                              vocab_size(draft_model), draft_cache))
+                                              vocab_size(draft_model), draft_cache,
+                                              context=earlier))
     elif draft_model is not None:
         draft = DraftModelDrafter(draft_model, sampling, target_vocab, draft_cache,
                                   confidence=draft_confidence, processors=logits_processors)
@@ -161,7 +162,7 @@ def draft_bridge(target_model, draft_model, tokenizer=None,
     return bridge_for(tokenizer, draft_tokenizer)
 
 
-def pair_for(model, draft_model, tokenizer, draft_tokenizer, prompt_cache):
+def pair_for(model, draft_model, tokenizer, draft_tokenizer):
     """(the draft model or None, the bridge to its vocabulary or None): a draft of the
     target's vocabulary is checked (`check_pair`); one of another gets a bridge, or is left out
     with a warning when the two share too little to help."""
@@ -169,9 +170,6 @@ def pair_for(model, draft_model, tokenizer, draft_tokenizer, prompt_cache):
     if bridge is None:
         check_pair(model, draft_model)
         return draft_model, None
-    if prompt_cache is not None:
-        raise ValueError("A draft of another tokenizer cannot reuse a prompt_cache yet; pass "
-                         "prompt_cache=None, or a draft that shares the target's tokenizer.")
     if too_small(bridge):
         warnings.warn(f"The draft's vocabulary shares only {bridge.shared} tokens with the "
                       "target's: too few for its drafts to help, so the draft is off.",

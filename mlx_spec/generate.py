@@ -169,7 +169,7 @@ def speculative_generate_step(
     (`target_tokenizer`, else the one `load` read with the target; stream_generate passes
     its own). Each round proposes the draft's text re-read by the target's tokenizer, or the
     draft's distribution restricted to the tokens both share (docs/drafting.md); exact either
-    way. Not with a reused `prompt_cache` yet.
+    way. A reused `prompt_cache` holds the target's layers, then the draft's.
 
     `tree`: a `(depth, width)` pair proposes token trees of that shape from the draft
     model and prompt lookup, verified in one pass each (docs/drafting.md, "Token trees");

@@ -630,13 +630,6 @@ def test_a_head_for_another_target_is_one_sentence_on_the_command_line(model_dir
     assert "use the head published for this target" in result.output
 
 
-def test_batched_decoding_refuses_a_head_in_one_sentence(heads, llama):
-    from mlx_spec.batch.engine import check_batchable
-
-    with pytest.raises(ValueError, match="does not draft with an EAGLE-3 head yet"):
-        check_batchable(llama, load_eagle3(str(heads[ORIGINAL])))
-
-
 def test_a_conversation_with_a_reused_prompt_cache_and_a_quantized_target(bigram, good_head):
     """Three turns on one prompt cache give the target-alone's text (the head starts each call
     from the taps it is shown); a quantized target's embedding is borrowed as it is."""

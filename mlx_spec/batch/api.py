@@ -21,9 +21,8 @@ from typing import List, Optional, Sequence, Union
 from ..arguments import check_arguments
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS
-from ..dflash import is_dflash_model
 from ..sampling import SamplingConfig
-from .engine import BatchEngine, check_batchable
+from .engine import BatchEngine, check_batchable, is_draft_model
 from .rows import RowRequest
 
 DEFAULT_MAX_BATCH_SIZE = 16
@@ -48,7 +47,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
                    verbose: bool = False, tree=None) -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
-    loaded model, a loaded DFlash drafter, or "mtp": the target's own MTP head, from
+    loaded model, a loaded DFlash drafter or EAGLE-3 head, or "mtp": the target's own MTP head, from
     `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
     (0: plain batched decoding), None lets the batch policy choose it. `seed` gives row i the seed `seed + i`.
     Rows draft chains: `tree` takes None or False only."""
@@ -68,16 +67,10 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         raise ValueError(f"num_draft_tokens must be an int >= 0 or None, got {num_draft_tokens!r}.")
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
-    check_batchable(model, draft_model)
-    if draft_model is not None and draft_model != "mtp" and not is_dflash_model(draft_model):
-        from ..drafters.vocab_bridge import vocabularies_differ
-        from ..loading import check_pair, tokenizer_of
+    check_batchable(model, draft_model, tokenizer)
+    if is_draft_model(draft_model):
+        from ..loading import check_pair
 
-        draft_tokenizer = tokenizer_of(draft_model)
-        if draft_tokenizer is not None and vocabularies_differ(tokenizer, draft_tokenizer):
-            raise ValueError("Batched generation drafts only with a draft of the target's "
-                             "tokenizer; decode a pair of two tokenizers with generate or "
-                             "stream_generate.")
         check_pair(model, draft_model, tokenizer)
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ids = [_token_ids(tokenizer, p, i) for i, p in enumerate(prompts)]

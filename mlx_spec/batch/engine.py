@@ -12,7 +12,7 @@ never stalls the rows already decoding for more than a chunk; a prompt fully
 prefilled joins the batch (several short ones join in one step). Then one
 round for every row: proposals (prompt lookup per row, then for all rows that
 have none the draft model (one batched pass per draft position), the target's
-MTP head, or a DFlash block drafter (one pass for every row's block, reading
+MTP head or an EAGLE-3 head, or a DFlash block drafter (one pass for every row's block, reading
 the taps the verify pass captured)), the batched verify (verify.py), per-row
 acceptance and rewind (kv.py). A row that ends (a stop token, its budget,
 `cancel`) leaves the batch at once; with `keep_cache` its cache is handed
@@ -36,6 +36,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
+from ..eagle3 import check_fits as check_eagle3_fits
 from ..eagle3 import is_eagle3_head
 from ..loading import vocab_size
 from ..policy import AdaptivePolicy
@@ -44,12 +45,16 @@ from ..sampling import model_logprobs
 from ..session import CONTEXT, held_context
 from ..mtp import load_mtp, split_target
 from .dflash import BatchDFlash
+from .eagle3 import batch_eagle3
 from .drafts import BatchDraft
 from .kv import BatchCache, arrays, batchable, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .verify import ACCEPT, RowProposal, emitted_tokens, verify
+
+
+SOURCES = ("draft", "mtp", "eagle3", "dflash", "lookup", "suffix")  # where a row's drafts come from
 
 
 class Joining:
@@ -62,18 +67,25 @@ class Joining:
         self.done = done  # prompt tokens the caches hold
 
 
-def check_batchable(target_model, draft_model=None) -> None:
-    """ValueError, in one sentence, unless these models can decode in a batch."""
+def check_batchable(target_model, draft_model=None, tokenizer=None) -> None:
+    """ValueError, in one sentence, unless these models can decode in a batch (with the
+    target's `tokenizer`: and a draft model shares it, when `load` kept the draft's)."""
+    if tokenizer is not None and is_draft_model(draft_model):
+        from ..drafters.vocab_bridge import vocabularies_differ
+        from ..loading import tokenizer_of
+
+        draft_tokenizer = tokenizer_of(draft_model)
+        if draft_tokenizer is not None and vocabularies_differ(tokenizer, draft_tokenizer):
+            raise ValueError("Batched generation drafts only with a draft of the target's "
+                             "tokenizer; decode a pair of two tokenizers with generate or "
+                             "stream_generate.")
     if draft_model == "mtp":
         draft_model = None  # the target's own head: the target's check is the one
     elif isinstance(draft_model, str):
         raise ValueError("Batched decoding takes loaded models: a draft model, a DFlash drafter "
                          "(mlx_spec.dflash.load_dflash) or the target's MTP head (\"mtp\").")
-    elif draft_model is not None and is_dflash_model(draft_model):
+    elif draft_model is not None and (is_dflash_model(draft_model) or is_eagle3_head(draft_model)):
         draft_model = None  # it reads the target's hidden states: no cache kinds of its own
-    elif is_eagle3_head(draft_model):
-        raise ValueError("Batched decoding does not draft with an EAGLE-3 head yet; decode "
-                         "with it one request at a time (stream_generate, generate).")
     if not batchable(target_model):
         raise ValueError("The target's cache layers are not plain KVCache layers beside "
                          "Gated DeltaNet, short-convolution or Mamba-2 state, which batched "
@@ -81,6 +93,12 @@ def check_batchable(target_model, draft_model=None) -> None:
     if draft_model is not None and not batchable(draft_model, recurrent=False):
         raise ValueError("The draft model's cache layers are not all plain KVCache, which a "
                          "batched draft needs; decode with it one request at a time.")
+
+
+def is_draft_model(draft_model) -> bool:
+    """A loaded draft model (not "mtp", a path, a DFlash drafter or an EAGLE-3 head)."""
+    return draft_model is not None and not isinstance(draft_model, str) and \
+        not is_dflash_model(draft_model) and not is_eagle3_head(draft_model)
 
 
 class BatchEngine:
@@ -94,10 +112,17 @@ class BatchEngine:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)
         self.target = BatchCache(target_model)
-        self.mtp = self.dflash = None
+        # A head that reads pairs (the target's state at a position, the token after it): the
+        # target's MTP head, or an EAGLE-3 head (its state: fused taps).
+        self.pairs = self.dflash = None
         if draft_model == "mtp":  # the target drafts with its own MTP head
-            self.mtp = BatchMTP(load_mtp(target_model, mtp_weights).drafting())
+            self.pairs = BatchMTP(load_mtp(target_model, mtp_weights).drafting())
             self.target.split = split_target(target_model)
+            draft_model = None
+        elif is_eagle3_head(draft_model):
+            check_eagle3_fits(draft_model, target_model)
+            self.pairs = batch_eagle3(draft_model, target_model)
+            self.target.capture = self.pairs.head.capture  # the verify pass keeps fused taps
             draft_model = None
         elif draft_model is not None and is_dflash_model(draft_model):  # a block drafter
             check_fits(draft_model, target_model)
@@ -106,7 +131,7 @@ class BatchEngine:
             draft_model = None
         self.target_model, self.draft_model = target_model, draft_model
         self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
-        self.head = self.mtp or self.dflash  # a drafter with one-row caches beside the target's
+        self.head = self.pairs or self.dflash  # a drafter with one-row caches beside the target's
         self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
@@ -182,11 +207,11 @@ class BatchEngine:
             sources = [s.source for s in self.rows[0].searchers] + (
                 [self.model_drafter.source] if self.model_drafter is not None else [])
             lengths = {s: self.single.proposal_length(s) if s in sources else 0
-                       for s in ("draft", "mtp", "dflash", "lookup", "suffix")}
+                       for s in SOURCES}
             k = max(lengths.values())
         else:
             k = self.policy.choose(len(self.rows))
-            lengths = {"draft": k, "mtp": k, "dflash": k, "lookup": k, "suffix": k}
+            lengths = dict.fromkeys(SOURCES, k)
         outputs = self._round(lengths)
         seconds = time.perf_counter() - start
         if alone:
@@ -209,11 +234,14 @@ class BatchEngine:
         chunk = prompt[j.done:min(j.done + budget, len(prompt) - 1)]
         if chunk:
             x = mx.array(chunk, mx.uint32)[None]
-            if self.mtp is not None:  # the head's pairs: a position's hidden state, the next token
-                trunk, _ = self.target.split
+            if self.pairs is not None:  # the head's pairs: a position's state, the next token
+                if self.target.capture is not None:  # an EAGLE-3 head's fused taps
+                    _, hidden = self.target.capture(x, j.target_layers)
+                else:
+                    hidden = self.target.split[0](x, cache=j.target_layers)  # the trunk's
                 last = j.done + len(chunk) == len(prompt) - 1
-                self.mtp.prefill(j.row, j.head_layers, prompt[j.done + 1:j.done + 1 + len(chunk)],
-                                 trunk(x, cache=j.target_layers), last)
+                self.pairs.prefill(j.row, j.head_layers,
+                                   prompt[j.done + 1:j.done + 1 + len(chunk)], hidden, last)
             elif self.dflash is not None:  # the drafter's context: the taps at these positions
                 _, taps = self.dflash.capture(x, j.target_layers)
                 self.dflash.prefill(j.row, j.head_layers, taps, j.done)
@@ -250,8 +278,8 @@ class BatchEngine:
             from_draft = [n - 1 if p is not None and p.source == "draft" else 0
                           for n, p in zip(kept, proposals)]
             self.draft.settle(rows, ran, from_draft, [tokens for tokens, _ in emitted])
-        if self.mtp is not None:
-            self.mtp.settle(rows, ran, self.target.hidden, [tokens for tokens, _ in emitted])
+        if self.pairs is not None:
+            self.pairs.settle(rows, ran, self.target.hidden, [tokens for tokens, _ in emitted])
         if self.dflash is not None:
             self.dflash.settle(rows, self.target.hidden, [tokens for tokens, _ in emitted])
         outputs = [self._emit(row, p, v, tokens, finish)

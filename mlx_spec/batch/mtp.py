@@ -24,10 +24,11 @@ from .rows import Row
 
 
 class BatchMTP:
-    source = "mtp"
+    """Any head that reads pairs: the MTP head, or an EAGLE-3 head (batch/eagle3.py)."""
 
-    def __init__(self, head):
+    def __init__(self, head, source: str = "mtp"):
         self.head = head
+        self.source = source
         self.cache = BatchCache(None)
         self.chained = 0  # entries the last proposal's chained steps added (every row)
 

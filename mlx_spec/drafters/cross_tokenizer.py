@@ -23,6 +23,11 @@ The draft cache holds `fed`, the draft ids it has seen; each proposal keeps the 
 prefix of `fed` that agrees with the draft's reading of the history and feeds the rest
 (a key/value entry depends only on the ids before it), so a rejection, a re-read word or
 tokens decoded while the draft was off all rewind the same way: a trim of host metadata.
+
+A reused prompt cache (target layers, then the draft's): `context` is the target tokens the
+call's cache held before it (session.held_tokens), read before the call's own; the draft's
+layers carry `fed` on their first layer (FED), so the next call keeps the prefix of it that
+still agrees and feeds only the rest. Without either it re-reads from the call's first token.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import numpy as np
 from ..attention import round_attention
 from ..cache import ModelCache, make_cache
 from ..cache.prefill import prefill
+from ..cache.rewind import MARK
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .cross_text import DraftText, target_continuation
 from .draft_model import CATCH_UP_SPLIT
@@ -48,6 +54,7 @@ DEFAULT_RULE = "auto"  # "string" or "intersection" pins one (a study flips it)
 EXPLORE_EVERY = 8  # rounds of one rule after which "auto" tries the other once
 RATE_MEMORY = 0.7  # weight of the past in each rule's tokens-per-second estimate
 MAX_STEPS_PER_TOKEN = 2.0  # the string rule drafts at most this many steps per target token
+FED = MARK + "draft_ids"  # on a reused cache's first draft layer: the draft ids it holds
 
 
 def _common_prefix(a: List[int], b: List[int]) -> int:
@@ -63,7 +70,7 @@ class CrossTokenizerDrafter:
 
     def __init__(self, draft_model, bridge: VocabBridge, sampling: SamplingConfig,
                  target_vocab_size: int, draft_vocab_size: int, cache=None,
-                 rule: Optional[str] = None):
+                 rule: Optional[str] = None, context: Optional[List[int]] = None):
         rule = rule or DEFAULT_RULE
         if rule not in RULES + ("auto",):
             raise ValueError(f'rule must be "auto", "string" or "intersection", got {rule!r}.')
@@ -78,6 +85,7 @@ class CrossTokenizerDrafter:
         self.target_vocab_size = target_vocab_size
         self.rule = rule
         self.text = DraftText(bridge)
+        self.context = list(context or [])  # target tokens before the call's (a reused cache)
         self.fed: List[int] = []  # the draft ids the draft cache holds
         # Twins within both models' logits (a tokenizer may hold ids past them, or fewer)
         rows = draft_vocab_size
@@ -104,15 +112,37 @@ class CrossTokenizerDrafter:
 
     def prefill(self, prompt: List[int], step_size: int, progress=None,
                 look_rows: int = 0) -> None:
-        want = self.text.update(prompt)
-        self.draft.restore_length(0)
-        prefill(self.draft, want[:-1], step_size, progress)
+        want = self.text.update(self._whole(prompt))
+        keep = min(_common_prefix(self._held(), want), max(len(want) - 1, 0))
+        self.draft.restore_length(keep)
+        prefill(self.draft, want[keep:-1], step_size, progress)
         self.fed, self._next = want[:-1], want[-1:]
+        self._mark()
+
+    def _whole(self, history: List[int]) -> List[int]:
+        """The target's text this call drafts after: a reused cache's earlier tokens, then
+        the call's own."""
+        return self.context + history if self.context else history
+
+    def _held(self) -> List[int]:
+        """The draft ids a reused draft cache holds, as the call that left it recorded
+        them ([] when unknown: then it is re-read from the start)."""
+        held = getattr(self.draft.layers[0], FED, None) if self.draft.layers else None
+        if not isinstance(held, list) or len(held) != self.draft.length or None in held:
+            return []
+        return held
+
+    def _mark(self) -> None:
+        """Record on the draft's first layer which ids it holds (for a reused cache's next
+        call)."""
+        if self.draft.layers:
+            setattr(self.draft.layers[0], FED, self.fed)
 
     def _catch_up(self, history: List[int]) -> Optional[mx.array]:
         """Rewind the draft cache to what still agrees with its reading of the history, feed
         the rest; the logits after the history (V_d,), lazy; None when the history ends inside
         a character."""
+        history = self._whole(history)
         want = self.text.update(history)
         if self.text.covered < len(history) or not want:
             return None
@@ -123,11 +153,12 @@ class CrossTokenizerDrafter:
             self.draft.forward(mx.array(unseen[:-1], mx.uint32))  # logits never evaluated
             unseen = unseen[-1:]
         logits = self.draft.forward(mx.array(unseen, mx.uint32))[-1]  # (V_d,)
-        self.fed = list(want)
+        self.fed = list(want)  # (a round's drafts join it in place: see _draft, _settle)
+        self._mark()
         return logits
 
     def can_propose(self, history: List[int]) -> bool:
-        return not self.text.lagging(history)
+        return not self.text.lagging(self._whole(history))
 
     def step_seconds(self, token: int, repeats: int = 2) -> float:
         """Seconds of one draft step after the prompt, undone each time (the fastest of
@@ -191,6 +222,7 @@ class CrossTokenizerDrafter:
         return mx.exp(mx.stack(logprobs))
 
     def _string(self, history: List[int], logits: mx.array, k: int) -> Optional[Proposal]:
+        history = self._whole(history)
         ratio = len(self.fed) / max(len(history), 1)  # draft tokens per target token so far
         steps = max(1, min(math.ceil(k * MAX_STEPS_PER_TOKEN), math.ceil(k * ratio)))
         tokens, logprobs, _ = self._draft(logits, steps, shared_only=False)

@@ -1,0 +1,160 @@
+"""Drafts of another tokenizer, EAGLE-3 heads and token trees beyond one call of generate.
+
+Each case is greedy parity with the target alone, token for token, through one more entry
+point: batched rows drafted by an EAGLE-3 head (the engine and `batch_generate`), a
+conversation on one reused prompt cache (a draft of another tokenizer keeps the draft ids its
+cache holds; a tree round's compacted cache carries over), and suffix drafting in front of
+each kind. The fixtures are the kinds' own test files' (test_eagle3, test_cross_tokenizer).
+"""
+
+import pytest
+from families import plain_greedy
+from test_cross_tokenizer import DRAFT_MERGES, byte_bpe, vocab_len
+from test_eagle3 import (DEFAULT_IDS, LAYERS, PROMPT, SPECFORGE, SPECULATORS, good_head_tensors,
+                         head_tensors, near_bigram, write_head)
+from tiny import make_llama, perturbed
+
+from mlx_spec import SuffixIndex, batch_generate, generate, load, stream_generate
+from mlx_spec.batch import BatchEngine, RowRequest
+from mlx_spec.cache import make_cache
+from mlx_spec.drafters import cross_tokenizer
+from mlx_spec.eagle3 import is_eagle3_head, load_eagle3
+
+
+@pytest.fixture(scope="module")
+def bigram_head(tmp_path_factory):
+    """A near-bigram target and a hand-made head that drafts it well (test_eagle3's)."""
+    target = near_bigram(make_llama(vocab_size=64, hidden=48, layers=LAYERS, seed=0))
+    path = write_head(tmp_path_factory.mktemp("eagle3") / "head", SPECULATORS, target,
+                      good_head_tensors(target, 48, seed=7), DEFAULT_IDS[SPECULATORS])
+    return target, load_eagle3(str(path))
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dirs, tmp_path_factory):
+    """conftest's target directory loaded with its tokenizer, a perturbed draft of it, and a
+    SpecForge head for it (2 layers: explicit taps)."""
+    target, tokenizer = load(str(model_dirs["target"]))
+    head_dir = write_head(tmp_path_factory.mktemp("head") / "head", SPECFORGE, target,
+                          head_tensors(target, 200, seed=6), [0, 1, 1])
+    return target, tokenizer, perturbed(target, 0.05, 1), load_eagle3(str(head_dir))
+
+
+# --- batched rows with an EAGLE-3 head ---------------------------------------------------
+
+@pytest.mark.parametrize("k", [None, 3])
+def test_batched_rows_drafted_by_an_eagle3_head_are_each_the_targets_own(bigram_head, k):
+    target, head = bigram_head
+    prompts = [PROMPT, [3], PROMPT * 2, [5, 9, 14]]
+    engine = BatchEngine(target, head, num_draft_tokens=k)
+    uids = [engine.insert(RowRequest(p, 40)) for p in prompts]
+    tokens, accepted = {u: [] for u in uids}, 0
+    while engine.busy:
+        for out in engine.step():
+            tokens[out.uid] += out.tokens
+            accepted += out.num_accepted if out.source == "eagle3" else 0
+    for uid, prompt in zip(uids, prompts):
+        assert tokens[uid] == plain_greedy(target, prompt, 40)
+    assert accepted > 0  # the head's drafts were kept in the batch
+
+
+def test_one_batched_row_drafts_as_the_head_alone(bigram_head):
+    """One row at a fixed k keeps as many of the head's drafts as a call of its own: the
+    batched head reads the same fused taps and pairs."""
+    from mlx_spec.generate import speculative_generate_step
+
+    target, head = bigram_head
+    alone = sum(r.num_accepted for r in speculative_generate_step(
+        PROMPT, target, head, max_tokens=40, num_draft_tokens=3, prompt_lookup=False,
+        calibration=None))
+    engine = BatchEngine(target, head, num_draft_tokens=3)
+    engine.insert(RowRequest(PROMPT, 40, prompt_lookup=False))
+    batched = 0
+    while engine.busy:
+        batched += sum(out.num_accepted for out in engine.step())
+    assert batched == alone > 0
+
+
+def test_batch_generate_takes_an_eagle3_head(loaded):
+    target, tokenizer, _, head = loaded
+    prompts = ["def fibonacci(n):", "return", "    if n < 2:\n"]
+    result = batch_generate(target, tokenizer, prompts, draft_model=head, max_tokens=24)
+    assert result.texts == [generate(target, tokenizer, p, max_tokens=24, prompt_lookup=False)
+                            for p in prompts]
+
+
+# --- a conversation on one reused prompt cache ------------------------------------------
+
+def _conversation(target, tokenizer, turns, draft=None, **kwargs):
+    """Each turn's text, generated on one prompt cache (target layers, then a draft model's;
+    an EAGLE-3 head keeps none there)."""
+    cache = make_cache(target) + (make_cache(draft) if draft is not None
+                                  and not is_eagle3_head(draft) else [])
+    texts, stats = [], []
+    for ids in turns:
+        responses = list(stream_generate(target, tokenizer, ids, draft_model=draft,
+                                         prompt_cache=cache, max_tokens=24, calibration=None,
+                                         **kwargs))
+        texts.append("".join(r.text for r in responses))
+        stats.append(responses[-1].stats)
+    return texts, stats
+
+
+def test_a_draft_of_another_tokenizer_keeps_its_cache_across_turns(monkeypatch):
+    """Three turns on one cache: the target's own text each turn; from the second turn on the
+    draft keeps the ids its cache held (only the new text is fed) and drafts across."""
+    target_tok, draft_tok = byte_bpe(), byte_bpe(DRAFT_MERGES)
+    target = make_llama(vocab_size=vocab_len(target_tok), seed=0)
+    draft = make_llama(vocab_size=vocab_len(draft_tok), seed=7, hidden=32, layers=1)
+    turns = [target_tok.encode(t) for t in ("hello world, def the", " the world", " hello")]
+    kept = []  # (draft ids the cache kept, ids fed) at each call's draft prefill
+    original = cross_tokenizer.prefill
+    monkeypatch.setattr(cross_tokenizer, "prefill", lambda cache, tokens, *a, **k: (
+        kept.append((cache.length, len(tokens))), original(cache, tokens, *a, **k))[1])
+    alone, _ = _conversation(target, target_tok, turns, prompt_lookup=False)
+    crossed, stats = _conversation(target, target_tok, turns, draft, draft_tokenizer=draft_tok,
+                                   num_draft_tokens=3, prompt_lookup=False)
+    assert crossed == alone
+    assert len(kept) == 3 and kept[0][0] == 0
+    assert all(held > 20 and fed < held for held, fed in kept[1:]), kept
+    assert all(sum(r for r, _, _ in s.cross_rules.values()) > 0 for s in stats)
+
+
+def test_token_trees_on_a_reused_prompt_cache(loaded):
+    target, tokenizer, draft, _ = loaded
+    turns = [tokenizer.encode(t) for t in ("def fibonacci(n):", "\n    return", " n - 1")]
+    alone, _ = _conversation(target, tokenizer, turns, prompt_lookup=False)
+    trees, stats = _conversation(target, tokenizer, turns, draft, tree=(3, 2),
+                                 num_draft_tokens=3, prompt_lookup=False)
+    assert trees == alone
+    assert all(s.tree_rounds > 0 for s in stats)
+
+
+def test_an_eagle3_head_on_a_reused_prompt_cache_with_lookup_in_front(loaded):
+    target, tokenizer, _, head = loaded
+    turns = [tokenizer.encode(t) for t in ("def fibonacci(n):", "\n    return", " n - 1")]
+    alone, _ = _conversation(target, tokenizer, turns, prompt_lookup=False)
+    drafted, _ = _conversation(target, tokenizer, turns, head, prompt_lookup=True)
+    assert drafted == alone
+
+
+# --- suffix drafting in front -----------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["eagle3", "cross", "tree"])
+def test_suffix_drafting_in_front_of_each_kind(kind, loaded):
+    """Two calls on one SuffixIndex: the second drafts from the first's text first."""
+    target, tokenizer, draft, head = loaded
+    kwargs = {"eagle3": dict(draft_model=head),
+              "cross": dict(draft_model=make_llama(vocab_size=vocab_len(byte_bpe()), seed=7,
+                                                   hidden=32, layers=1)),
+              "tree": dict(draft_model=draft, tree=(3, 2), num_draft_tokens=3)}[kind]
+    if kind == "cross":  # the target's own tokenizer beside a byte-level BPE of other merges
+        kwargs["draft_tokenizer"] = byte_bpe()
+    index = SuffixIndex()
+    prompt = "def fibonacci(n):"
+    alone = generate(target, tokenizer, prompt, max_tokens=32, prompt_lookup=False)
+    for _ in range(2):
+        responses = list(stream_generate(target, tokenizer, prompt, max_tokens=32,
+                                         suffix=index, calibration=None, **kwargs))
+        assert "".join(r.text for r in responses) == alone
+    assert responses[-1].stats.accepted_by_source.get("suffix", 0) > 10
