@@ -616,7 +616,7 @@ def test_generate_and_check_take_a_head_directory(model_dirs, cli_head):
     assert checked.exit_code == 0, checked.output
 
 
-@pytest.mark.parametrize("command", ["bench", "tune", "serve"])
+@pytest.mark.parametrize("command", ["bench", "tune"])
 def test_commands_that_cannot_draft_with_a_head_say_so(command, model_dirs, cli_head):
     result = cli(command, "--model", model_dirs["target"], "--draft-model", cli_head)
     assert result.exit_code != 0

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from .generate import tree_shape
 from .models import load_mtp_head, load_pair
 from .options import check_mtp, model_options, mtp_options, sampling_options, speculation_options
 
@@ -50,12 +51,14 @@ class ByteSize(click.ParamType):
 @click.option("--suffix-scope", type=click.Choice(SUFFIX_SCOPES), default="key", show_default=True, help="Whose earlier text a request drafts from: its own only (request), its API key's (key; a request without a key: its own), or every request's (all: a single-user server).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="Load the suffix indexes from this file at start (if it exists) and save them there at shutdown.")
 @click.option("--suffix-max-tokens", type=click.IntRange(min=1), default=None, help="Tokens the suffix indexes hold, all partitions together (default: the index's own budget, 1048576); least recently used first out.")
-@click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention, sliding-window, Gated DeltaNet, LFM2 or Nemotron-H target; a draft model, the MTP head, a DFlash or DFlash2 drafter, or none); --no-batching serves one request at a time.")
+@click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the draft model and prompt lookup for every request, as generate --tree: DxW, off or auto (chains for now). A DxW tree serves one request at a time.")
+@click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention, sliding-window, Gated DeltaNet, LFM2 or Nemotron-H target; a draft model of the target's tokenizer, the MTP head, an EAGLE-3 head, a DFlash or DFlash2 drafter, or none; chains); --no-batching serves one request at a time.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
-          mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, batching, verbose):
+          mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
+          verbose):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -83,7 +86,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
         scopes = SuffixScopes(suffix_scope, path=suffix_file, **budget)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp, command="serve")
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp)
     if mtp:
         draft = load_mtp_head(target_model, mtp_weights)
     try:
@@ -99,12 +102,13 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                                  auto_off=not no_auto_off, draft_confidence=draft_confidence,
                                  prompt_lookup_max_ngram=prompt_lookup_max_ngram,
                                  calibration="auto" if calibration else None,
-                                 mtp_weights=mtp_weights)
+                                 mtp_weights=mtp_weights, tree=tree)
     defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
                         suffix=suffix)
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
-    kind = BatchWorker if batching and can_batch(target_model, draft) else GenerationWorker
+    kind = BatchWorker if batching and can_batch(target_model, draft, tokenizer, tree) \
+        else GenerationWorker
     worker = kind(target_model, tokenizer, draft, options, store, max_concurrency, scopes)
     if max_tokens > max_tokens_limit:
         raise click.BadParameter(f"the default ({max_tokens}) is above --max-tokens-limit "

@@ -10,8 +10,9 @@ batch limit. A job's prompt cache comes from the store and goes back to it
 holding the prompt and every token generated, as with the one-at-a-time
 worker. Used when both models batch (`can_batch`: attention and sliding-window
 targets and hybrids of Gated DeltaNet, short-convolution or Mamba-2 layers;
-attention drafts, the target's MTP head or a DFlash or DFlash2 drafter); other
-targets keep the one-at-a-time worker.
+attention drafts of the target's tokenizer, the target's MTP head, an EAGLE-3
+head or a DFlash or DFlash2 drafter); other targets, a draft of another
+tokenizer and token trees keep the one-at-a-time worker.
 """
 
 from __future__ import annotations
@@ -48,18 +49,28 @@ class Running:
     recorder: StatsRecorder
 
 
-def can_batch(target_model, draft_model) -> bool:
-    """Whether these models are served batched (else one request at a time)."""
+def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
+    """Whether these models (and options) are served batched, else one request at a time:
+    a draft of another tokenizer than `tokenizer`, or token trees (`tree`), run one at a time."""
     try:
-        check_batchable(target_model, draft_model)
+        check_batched(target_model, draft_model, tokenizer, tree)
     except ValueError:
         return False
     return True
 
 
+def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
+    """ValueError, in one sentence, unless the batched worker serves these."""
+    if tree:
+        raise ValueError("Batched serving drafts chains only; serve token trees one request "
+                         "at a time (mlx-spec serve --no-batching).")
+    check_batchable(target_model, draft_model, tokenizer)
+
+
 class BatchWorker(GenerationWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        check_batched(self.target_model, self.draft_model, self.tokenizer, self.options.tree)
         self.engine = self._new_engine()
         self._running: Dict[int, Running] = {}  # uid -> job state
         self.running = None  # (the one-at-a-time worker's field: /health reads it)

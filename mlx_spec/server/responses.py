@@ -59,7 +59,19 @@ def speculation(done: "Finished") -> Optional[dict]:
             "plain_steps": stats.plain_steps,
             "accepted_by_source": dict(stats.accepted_by_source),
             "calibrated": stats.calibrated,
-            "generation_tps": round(stats.generation_tps, 2)}
+            "generation_tps": round(stats.generation_tps, 2), **_kinds(stats)}
+
+
+def _kinds(stats) -> dict:
+    """What only some drafts report: a token tree's rounds, a draft of another tokenizer's
+    rules and vocabulary overlap."""
+    out = {}
+    if stats.tree_rounds:
+        out.update(tree_rounds=stats.tree_rounds, tree_nodes=stats.tree_nodes)
+    if stats.vocab_overlap is not None:  # rule -> (rounds, drafted, accepted)
+        out.update(vocab_overlap=round(stats.vocab_overlap, 4),
+                   cross_rules={rule: list(counts) for rule, counts in stats.cross_rules.items()})
+    return out
 
 
 class Answer:

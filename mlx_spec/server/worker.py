@@ -35,6 +35,7 @@ import mlx.core as mx
 from ..cache import make_cache
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM
 from ..dflash import is_dflash_model
+from ..eagle3 import is_eagle3_head
 from ..generate import stream_generate
 from ..stats import GenerationStats
 from .cache_store import PromptCacheStore
@@ -89,6 +90,7 @@ class SpeculationOptions:
     prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM
     calibration: Optional[str] = "auto"  # "auto": this machine's `mlx-spec tune` file, if any
     mtp_weights: Optional[str] = None  # with draft_model="mtp": where the MTP head's weights are
+    tree: Optional[tuple] = None  # token trees: (depth, width), False (chains), None (policy's)
 
 
 class Job:
@@ -118,8 +120,10 @@ class Job:
 
 class GenerationWorker:
     """Owns the models, the prompt cache store and the suffix indexes (by default in-memory,
-    one per API key); runs the jobs on one thread. `draft_model` is a draft model, a DFlash
-    drafter, "mtp" (the target's own MTP head, weights from `options.mtp_weights`) or None."""
+    one per API key); runs the jobs on one thread. `draft_model` is a draft model (of the
+    target's tokenizer, or of another when `mlx_spec.load` kept the draft's), a DFlash drafter,
+    an EAGLE-3 head, "mtp" (the target's own MTP head, weights from `options.mtp_weights`) or
+    None."""
 
     def __init__(self, target_model, tokenizer, draft_model=None,
                  options: SpeculationOptions = SpeculationOptions(),
@@ -280,8 +284,9 @@ class GenerationWorker:
         if cache is None:
             cache = make_cache(self.target_model)
             if self.draft_model is not None and not (is_dflash_model(self.draft_model)
+                                                     or is_eagle3_head(self.draft_model)
                                                      or is_mtp(self.draft_model)):
-                cache += make_cache(self.draft_model)  # a DFlash drafter or MTP head: none here
+                cache += make_cache(self.draft_model)  # a head or block drafter: none here
         return cache, cached
 
     def _arguments(self, job: Job) -> dict:
@@ -293,7 +298,7 @@ class GenerationWorker:
                     adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
                     draft_confidence=o.draft_confidence,
                     prompt_lookup_max_ngram=o.prompt_lookup_max_ngram,
-                    calibration=self.calibration, mtp_weights=o.mtp_weights)
+                    calibration=self.calibration, mtp_weights=o.mtp_weights, tree=o.tree)
 
 
 def is_mtp(draft_model) -> bool:
