@@ -92,8 +92,8 @@ def sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sam
 
 def _sample_first_two(target_model, draft_model, prompt: List[int], sampling: SamplingConfig,
                       samples: int, num_draft_tokens: int, accept, prompt_lookup: bool,
-                      mtp_weights, logits_processors, suffix=None, tokenizers=(None, None)
-                      ) -> Tuple[Dict[Tuple[int, int], int], int, int]:
+                      mtp_weights, logits_processors, suffix=None, tokenizers=(None, None),
+                      tree=None) -> Tuple[Dict[Tuple[int, int], int], int, int]:
     """Counts of (t1, t2), and the tokens accepted and drafted over all samples.
 
     With `suffix` every sample's text joins the index, so later samples draft from earlier
@@ -127,7 +127,7 @@ def _sample_first_two(target_model, draft_model, prompt: List[int], sampling: Sa
             prompt_cache=None if fresh else target_cache + draft_cache,
             calibration=None,  # k is fixed: nothing to calibrate (and no fingerprint per sample)
             logits_processors=logits_processors, target_tokenizer=target_tokenizer,
-            draft_tokenizer=draft_tokenizer,
+            draft_tokenizer=draft_tokenizer, tree=tree,
         ):
             out += round_.tokens
             drafted += round_.num_drafted
@@ -211,15 +211,16 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
                     alpha: float = DEFAULT_ALPHA, accept=None, prompt_lookup: bool = False,
                     seed: Optional[int] = 0, mtp_weights=None,
                     logits_processors=None, suffix=None, draft_tokenizer=None,
-                    target_tokenizer=None) -> ExactnessResult:
+                    target_tokenizer=None, tree=None) -> ExactnessResult:
     """Run the whole check; `result.passed` is False when speculation changed the output.
     With mlx-lm's `logits_processors` the exact distribution is the processed one. A draft of
-    another vocabulary needs both tokenizers (given, or read by `mlx_spec.load`)."""
+    another vocabulary needs both tokenizers (given, or read by `mlx_spec.load`). `tree`: as
+    speculative_generate_step's (a (depth, width) pair checks token trees)."""
     check_arguments(target_model=target_model, draft_model=draft_model, prompt=prompt,
                     samples=samples, num_draft_tokens=num_draft_tokens,
                     alpha=alpha, accept=accept, prompt_lookup=prompt_lookup, seed=seed,
                     mtp_weights=mtp_weights, logits_processors=logits_processors, suffix=suffix,
-                    draft_tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer)
+                    draft_tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer, tree=tree)
     check_sampling(sampling)
     if sampling.sampler is not None:
         raise ValueError("The exactness check needs a sampler it can read (temp, top_p, top_k, "
@@ -236,7 +237,8 @@ def check_exactness(target_model, draft_model, prompt: List[int], sampling: Samp
     exact = exact_distribution(target_model, prompt, sampling, logits_processors=logits_processors)
     counts, accepted, drafted = _sample_first_two(
         target_model, draft_model, prompt, sampling, samples, num_draft_tokens, accept,
-        prompt_lookup, mtp_weights, logits_processors, suffix, (target_tokenizer, draft_tokenizer))
+        prompt_lookup, mtp_weights, logits_processors, suffix, (target_tokenizer, draft_tokenizer),
+        tree)
     statistic, dof, p_value = chi_square(counts, exact)
     acceptance = accepted / drafted if drafted else 0.0
     return ExactnessResult(samples, statistic, dof, p_value, acceptance, alpha, drafted)

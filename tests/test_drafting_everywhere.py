@@ -158,3 +158,28 @@ def test_suffix_drafting_in_front_of_each_kind(kind, loaded):
                                          suffix=index, calibration=None, **kwargs))
         assert "".join(r.text for r in responses) == alone
     assert responses[-1].stats.accepted_by_source.get("suffix", 0) > 10
+
+
+# --- mlx-spec check -----------------------------------------------------------------------
+
+def test_the_exactness_check_runs_token_trees(loaded, model_dirs, monkeypatch):
+    """check_exactness(tree=) verifies trees (every sample's round a tree round) and passes;
+    `mlx-spec check --tree 2x3` runs it from the command line."""
+    from click.testing import CliRunner
+
+    from mlx_spec import loop
+    from mlx_spec.cli import main
+    from mlx_spec.exactness import check_exactness
+    from mlx_spec.sampling import SamplingConfig
+
+    target, tokenizer, draft, _ = loaded
+    trees = []
+    original = loop.tree_round
+    monkeypatch.setattr(loop, "tree_round", lambda *a: trees.append(1) or original(*a))
+    result = check_exactness(target, draft, tokenizer.encode("def fibonacci(n):"),
+                             SamplingConfig(temp=1.0), samples=150, tree=(2, 3))
+    assert result.passed and result.drafted > 0 and len(trees) >= 150, (result, len(trees))
+    checked = CliRunner().invoke(main, ["check", "--model", str(model_dirs["target"]),
+                                        "--draft-model", str(model_dirs["draft"]),
+                                        "--tree", "2x3", "--samples", "100"])
+    assert checked.exit_code == 0 and "indistinguishable" in checked.output, checked.output

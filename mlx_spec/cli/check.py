@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from .generate import tree_shape
 from .models import load_pair
 from .options import SEED, read_prompt
 
@@ -22,10 +23,11 @@ from .options import SEED, read_prompt
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--prompt-lookup", is_flag=True, help="Check n-gram drafting instead of (or before) the draft model.")
 @click.option("--suffix", is_flag=True, help="Check suffix drafting (each sample drafts from the earlier samples' text) instead of (or before) the draft model.")
+@click.option("--tree", default="off", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Check token trees of this shape from the draft model or prompt lookup: DxW (e.g. 2x3), or off (chains). The negative control runs chains.")
 @click.option("--negative-control", is_flag=True, help="Also run a deliberately broken rule, to show the check can fail.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_draft_tokens,
-          prompt_lookup, suffix, negative_control, seed):
+          prompt_lookup, suffix, tree, negative_control, seed):
     """Statistically check that speculation leaves the output distribution unchanged.
 
     Samples the first two tokens SAMPLES times with speculation and compares them
@@ -53,7 +55,8 @@ def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_dr
             result = check_exactness(target_model, draft, ids, sampling, samples=samples,
                                      num_draft_tokens=num_draft_tokens, accept=accept,
                                      prompt_lookup=prompt_lookup, seed=seed,
-                                     suffix=SuffixIndex() if suffix else None)
+                                     suffix=SuffixIndex() if suffix else None,
+                                     tree=tree if accept is None else False)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         verdict = "indistinguishable from the target" if result.passed else "DIFFERS from the target"
