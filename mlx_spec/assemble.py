@@ -19,7 +19,7 @@ import mlx.core as mx
 from .arguments import check_instance
 from .cache import (DEFAULT_RESERVE, ModelCache, cache_length, check_prompt_cache,
                     check_rewindable, make_cache, make_rewindable, unsupported_kinds)
-from .calibration import Calibration, dflash_key, load_calibration, mtp_key
+from .calibration import Calibration, dflash_key, eagle3_key, load_calibration, mtp_key
 from .calibration.record import ROUND_K
 from .costmodel import CostPrior
 from .defaults import DEFAULT_MAX_LOOKUP_TOKENS
@@ -129,7 +129,8 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     if policy is None:
         if sharding_group(model) is not None:  # a calibration measures one machine: start cold
             calibration = None
-        prior = cost_prior(calibration, model, draft_model, sampling, mtp_head, block_drafter)
+        prior = cost_prior(calibration, model, draft_model, sampling, mtp_head, block_drafter,
+                           eagle3_head)
         acceptance = DEFAULT_ACCEPTANCE_PRIOR if sampling.greedy else SAMPLING_ACCEPTANCE_PRIOR
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
                              acceptance_prior=acceptance,
@@ -292,7 +293,7 @@ def mtp_head_for(model, draft_model, mtp_weights):
 
 
 def cost_prior(calibration, target_model, draft_model, sampling,
-               mtp_head=None, block_drafter=None) -> Optional[CostPrior]:
+               mtp_head=None, block_drafter=None, eagle3_head=None) -> Optional[CostPrior]:
     """The adaptive policy's starting point from a calibration (see the `calibration` argument)."""
     if calibration is None:
         return None
@@ -313,7 +314,10 @@ def cost_prior(calibration, target_model, draft_model, sampling,
                "mtp": calibration.drafts.get(mtp_key(mtp_head)) if measured_mtp else None,
                # a step of 0: its one block pass per round is in the measured round's offset
                "dflash": calibration.drafts.get(dflash_key(block_drafter))
-               if measured_dflash else None}
+               if measured_dflash else None,
+               "eagle3": calibration.drafts.get(eagle3_key(eagle3_head))
+               if eagle3_head is not None and
+               any(fp.startswith("eagle3:") for fp in calibration.drafts) else None}
     for source, draft in sources.items():
         if draft is None:
             continue

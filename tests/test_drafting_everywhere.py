@@ -183,3 +183,66 @@ def test_the_exactness_check_runs_token_trees(loaded, model_dirs, monkeypatch):
                                         "--draft-model", str(model_dirs["draft"]),
                                         "--tree", "2x3", "--samples", "100"])
     assert checked.exit_code == 0 and "indistinguishable" in checked.output, checked.output
+
+
+# --- mlx-spec tune ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["eagle3", "cross"])
+def test_tune_measures_a_head_and_a_draft_of_another_tokenizer(kind, model_dirs, loaded,
+                                                               tmp_path, monkeypatch):
+    """`mlx-spec tune --draft-model` stores the head's (or the foreign draft's) costs; a call
+    then starts its policy from them and still gives the target's own text."""
+    from click.testing import CliRunner
+
+    from mlx_spec.assemble import cost_prior
+    from mlx_spec.calibration import load_calibration
+    from mlx_spec.cli import main
+    from mlx_spec.sampling import SamplingConfig
+
+    monkeypatch.setenv("MLX_SPEC_CACHE_DIR", str(tmp_path / "cache"))
+    target, tokenizer, _, _ = loaded
+    if kind == "eagle3":
+        draft_dir = write_head(tmp_path / "head", SPECFORGE, target,
+                               head_tensors(target, 200, seed=6), [0, 1, 1])
+        draft, source, name = load_eagle3(str(draft_dir)), "eagle3", "EAGLE-3 head"
+    else:
+        draft_dir = model_dirs["foreign"]
+        draft, source, name = load(str(draft_dir))[0], "draft", "draft"
+    tuned = CliRunner().invoke(main, ["tune", "--model", str(model_dirs["target"]),
+                                      "--draft-model", str(draft_dir)])
+    assert tuned.exit_code == 0 and name in tuned.stdout, tuned.output
+    calibration = load_calibration(target)
+    prior = cost_prior(calibration, target, None if kind == "eagle3" else draft,
+                       SamplingConfig(), eagle3_head=draft if kind == "eagle3" else None)
+    assert prior.knows(source)
+    prompt = "def fibonacci(n):"
+    assert generate(target, tokenizer, prompt, draft_model=draft, max_tokens=32) == \
+        generate(target, tokenizer, prompt, max_tokens=32, prompt_lookup=False)
+
+
+# --- mlx-spec bench -----------------------------------------------------------------------
+
+def test_bench_measures_a_draft_of_another_tokenizer_and_refuses_a_head(model_dirs, loaded,
+                                                                         tmp_path):
+    """Every phase runs with a draft of another tokenizer but mlx-lm's speculative column (it
+    would read the draft's ids as the target's), listed as skipped with the reason; an
+    EAGLE-3 head is one sentence in the API (the command line: test_eagle3)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mlx_spec.bench.runner import run_bench, tiny_config
+    from mlx_spec.cli import main
+
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--model", str(model_dirs["target"]), "--draft-model",
+        str(model_dirs["foreign"]), "--smoke", "--json", str(out), "--max-tokens", "6",
+        "--repeats", "1", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    measured = json.loads(out.read_text())
+    assert "target's tokenizer" in measured["skipped"]["mlx-lm speculative"]
+    assert sum(p["drafted"] for p in measured["acceptance"]) > 0
+    target, tokenizer, _, head = loaded
+    with pytest.raises(ValueError, match="The benchmark cannot measure an EAGLE-3 head yet"):
+        run_bench(target, head, tokenizer, tiny_config())

@@ -37,9 +37,11 @@ from typing import Callable, Dict, Optional
 import mlx.core as mx
 
 from ..cache import rewind
-from ..calibration.key import calibration_key, dflash_key, model_fingerprint, mtp_key
+from ..batch.eagle3 import Eagle3Pairs
+from ..calibration.key import calibration_key, dflash_key, eagle3_key, model_fingerprint, mtp_key
 from ..calibration.record import ROUND_K, Calibration, DraftCost
 from ..dflash import is_dflash_model
+from ..eagle3 import is_eagle3_head
 from ..generate import speculative_generate_step
 from ..loading import vocab_size
 from ..mtp import load_mtp
@@ -93,12 +95,31 @@ def draft_step_seconds(draft_model) -> float:
                         timed=_AsVerified(draft_model, draft_step=True))[1]
 
 
+def _context_tokens(target_model) -> mx.array:
+    return mx.random.randint(0, vocab_size(target_model), (CONTEXT_LENGTH + 1,),
+                             key=mx.random.key(0)).astype(mx.uint32)
+
+
 def mtp_step_seconds(target_model, head) -> float:
     """Seconds of one MTP drafting step after a CONTEXT_LENGTH context (its cache trimmed back)."""
     trunk, _ = split_target(target_model)
-    tokens = mx.random.randint(0, vocab_size(target_model), (CONTEXT_LENGTH + 1,),
-                               key=mx.random.key(0)).astype(mx.uint32)
-    hidden = trunk(tokens[None, :-1])[0]  # (T, H): the target's, as drafting feeds them
+    tokens = _context_tokens(target_model)
+    # (T, H): the target's, as drafting feeds them
+    return pair_step_seconds(head, tokens, trunk(tokens[None, :-1])[0])
+
+
+def eagle3_step_seconds(target_model, head) -> float:
+    """Seconds of one EAGLE-3 drafting step after a CONTEXT_LENGTH context (its cache trimmed
+    back): the head over its own output and the token it drafted, as a chained step."""
+    pairs = Eagle3Pairs(head, target_model)
+    tokens = _context_tokens(target_model)
+    _, fused = pairs.capture(tokens[None, :-1], None)  # (1, T, H): the target's fused taps
+    return pair_step_seconds(pairs, tokens, fused[0])
+
+
+def pair_step_seconds(head, tokens: mx.array, hidden: mx.array) -> float:
+    """Seconds of one chained step of a head that reads pairs (an MTP head, an EAGLE-3 head's
+    `Eagle3Pairs`), after the pairs (hidden (T, H), tokens[1:]); its cache trimmed back."""
     cache = head.make_cache()
     g = head(tokens[1:], hidden, cache[0])
     mx.eval(g, [c.state for c in cache])
@@ -203,6 +224,10 @@ def calibrate(target_model, draft_model=None, tokenizer=None,
     prepare_drafter(draft_model, target_model)  # timed in the dtype generation drafts in
     if is_dflash_model(draft_model):  # its block pass is timed inside the real rounds
         sources.append((dflash_key(draft_model), draft_model, {}, 0.0))
+    elif is_eagle3_head(draft_model):
+        say("EAGLE-3 step")
+        sources.append((eagle3_key(draft_model), draft_model, {},
+                        eagle3_step_seconds(target_model, draft_model)))
     elif draft_model is not None:
         say("draft step")
         sources.append((model_fingerprint(draft_model), draft_model, {},

@@ -153,9 +153,11 @@ def interleave(methods: Dict[str, Callable[[List[int]], RunResult]], prompts,
 
 def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens: int,
             repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
-            progress=None, speculative=None) -> Comparison:
+            progress=None, speculative=None, mlx_lm: bool = True) -> Comparison:
     """Target alone vs mlx-lm speculative vs mlx-spec at one (k, temp); `speculative`, when
-    given, {name: run(ids)} replaces the last two (a block drafter's: block_drafter.compare)."""
+    given, {name: run(ids)} replaces the last two (a block drafter's: block_drafter.compare);
+    `mlx_lm` False leaves mlx-lm out (a draft of another tokenizer: its ids are not the
+    target's)."""
     methods = {
         TARGET: lambda ids: run_target_alone(target_model, ids, temp, max_tokens),
         **(speculative or {
@@ -163,7 +165,7 @@ def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens:
             MLX_SPEC: lambda ids: run_mlx_spec(target_model, draft_model, ids, temp, k,
                                                max_tokens)}),
     }
-    if MLX_LM in methods and not mlx_lm_can_speculate(target_model, draft_model):
+    if MLX_LM in methods and not (mlx_lm and mlx_lm_can_speculate(target_model, draft_model)):
         del methods[MLX_LM]  # recurrent or sliding-window caches: mlx-lm refuses the pair
     with wired_limit(target_model, draft_model):
         results = interleave(methods, prompts, repeats, warmup, seed, progress)

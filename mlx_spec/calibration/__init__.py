@@ -13,13 +13,13 @@ target's weights and dtype (key.py); drafts are stored inside it by
 fingerprint.
 """
 
-from .key import (FORMAT_VERSION, calibration_key, dflash_key, model_dtype, model_fingerprint,
-                  mtp_key)
+from .key import (FORMAT_VERSION, calibration_key, dflash_key, eagle3_key, model_dtype,
+                  model_fingerprint, mtp_key)
 from .record import Calibration, DraftCost, describe
 from .store import (MAX_AGE_DAYS, cache_dir, calibration_path, forget_calibration,
                     load_calibration, save_calibration)
 
 __all__ = ["Calibration", "DraftCost", "model_fingerprint", "model_dtype",
-           "calibration_key", "dflash_key", "mtp_key", "calibration_path", "cache_dir", "save_calibration",
+           "calibration_key", "dflash_key", "eagle3_key", "mtp_key", "calibration_path", "cache_dir", "save_calibration",
            "load_calibration", "forget_calibration", "describe", "MAX_AGE_DAYS",
            "FORMAT_VERSION"]

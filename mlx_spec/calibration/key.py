@@ -61,6 +61,11 @@ def dflash_key(drafter) -> str:
     return "dflash:" + model_fingerprint(drafter)
 
 
+def eagle3_key(head) -> str:
+    """Where an EAGLE-3 head is stored among a calibration's drafts: "eagle3:" + its weights'."""
+    return "eagle3:" + model_fingerprint(head)
+
+
 def model_dtype(model) -> str:
     """The floating dtype holding most of the model's parameters ('float16', 'bfloat16', ...)."""
     counts = {}

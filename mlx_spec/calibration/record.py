@@ -181,7 +181,8 @@ def describe(cal: Calibration, draft_fingerprint: Optional[str] = None) -> str:
             lines.append(f"DFlash drafter {fp[7:19]}{mark}: one block pass per round, "
                          f"acceptance (k=4) {acceptance}")
             continue
-        name = f"MTP layer {fp[4:16]}" if fp.startswith("mtp:") else f"draft {fp[:12]}"
+        name = f"MTP layer {fp[4:16]}" if fp.startswith("mtp:") else \
+            f"EAGLE-3 head {fp[7:19]}" if fp.startswith("eagle3:") else f"draft {fp[:12]}"
         lines.append(f"{name}{mark}: step {draft.step_s * 1e3:.2f} ms = "
                      f"{draft.step_s / one:.3f} target forwards, acceptance (k=4) {acceptance}")
     if not cal.drafts:

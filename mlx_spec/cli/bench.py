@@ -40,7 +40,7 @@ def _parse_sizes(text: str):
 
 @click.command()
 @click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair).")
-@click.option("--draft-model", "-d", default=None, help="Draft model sharing the target's tokenizer, or a DFlash drafter's directory.")
+@click.option("--draft-model", "-d", default=None, help="Draft model (of the target's tokenizer, or of another: drafted across it), or a DFlash drafter's directory.")
 @click.option("--quick", is_flag=True, help="A few minutes: fewer k, temperatures, prompts, sizes and repeats.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=DEFAULT_JSON, show_default=True, help="Where to write every figure as JSON.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Markdown report path [default: next to the JSON, .md].")

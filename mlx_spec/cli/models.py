@@ -41,8 +41,8 @@ def resolve_models(model, draft_model, no_draft):
 
 def load_pair(model, draft_model, no_draft, command=None):
     """Load the target (and the draft unless there is none); a draft of another tokenizer
-    drafts across it (said on stderr) unless `command` names one that cannot yet, a draft that
-    does not fit is refused.
+    drafts across it (said on stderr), a draft that does not fit is refused, and so is an
+    EAGLE-3 head where `command` (bench) cannot measure one yet.
 
     A draft directory holding a DFlash drafter (config.json: DFlashDraftModel) or an EAGLE-3
     head (any of its three published layouts) loads as one, checked to fit the target."""
@@ -71,10 +71,6 @@ def load_pair(model, draft_model, no_draft, command=None):
             check_pair(target_model, draft, tokenizer, draft_tokenizer)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if bridge is not None and command is not None:
-        raise click.UsageError(f"`mlx-spec {command}` cannot draft across tokenizers yet; give a "
-                               "draft that shares the target's tokenizer (generate and check "
-                               "draft across them).")
     if bridge is not None:  # `load` keeps its tokenizer with it: the API finds it there
         click.echo(f"[draft] another tokenizer than the target's: drafting across it "
                    f"({bridge.shared} of the target's {bridge.target.size} tokens have a twin)",
@@ -84,12 +80,12 @@ def load_pair(model, draft_model, no_draft, command=None):
 
 def _eagle3_head(path, target_model, command):
     """The EAGLE-3 head in `path`, checked to fit the target; one sentence where `command`
-    (bench, tune, serve) cannot draft with one yet."""
+    (bench) cannot measure one yet."""
     from ..eagle3 import check_fits, load_eagle3
 
     if command is not None:
-        raise click.UsageError(f"`mlx-spec {command}` cannot draft with an EAGLE-3 head yet; "
-                               "generate and check can.")
+        raise click.UsageError(f"`mlx-spec {command}` cannot measure an EAGLE-3 head yet; "
+                               "generate, check, tune and serve draft with one.")
     try:
         head = load_eagle3(path)
         check_fits(head, target_model)

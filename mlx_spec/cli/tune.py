@@ -11,7 +11,7 @@ from .models import load_pair
 
 @click.command()
 @click.option("--model", "-m", default=None, help="Target model (default: the shipped pair).")
-@click.option("--draft-model", "-d", default=None, help="Draft model or DFlash drafter directory to measure with it (default with the shipped target: the shipped draft).")
+@click.option("--draft-model", "-d", default=None, help="Draft model (of the target's tokenizer or another), DFlash drafter or EAGLE-3 head directory to measure with it (default with the shipped target: the shipped draft).")
 @click.option("--no-draft", is_flag=True, help="Measure the target alone.")
 @click.option("--print", "show", is_flag=True, help="Show the stored calibration for the model; measure nothing.")
 @click.option("--forget", is_flag=True, help="Delete the stored calibration for the model.")
@@ -33,7 +33,7 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
 
     if not (show or forget):
         say("loading the models")
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget, command="tune")
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget)
     if forget:
         _forget_calibration(calibration, target_model)
     elif show:
@@ -57,9 +57,12 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
 
 def _fingerprint(calibration, draft):
     from ..dflash import is_dflash_model
+    from ..eagle3 import is_eagle3_head
 
     if is_dflash_model(draft):
         return calibration.dflash_key(draft)
+    if is_eagle3_head(draft):
+        return calibration.eagle3_key(draft)
     return calibration.model_fingerprint(draft) if draft is not None else None
 
 
