@@ -28,7 +28,7 @@ import logging
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Deque, List, Optional
+from typing import Callable, Deque, List, Optional, Sequence
 
 import mlx.core as mx
 
@@ -231,7 +231,7 @@ class GenerationWorker:
             max_tokens=job.max_tokens, prompt_cache=cache,
             # Closed below whatever happens, so the cache need only be right then: no per-token
             # upkeep (a draft pass per plain-decoded token), no round-end token held back.
-            prompt_cache_live=False, **self._arguments(job))
+            prompt_cache_live=False, **self._arguments(job, cached))
         try:
             for response in stream:
                 handed.append(response.token)
@@ -289,10 +289,12 @@ class GenerationWorker:
                 cache += make_cache(self.draft_model)  # a head or block drafter: none here
         return cache, cached
 
-    def _arguments(self, job: Job) -> dict:
+    def _arguments(self, job: Job, cached: int = 0) -> dict:
+        """stream_generate's keywords for `job`, whose first `cached` prompt tokens a stored
+        cache holds (they are not passed, but the penalties still see them)."""
         o, s = self.options, job.request.settings
         return dict(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed,
-                    logits_processors=_processors(s),
+                    logits_processors=_processors(s, job.prompt_ids[:cached]),
                     num_draft_tokens=s.num_draft_tokens, prompt_lookup=s.prompt_lookup,
                     suffix=self.suffix.index_for(job.partition) if s.suffix else None,
                     adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
@@ -306,17 +308,33 @@ def is_mtp(draft_model) -> bool:
     return isinstance(draft_model, str) and draft_model == "mtp"
 
 
-def _processors(settings) -> Optional[list]:
-    """mlx-lm's logits processors for a request's logit_bias and penalties (None: none asked)."""
+def _processors(settings, earlier: Sequence[int] = ()) -> Optional[list]:
+    """mlx-lm's logits processors for a request's logit_bias and penalties (None: none asked).
+
+    The penalties look at the whole conversation as the model sees it, prompt and generated
+    so far, whatever a stored cache holds: each processor is handed `earlier` (the prompt
+    tokens a reused cache holds, which the generation call is not given) in front of the
+    tokens it is called with, so a cache hit answers as a miss does, and as the batched
+    worker, whose rows hold the whole prompt."""
     if not (settings.logit_bias or settings.presence_penalty or settings.frequency_penalty
             or settings.repetition_penalty is not None):
         return None
     from mlx_lm.sample_utils import make_logits_processors
 
-    return make_logits_processors(logit_bias=dict(settings.logit_bias) or None,
-                                  repetition_penalty=settings.repetition_penalty,
-                                  presence_penalty=settings.presence_penalty or None,
-                                  frequency_penalty=settings.frequency_penalty or None)
+    processors = make_logits_processors(logit_bias=dict(settings.logit_bias) or None,
+                                        repetition_penalty=settings.repetition_penalty,
+                                        presence_penalty=settings.presence_penalty or None,
+                                        frequency_penalty=settings.frequency_penalty or None)
+    if not earlier:
+        return processors
+    before = mx.array(list(earlier), mx.uint32)
+    return [_after(before, processor) for processor in processors]
+
+
+def _after(before: mx.array, processor):
+    """`processor` handed `before` in front of the tokens it is called with."""
+    return lambda tokens, logits: processor(mx.concatenate([before, tokens.astype(mx.uint32)]),
+                                            logits)
 
 
 def _resolve_calibration(calibration, target_model):
