@@ -15,14 +15,14 @@ target.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from ..default_models import DEFAULT_DFLASH_PATH
+from ..drafter_files import directory_of, load_checked, local_directory, located, \
+    read_config, read_weights
 from ..loading import vocab_size
 from ..mtp.heads import text_model
 from .config import DFlashConfig, is_dflash_config, parse_config
@@ -30,58 +30,21 @@ from .dflash2 import DFlash2Model
 from .model import DFlashModel
 from .taps import decoder_layers, embedding
 
-PREFIXES = ("model.",)
 SHIPPED = "dflash"  # the name of the drafter shipped for the shipped target
 
 
 def dflash_directory(path) -> Optional[Path]:
     """The local directory of a DFlash drafter at `path` (a directory or a cached repo id),
     or None when `path` is not one (any other model, or nothing there)."""
-    directory = _local(str(path))
-    if directory is None or not (directory / "config.json").exists():
-        return None
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return directory if is_dflash_config(config) else None
+    return directory_of(_local(str(path)), is_dflash_config)
 
 
 def load_dflash(path) -> DFlashModel:
     """The drafter at `path`; ValueError with one sentence when it cannot be used."""
-    directory = _local(str(path))
-    if directory is None:
-        raise ValueError(f"DFlash drafter '{path}' was not found: give a local directory or the "
-                         "repo id of one in the Hugging Face cache.")
-    where = f"The DFlash drafter in {directory}"
-    try:
-        config = parse_config(json.loads((directory / "config.json").read_text()), where)
-    except OSError as exc:
-        raise ValueError(f"{where} has no readable config.json ({exc.strerror}).") from None
+    directory, where = located(path, "DFlash drafter", _local)
+    config = parse_config(read_config(directory, where), where)
     model = DFlashModel(config) if config.dflash2 is None else DFlash2Model(config)
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{where} has no *.safetensors weights.")
-    weights = {}
-    for file in files:
-        for name, value in mx.load(str(file)).items():
-            for prefix in PREFIXES:
-                if name.startswith(prefix):
-                    name = name[len(prefix):]
-            weights[name] = value
-    expected = dict(tree_flatten(model.parameters()))
-    missing = sorted(expected.keys() - weights.keys())
-    unexpected = sorted(weights.keys() - expected.keys())
-    if missing or unexpected:
-        what = f"lacks {missing[0]}" if missing else f"holds an unexpected weight {unexpected[0]}"
-        raise ValueError(f"{where} {what}; it is not in the {config.architecture} layout "
-                         f"this config describes ({len(missing)} missing, "
-                         f"{len(unexpected)} unexpected).")
-    for name, value in weights.items():
-        if value.shape != expected[name].shape:
-            raise ValueError(f"{where}: weight {name} has shape {tuple(value.shape)}, the config "
-                             f"says {tuple(expected[name].shape)}.")
-    model.load_weights(list(weights.items()))
+    load_checked(model, read_weights(directory, where), where, config.architecture)
     mx.eval(model.parameters())
     if hasattr(model, "loaded"):
         model.loaded()
@@ -119,16 +82,6 @@ def is_dflash_model(value) -> bool:
 
 
 def _local(path: str) -> Optional[Path]:
-    if Path(path).exists():
-        return Path(path)
-    if path == SHIPPED:
+    if path == SHIPPED and not Path(path).exists():
         return DEFAULT_DFLASH_PATH
-    parts = path.split("/")
-    if len(parts) != 2 or not all(parts) or path.startswith((".", "~")):
-        return None
-    from mlx_lm.utils import hf_repo_to_path
-
-    try:
-        return hf_repo_to_path(path)  # the local cache only: nothing is downloaded here
-    except Exception:
-        return None
+    return local_directory(path)

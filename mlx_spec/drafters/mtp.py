@@ -1,17 +1,10 @@
 """Proposals from the target's own MTP layer: it drafts from the target's hidden states.
 
-The MTP layer sees pairs (h_i, x_{i+1}): the target's hidden state at
-position i and the token after it. The loop hands it every such pair the
-target produced (`follow`: prefill chunks, the kept positions of a verify
-pass, plain steps); they are queued and fed in one pass at the next
-proposal. Its output at the last pair drafts d1; each further draft feeds
-its own output back with the token just drafted (depth 2..k).
-
-Its KV cache holds exactly one entry per pair, i.e. as many as the target
-cache holds tokens. The k - 1 chained steps of a proposal add entries made
-from the layer's own outputs, not the target's; `commit` trims them all
-(host metadata), and the accepted positions come back through `follow`
-with the target's hidden states, as vLLM and mlx-vlm do.
+The MTP layer sees pairs (h_i, x_{i+1}), the target's hidden state at position i and the
+token after it, and each further draft its own output with the token just drafted: the chain
+of head_chain.py (queued pairs fed in one pass, chained drafts, `commit` trimming their cache
+entries). Here the layer takes token ids, keeps its outputs at the prefill's pairs for the
+prompt look, and times one chained step for the policy.
 """
 
 from __future__ import annotations
@@ -21,40 +14,25 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from ..attention import round_attention
 from ..cache import rewind
 from ..prompt_look import Tail
-from ..sampling import SamplingConfig, logprobs_from_logits, sample
+from ..sampling import SamplingConfig
+from .head_chain import HeadChainDrafter
 from .protocol import Proposal
 
 
-class MTPDrafter:
+class MTPDrafter(HeadChainDrafter):
+    """The chain of head_chain.py, the head taking token ids; it also keeps the outputs of the
+    prefill's pairs for the prompt look, and times a chained step."""
+
     source = "mtp"
-    follows_target = True  # the loop hands it the target's hidden states (`follow`)
 
     def __init__(self, head, sampling: SamplingConfig):
-        self.head = head
-        self.sampling = sampling
-        self.cache = head.make_cache()
-        self._tokens: List[int] = []  # queued: the tokens after the queued hidden states
-        self._hidden: List[mx.array] = []  # queued: (m, H) blocks of target hidden states
-        self._last: Optional[mx.array] = None  # (H,) output at the last pair fed: drafts d1
-        self._chained = 0  # cache entries the last proposal's chained steps added
+        super().__init__(head, sampling)
         self._fed: Optional[mx.array] = None  # (m, H) outputs of the last catch-up (prompt look)
 
-    def follow(self, tokens: List[int], hidden: mx.array) -> None:
-        """The target's hidden states (len(tokens), H) and the token after each position."""
-        self._tokens.extend(tokens)
-        self._hidden.append(hidden)
-
-    def catch_up(self) -> list:
-        """Feed the queued pairs (lazily, one pass); returns the arrays that hold the result."""
-        if self._tokens:
-            hidden = self._hidden[0] if len(self._hidden) == 1 else mx.concatenate(self._hidden)
-            g = self.head(mx.array(self._tokens, mx.uint32), hidden, self.cache[0])  # (m, H)
-            self._last, self._fed = g[-1], g
-            self._tokens, self._hidden = [], []
-        return [c.state for c in self.cache] + ([self._last] if self._last is not None else [])
+    def fed(self, outputs: mx.array) -> None:
+        self._fed = outputs
 
     def prompt_logits(self, rows: int) -> Optional[Tail]:
         """Its logits for the last r <= `rows` prompt tokens, from the prefill's last pairs, once,
@@ -81,30 +59,7 @@ class MTPDrafter:
             rewind(self.cache, 1)
         return fastest
 
-    def can_propose(self, history: List[int]) -> bool:
-        return self._last is not None or bool(self._tokens)
-
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
-        with round_attention():  # the catch-up is a short multi-token pass
-            self.catch_up()
-        self._fed = None
-        if self._last is None:  # nothing seen yet (a one-token prompt): a plain step first
-            return None
-        g, draft_tokens, draft_probs = self._last, [], []
-        for i in range(k):
-            draft_logprobs = logprobs_from_logits(self.head.logits(g), self.sampling)  # (V,)
-            y = sample(draft_logprobs, self.sampling)[None]  # (1,)
-            if not self.sampling.greedy:
-                draft_probs.append(mx.exp(draft_logprobs))
-            draft_tokens.append(y)
-            if i + 1 < k:  # depth i + 2: the layer's own output with the token it drafted
-                g = self.head(y, g[None], self.cache[0])[0]
-            mx.async_eval(y, *draft_probs[-1:])
-        self._chained = k - 1
-        probs = mx.stack(draft_probs) if draft_probs else None  # (k, V)
-        return Proposal(mx.concatenate(draft_tokens), probs, self.source, self)
-
-    def commit(self, num_accepted: int) -> None:
-        """Drop the chained steps' entries; the kept positions return through `follow`."""
-        rewind(self.cache, self._chained)
-        self._chained = 0
+        proposal = super().propose(history, k)
+        self._fed = None  # the prompt look's outputs are not wanted after a proposal
+        return proposal

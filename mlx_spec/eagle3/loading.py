@@ -10,16 +10,16 @@ norm_before_fc) `input_norm.weight`; a `model.` prefix is accepted, the speculat
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
+from ..dflash.taps import decoder_layers, embedding
+from ..drafter_files import directory_of, load_checked, local_directory, located, \
+    read_config, read_weights
 from ..loading import vocab_size
 from ..mtp.heads import text_model
-from ..dflash.taps import decoder_layers, embedding
 from .config import Eagle3Config, is_eagle_config, parse_config
 from .model import Eagle3Head
 
@@ -28,70 +28,30 @@ IGNORED = ("verifier_",)
 
 def eagle3_directory(path) -> Optional[Path]:
     """The local directory of an EAGLE head at `path`, or None when `path` is not one."""
-    directory = _local(str(path))
-    if directory is None or not (directory / "config.json").exists():
-        return None
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return directory if is_eagle_config(config) else None
+    return directory_of(local_directory(str(path)), is_eagle_config)
 
 
-def _read_weights(directory: Path, where: str) -> dict:
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{where} has no *.safetensors weights.")
-    weights = {}
-    for file in files:
-        try:
-            tensors = mx.load(str(file))
-        except Exception as exc:  # noqa: BLE001 (a damaged file is the user's to replace)
-            raise ValueError(f"{where}: {file.name} cannot be read ({exc}).") from None
-        for name, value in tensors.items():
-            if name.startswith("model."):
-                name = name[len("model."):]
-            if name.startswith(IGNORED):
-                continue
-            if name.startswith("layers.0."):
-                name = "midlayer." + name[len("layers.0."):]
-            elif name.startswith("layers."):
-                raise ValueError(f"{where} holds {name}: a head of more than one decoder layer; "
-                                 "mlx-spec reads one-layer EAGLE-3 heads.")
-            weights[name] = value
-    return weights
+def _published_name(name: str, where: str) -> Optional[str]:
+    """A weight's name in Eagle3Head (None: a weight it leaves out)."""
+    if name.startswith(IGNORED):
+        return None
+    if name.startswith("layers.0."):
+        return "midlayer." + name[len("layers.0."):]
+    if name.startswith("layers."):
+        raise ValueError(f"{where} holds {name}: a head of more than one decoder layer; "
+                         "mlx-spec reads one-layer EAGLE-3 heads.")
+    return name
 
 
 def load_eagle3(path) -> Eagle3Head:
     """The head at `path`; ValueError with one sentence when it cannot be used."""
-    directory = _local(str(path))
-    if directory is None:
-        raise ValueError(f"EAGLE-3 head '{path}' was not found: give a local directory or the "
-                         "repo id of one in the Hugging Face cache.")
-    where = f"The EAGLE-3 head in {directory}"
-    try:
-        raw = json.loads((directory / "config.json").read_text())
-    except OSError as exc:
-        raise ValueError(f"{where} has no readable config.json ({exc.strerror}).") from None
-    except ValueError:
-        raise ValueError(f"{where} has a config.json that is not JSON.") from None
-    config = parse_config(raw, where)
-    weights = _read_weights(directory, where)
+    directory, where = located(path, "EAGLE-3 head")
+    config = parse_config(read_config(directory, where), where)
+    weights = read_weights(directory, where, lambda name: _published_name(name, where))
     d2t, t2d = weights.pop("d2t", None), weights.pop("t2d", None)
     head = Eagle3Head(config, fc_bias="fc.bias" in weights,
                       own_embedding="embed_tokens.weight" in weights)
-    expected = dict(tree_flatten(head.parameters()))
-    missing = sorted(expected.keys() - weights.keys())
-    unexpected = sorted(weights.keys() - expected.keys())
-    if missing or unexpected:
-        what = f"lacks {missing[0]}" if missing else f"holds an unexpected weight {unexpected[0]}"
-        raise ValueError(f"{where} {what}; it is not in the {config.layout} layout its config "
-                         f"describes ({len(missing)} missing, {len(unexpected)} unexpected).")
-    for name, value in weights.items():
-        if value.shape != expected[name].shape:
-            raise ValueError(f"{where}: weight {name} has shape {tuple(value.shape)}, the config "
-                             f"says {tuple(expected[name].shape)}.")
-    head.load_weights(list(weights.items()))
+    load_checked(head, weights, where, config.layout)
     head.set_d2t(_checked_maps(config, d2t, t2d, where))
     mx.eval(head.parameters())
     return head
@@ -154,16 +114,3 @@ def check_fits(head: Eagle3Head, target_model) -> None:
 def is_eagle3_head(value) -> bool:
     return isinstance(value, Eagle3Head)
 
-
-def _local(path: str) -> Optional[Path]:
-    if Path(path).exists():
-        return Path(path)
-    parts = path.split("/")
-    if len(parts) != 2 or not all(parts) or path.startswith((".", "~")):
-        return None
-    from mlx_lm.utils import hf_repo_to_path
-
-    try:
-        return hf_repo_to_path(path)  # the local cache only: nothing is downloaded here
-    except Exception:
-        return None

@@ -1,0 +1,95 @@
+"""A head that drafts from the target's hidden states, chaining its own outputs (MTP, EAGLE-3).
+
+The head sees pairs (h_i, x_{i+1}): what the target computed at position i and the token
+after it. The loop hands it every such pair the target produced (`follow`: prefill chunks,
+the kept positions of a verify pass, plain steps); they are queued and fed in one pass at the
+next proposal. Its output at the last pair drafts d1; each further draft feeds its own output
+back with the token just drafted (depth 2..k).
+
+Its KV cache holds exactly one entry per pair, i.e. as many as the target cache holds
+tokens. The k - 1 chained steps of a proposal add entries made from the head's own outputs,
+not the target's; `commit` trims them all (host metadata), and the accepted positions come
+back through `follow` with the target's hidden states, as vLLM and mlx-vlm do.
+
+A head says how a token enters it (`inputs`: its id, or its embedding) and how the target's
+states do (`states`: as they are, or fused); the rest is here.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mlx.core as mx
+
+from ..attention import round_attention
+from ..cache import rewind
+from ..sampling import SamplingConfig, logprobs_from_logits, sample
+from .protocol import Proposal
+
+
+class HeadChainDrafter:
+    source: str
+    follows_target = True  # the loop hands it the target's hidden states (`follow`)
+
+    def __init__(self, head, sampling: SamplingConfig):
+        self.head = head
+        self.sampling = sampling
+        self.cache = head.make_cache()
+        self._tokens: List[int] = []  # queued: the tokens after the queued hidden states
+        self._hidden: List[mx.array] = []  # queued: (m, H_target) blocks of target states
+        self._last: Optional[mx.array] = None  # (H,) output at the last pair fed: drafts d1
+        self._chained = 0  # cache entries the last proposal's chained steps added
+
+    def inputs(self, tokens: mx.array) -> mx.array:
+        """What the head takes for `tokens` (m,): the ids themselves (its own embedding)."""
+        return tokens
+
+    def states(self, hidden: mx.array) -> mx.array:
+        """What the head takes for the target's states (m, H_target): those states."""
+        return hidden
+
+    def fed(self, outputs: mx.array) -> None:
+        """The head's outputs (m, H) at the pairs a catch-up fed (a hook; nothing here)."""
+
+    def follow(self, tokens: List[int], hidden: mx.array) -> None:
+        """The target's hidden states (len(tokens), H_target) and the token after each position."""
+        self._tokens.extend(tokens)
+        self._hidden.append(hidden)
+
+    def catch_up(self) -> list:
+        """Feed the queued pairs (lazily, one pass); returns the arrays that hold the result."""
+        if self._tokens:
+            hidden = self._hidden[0] if len(self._hidden) == 1 else mx.concatenate(self._hidden)
+            g = self.head(self.inputs(mx.array(self._tokens, mx.uint32)), self.states(hidden),
+                          self.cache[0])  # (m, H)
+            self._last = g[-1]
+            self.fed(g)
+            self._tokens, self._hidden = [], []
+        return [c.state for c in self.cache] + ([self._last] if self._last is not None else [])
+
+    def can_propose(self, history: List[int]) -> bool:
+        return self._last is not None or bool(self._tokens)
+
+    def propose(self, history: List[int], k: int) -> Optional[Proposal]:
+        with round_attention():  # the catch-up is a short multi-token pass
+            self.catch_up()
+        if self._last is None:  # nothing seen yet (a one-token prompt): a plain step first
+            return None
+        g, draft_tokens, draft_probs = self._last, [], []
+        for i in range(k):
+            draft_logprobs = logprobs_from_logits(self.head.logits(g), self.sampling)  # (V,)
+            y = sample(draft_logprobs, self.sampling)[None]  # (1,) a target id
+            if not self.sampling.greedy:
+                draft_probs.append(mx.exp(draft_logprobs))
+            draft_tokens.append(y)
+            if i + 1 < k:  # depth i + 2: the head's own output with the token it drafted
+                g = self.head(self.inputs(y), g[None], self.cache[0])[0]
+            mx.async_eval(y, *draft_probs[-1:])
+        self._chained = k - 1
+        probs = mx.stack(draft_probs) if draft_probs else None  # (k, V)
+        return Proposal(mx.concatenate(draft_tokens), probs, self.source, self)
+
+    def commit(self, num_accepted: int) -> None:
+        """Drop the chained steps' entries; the kept positions return through `follow`."""
+        rewind(self.cache, self._chained)
+        self._chained = 0
