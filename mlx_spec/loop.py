@@ -322,13 +322,15 @@ def generate_rounds(
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1],
             tail=look_rows if split else 0)
     per_token = (time.perf_counter() - started) / (len(prompt) - 1) if len(prompt) > 1 else None
+    if per_token is not None and hasattr(policy, "observe_prefill"):  # what a verified token costs
+        policy.observe_prefill(len(prompt) - 1, per_token * (len(prompt) - 1))
     target_tail = prompt_look.tail_logits(target, look_rows) if look_rows else None
     if split:
         prompt_look.drop_hidden(target)
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
             started = time.perf_counter()
-            looks = {"look_rows": look_rows} if prompt_look.offers(drafter, sampling.greedy) else {}
+            looks = {"look_rows": look_rows} if prompt_look.offers(drafter) else {}
             drafter.prefill(prompt, prefill_step_size, **looks)  # evaluated: its time is its own
             if hasattr(policy, "observe_catch_up"):  # what a catch-up costs it per token
                 policy.observe_catch_up(drafter.source, len(prompt) - 1,
@@ -340,7 +342,7 @@ def generate_rounds(
             drafter.attach(decoder.history)
     looks = prompt_look.gather(target_tail, drafters, sampling) if look_rows else {}
     del target_tail
-    # Greedy, a draft model's guess for the first token (policy.FIRST_GUESS); not on a sharded
+    # Greedy, a draft model's guess for the first token (acceptance evidence); not on a sharded
     # target, whose policy hears of rounds in rank 0's order (mlx_spec.distributed).
     guessed = [d for d in drafters if getattr(d, "first_guess", None) is not None] \
         if (sampling.greedy and agree is None and not decoder.processors
@@ -389,7 +391,7 @@ def _take_look(policy, looks, sampling: SamplingConfig, most: int,
     token does not wait for it, and a source the first plain step already switched off (a draft
     whose step costs a target step) is not looked at (`policy.still_looks`). Over as many of
     the `most` rows gathered as its share of the reply buys (policy.look_rows, from the
-    target's prefill time `per_token`): none when too dear (policy.LOOK_BUDGET)."""
+    target's prefill time `per_token`): none when too dear."""
     wanted = getattr(policy, "still_looks", lambda source: True)
     rows = getattr(policy, "look_rows", lambda per_token, tokens, most: most)(
         per_token, max_tokens, most)
@@ -399,15 +401,13 @@ def _take_look(policy, looks, sampling: SamplingConfig, most: int,
 
 def _look_rows(drafters, policy, agree, processors, sampling: SamplingConfig) -> int:
     """How many prompt positions the prompt look compares (0: none): when the policy wants one
-    (greedy only with policy.GREEDY_LOOK), not on a sharded target (each rank would judge on its
+    (at T > 0), not on a sharded target (each rank would judge on its
     own) nor with logits processors (they change p)."""
     wants = getattr(policy, "wants_prompt_look", None)
     wanted = (wants is not None and wants(sampling.greedy)
               and agree is None and not processors
-              and any(prompt_look.offers(d, sampling.greedy) for d in drafters))
-    if not wanted:
-        return 0
-    return prompt_look.GREEDY_ROWS if sampling.greedy else prompt_look.ROWS
+              and any(prompt_look.offers(d) for d in drafters))
+    return prompt_look.ROWS if wanted else 0
 
 
 def _without_own_token(decoder: Decoder, round_: Round) -> Round:

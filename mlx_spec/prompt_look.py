@@ -5,19 +5,17 @@ At its last positions both predicted tokens that are known, so each
 position's chance that the residual rule keeps a draft there is
 sum_x min(p(x), q(x)) under the sampling transform of the round. Their mean,
 over up to ROWS positions, is the source's starting acceptance estimate in
-place of a guess (policy.AdaptivePolicy.observe_prompt_look,
-policy.PROMPT_LOOK). Greedy, a position's chance is whether the two argmaxes
-agree, and the mean only bounds what the rounds may keep (a target's own
-continuation is easier to guess than its prompt): with policy.GREEDY_LOOK
-(off by default: it costs more before the first token than it saves) the
-policy reads it to switch off a draft that agrees almost nowhere.
+place of a guess (policy.AdaptivePolicy.observe_prompt_look). Greedy the
+policy does not look: a target's own greedy continuation is easier to guess
+than its prompt, so the prompt's argmax agreement is no prior
+(bench/results/prompt-look-accuracy.md).
 
 The cost: the target's and each drafter's last layer over the prefill's last
 chunk and output layer over the rows, and one host sync. The rows are
 gathered lazily right after the prefill and evaluated after the first round
 (loop._take_look): the first token does not wait, and a source already off
 then is not computed. How many rows: as many as a share of the reply's plain
-time buys (policy.LOOK_BUDGET), the look's cost read in the target's prefill
+time buys (policy.AdaptivePolicy.look_rows), the look's cost read in the target's prefill
 time per prompt token, which the loop times: about 8 tokens' worth plus 0.4 a
 row on this project's CPU pairs, where a prompt token costs 0.16-0.34 of a plain
 step with the reference BLAS and 0.08-0.17 with OpenBLAS. The target's, a draft
@@ -38,8 +36,6 @@ from .mtp.heads import split_target
 from .sampling import SamplingConfig, probs_from_logits
 
 ROWS = 32  # prompt positions compared, at most
-GREEDY_ROWS = 16  # ... greedy (policy.GREEDY_LOOK), where the look only switches a hopeless
-# draft off: fewer rows through the output layers, a cheaper look
 MIN_ROWS = 4  # fewer (a short prompt, a reused cache, a dear look): no look
 
 
@@ -120,12 +116,9 @@ def chances(target_logits: mx.array, draft_logits: mx.array, sampling: SamplingC
     return mx.minimum(p, q).sum(axis=-1)
 
 
-def offers(drafter, greedy: bool = False) -> bool:
+def offers(drafter) -> bool:
     """Whether a drafter offers its prompt rows: `prompt_logits(rows)` or, when its q is not a
-    transform of logits, `prompt_probs(rows)` (either None: it cannot). Greedy only one whose
-    step the loop times (`step_seconds`): the policy reads a greedy look only against it."""
-    if greedy and not hasattr(drafter, "step_seconds"):
-        return False
+    transform of logits, `prompt_probs(rows)` (either None: it cannot)."""
     return getattr(drafter, "prompt_logits", None) is not None or \
         getattr(drafter, "prompt_probs", None) is not None
 
@@ -139,7 +132,7 @@ def gather(target_tail: Optional[Tail], drafters, sampling: SamplingConfig
     for, or an array); nothing is computed until `look`."""
     pending = {}
     for drafter in drafters:  # each asked once, even with no target rows: it lets its go
-        if not offers(drafter, sampling.greedy):
+        if not offers(drafter):
             continue
         as_probs = getattr(drafter, "prompt_logits", None) is None
         draft_tail = (drafter.prompt_probs if as_probs else drafter.prompt_logits)(ROWS)

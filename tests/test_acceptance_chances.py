@@ -95,22 +95,22 @@ def test_expected_kept_counts_a_draft_only_if_those_before_it_were_kept():
     assert rejected == pytest.approx(0.75)
 
 
-def _one_round_estimates(chance, rng):
-    """Acceptance estimates after one k = 1 round of a source keeping drafts with `chance`."""
-    estimate = SourceEstimate(k_max=8, k_initial=1, decay=0.9, acceptance=0.5)
+def _one_round_estimates(chance, rng, soft):
+    """Acceptance estimates after one k = 1 round of a source keeping drafts with `chance`,
+    counted by the chances (`soft`, as the policy does) or by the flip."""
+    estimate = SourceEstimate(k_max=8, acceptance=0.5, decay=0.9, free=False, block=False)
     kept = int(rng.random() < chance)
-    estimate.observe(1, kept, None, chances=[chance])
+    estimate.count(*(expected_kept([chance]) if soft else (kept, float(not kept))))
     return estimate.acceptance
 
 
 @pytest.mark.parametrize("soft", [True, False])
 def test_one_round_tells_an_85_percent_source_from_a_50_percent_one(soft, monkeypatch):
     """With the chances, after one round each the 85% source is ahead every time; with the
-    kept counts (SOFT_ACCEPTANCE off: the negative control) it is ahead only when its draft
-    was kept and the other's rejected: 0.85 x 0.5, about 85 of the 200 trials."""
-    monkeypatch.setattr(policy_module, "SOFT_ACCEPTANCE", soft)
+    kept counts (the negative control) it is ahead only when its draft was kept and the
+    other's rejected: 0.85 x 0.5, about 85 of the 200 trials."""
     rng = random.Random(0)
-    ahead = sum(_one_round_estimates(0.85, rng) > _one_round_estimates(0.5, rng)
+    ahead = sum(_one_round_estimates(0.85, rng, soft) > _one_round_estimates(0.5, rng, soft)
                 for _ in range(200))
     if soft:
         assert ahead == 200
@@ -120,7 +120,6 @@ def test_one_round_tells_an_85_percent_source_from_a_50_percent_one(soft, monkey
 
 def test_the_policy_reads_a_rounds_chances(monkeypatch):
     """AdaptivePolicy.observe hands the round's chances to its source's estimate."""
-    monkeypatch.setattr(policy_module, "SOFT_ACCEPTANCE", True)
     policy = policy_module.AdaptivePolicy(prior=None)
     policy.plain_trial = 0
     before = policy.source("draft").acceptance

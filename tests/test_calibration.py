@@ -80,7 +80,7 @@ def test_the_target_s_mtp_layer_is_measured_and_used(monkeypatch):
     rounds = speculative_generate_step([1, 2, 3], target_model, "mtp", max_tokens=12)
     list(rounds)
     assert rounds.policy.describe()["calibrated"] is True
-    assert rounds.policy.source("mtp").warm  # its cost fit started from the stored step
+    assert rounds.policy.prior.knows("mtp")  # its cost line starts from the stored step
 
 
 def test_save_then_load_round_trips(pair, measured):

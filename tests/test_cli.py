@@ -37,7 +37,7 @@ def test_prompt_from_stdin_and_prompt_lookup(model_dirs):
 
 def test_color_marks_draft_tokens(model_dirs):
     # The target drafting for itself accepts every draft; k pinned, because under the default
-    # policy a draft whose step costs a target step never drafts (policy.COSTLY_DRAFT_OFF).
+    # policy a draft whose step costs a target step never drafts (it would lose with every draft kept).
     result = run("generate", "--model", str(model_dirs["target"]), "--draft-model",
                  str(model_dirs["target"]), "-n", "12", "--color", "-q", "--num-draft-tokens", "3")
     assert result.exit_code == 0
@@ -57,14 +57,6 @@ def test_bad_input_is_one_clear_error(model_dirs, args, fragment):
     assert result.exit_code != 0
     assert fragment in result.output
     assert "Traceback" not in result.output
-
-
-@pytest.mark.parametrize("command", ["bench", "tune"])
-def test_a_draft_of_another_tokenizer_is_one_sentence_where_it_cannot_draft(model_dirs, command):
-    result = run(command, "--model", str(model_dirs["target"]), "--draft-model",
-                 str(model_dirs["foreign"]))
-    assert result.exit_code != 0
-    assert "cannot draft across tokenizers" in result.output and "Traceback" not in result.output
 
 
 def test_console_script_exit_code(model_dirs):

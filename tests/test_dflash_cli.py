@@ -65,7 +65,7 @@ def test_tune_measures_the_drafter_and_generate_starts_from_it(model_dirs, targe
                                        prompt_lookup=False)
     list(rounds)
     assert rounds.policy.describe()["calibrated"] is True
-    assert rounds.policy.source("dflash").warm  # its round-cost fit started from the calibration
+    assert rounds.policy.prior.knows("dflash")  # its cost line starts from the calibration
 
 
 def test_bench_measures_the_drafter_as_a_block_drafter(model_dirs, drafter_dir, tmp_path):

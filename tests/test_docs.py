@@ -143,8 +143,20 @@ def module_exists(name: str) -> bool:
     return importlib.util.find_spec(name.split(".")[0]) is not None  # a third party's top level
 
 
+def retired_studies() -> set:
+    """The studies bench/README.md lists as retired (their code is in git history)."""
+    text = (ROOT / "bench" / "README.md").read_text()
+    if "## Retired studies" not in text:
+        return set()
+    section = text.split("## Retired studies", 1)[1].split("\n## ", 1)[0]
+    return {f"bench.studies.{name}" for name in re.findall(r"^- `(\w+)`:", section, re.M)}
+
+
 def runnable_module(name: str) -> bool:
-    """`python -m name` would find something to run."""
+    """`python -m name` would find something to run (or ran, at the commit a retired study's
+    entry names)."""
+    if name in retired_studies():
+        return True
     if name.split(".")[0] in REPO_PACKAGES:
         found = repo_module(name)
         if found is not None and found.name == "__init__.py":

@@ -243,23 +243,6 @@ def test_table_renders_and_survives_json(tiny_table):
     assert render_markdown(again) == markdown
 
 
-def test_the_draft_step_study_reads_both_times_from_the_policy():
-    """draft_step: one row per pair with a draft model (an MTP head has none), the draft's
-    step and the target's first and steady steps as the policy was told them."""
-    from bench.studies.draft_step import measure, render
-    rows = measure(["skip-f32", "mtp-f32"], repeats=1)
-    assert [row["pair"] for row in rows] == ["skip-f32"]
-    row = rows[0]
-    assert row["draft_step_s"] > 0 and row["first_step_s"] > 0 and row["plain_step_s"] > 0
-    from mlx_spec.policy import FIRST_STEP_SLOWER
-    assert row["decision"] == (
-        "off before its first look" if row["draft_over_first"] * FIRST_STEP_SLOWER >= 1
-        else "judged by its rounds" if row["draft_over_plain"] < 1
-        else "off after its first look")
-    assert row["cold_starts"] == 1 and row["off_before_look"] in (0, 1)
-    assert "| skip-f32 |" in render(rows, {"command": "c", "machine": "m", "repeats": 1})
-
-
 def test_rerender_of_a_file_it_cannot_read_is_one_sentence(tmp_path, capsys):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"config": {}, "rows": []}))  # an older schema

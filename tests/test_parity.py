@@ -62,8 +62,8 @@ def test_prompt_lookup_is_on_by_default_except_in_front_of_a_draft_when_sampling
     sampled = {"sampling": SamplingConfig(temp=1.0)}
 
     def sources(draft, **kwargs):
-        return {r.source for r in speculative_generate_step(prompt, target_model, draft,
-                                                            max_tokens=30, **kwargs)}
+        return {r.source for r in speculative_generate_step(  # k pinned: whether lookup is
+            prompt, target_model, draft, max_tokens=30, num_draft_tokens=2, **kwargs)}  # wired
 
     assert "lookup" in sources(drafts["related"])
     assert "lookup" in sources(None)  # no draft: lookup alone, greedy

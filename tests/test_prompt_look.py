@@ -31,11 +31,11 @@ def pair():
 
 def looked(monkeypatch):
     """Every (source, acceptance, rows) the loop hands the policy. The tiny draft's timed step
-    can read as dear as the tiny target's under load, and a draft off after the first step is
-    not looked at: COSTLY_DRAFT_OFF is off here (a test below turns it on). The tests' replies
-    are short: the look's budget (LOOK_BUDGET) is lifted here (tests below keep it)."""
-    monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", False)
-    monkeypatch.setattr(policy_module, "LOOK_BUDGET", False)
+    can read as dear as the tiny target's under load, and a draft the model finds hopeless is
+    not looked at: here every source still looks (a test below keeps the policy's answer). The
+    tests' replies are short: the look's budget is lifted here (tests below keep it)."""
+    monkeypatch.setattr(AdaptivePolicy, "still_looks", lambda self, source: True)
+    monkeypatch.setattr(AdaptivePolicy, "look_rows", lambda self, per_token, tokens, most: most)
     seen = []
     original = AdaptivePolicy.observe_prompt_look
 
@@ -155,28 +155,11 @@ def test_a_dflash2_drafters_look_is_its_selectors_first_draft_distribution(
     assert abs(np.minimum(p[2:], q[:-1]).sum(-1).mean() - expected) > 1e-3  # (off by one)
 
 
-def test_a_greedy_look_is_the_share_of_rows_whose_argmaxes_agree(pair, monkeypatch):
-    """Greedy the look's chance at a row is 1 where the target's and the draft's argmax agree
-    (GREEDY_LOOK, off by default)."""
-    monkeypatch.setattr(policy_module, "GREEDY_LOOK", True)
-    target, draft = pair
-    prompt = prompt_of(50, seed=5)
-    seen = looked(monkeypatch)
-    decode(target, draft, prompt, temp=0.0)
-    rows = prompt_look.GREEDY_ROWS
-    assert [(s, r) for s, _, r in seen] == [("draft", rows)]
-    x = mx.array([prompt[:-1]])
-    t, d = np.array(target(x)[0, -rows:]), np.array(draft(x)[0, -rows:])
-    expected = (t.argmax(-1) == d.argmax(-1)).mean()
-    assert 0.0 < expected < 1.0 and seen[0][1] == pytest.approx(expected)
-    assert seen[0][1] != pytest.approx(numpy_chances(t, d, 1.0).mean(), abs=1e-3)
-
-
 @pytest.mark.parametrize("case", ["greedy", "fixed k", "processors", "short prompt",
-                                  "flag off"])
+                                  "calibrated"])
 def test_no_look_where_it_is_not_wanted(pair, monkeypatch, case):
-    """Greedy (GREEDY_LOOK off, the default), a pinned k (no policy reads it), logits processors (they
-    change p), a prompt too short, PROMPT_LOOK off."""
+    """Greedy (the prompt is no guide to a greedy reply), a pinned k (no policy reads it), logits
+    processors (they change p), a prompt too short, a calibration (it measured acceptance)."""
     target, draft = pair
     seen = looked(monkeypatch)
     prompt, options = prompt_of(30), {}
@@ -189,7 +172,7 @@ def test_no_look_where_it_is_not_wanted(pair, monkeypatch, case):
     elif case == "short prompt":
         prompt = prompt[:prompt_look.MIN_ROWS]
     else:
-        monkeypatch.setattr(policy_module, "PROMPT_LOOK", False)
+        monkeypatch.setattr(AdaptivePolicy, "wants_prompt_look", lambda self, greedy=False: False)
     assert len(decode(target, draft, prompt, **options)) == 8
     assert seen == []
 
@@ -200,7 +183,7 @@ def test_the_look_replaces_the_guess_and_keeps_its_weight():
     weight = before.accepted + before.rejected
     policy.observe_prompt_look("draft", 0.2, 32)
     after = policy.source("draft")
-    assert after.acceptance == pytest.approx(0.2) and after.prior_acceptance == pytest.approx(0.2)
+    assert after.acceptance == pytest.approx(0.2) and after.looked
     assert after.accepted + after.rejected == pytest.approx(weight)
 
 
@@ -256,61 +239,37 @@ def test_the_looks_rows_are_the_prefills_last_chunk(n, step, tail, expected):
     assert all(end - start <= step for start, end in bounds)
 
 
-def test_a_look_leaves_the_greedy_reply_and_the_caches_as_they_were(pair, monkeypatch):
-    """The look's own last chunk changes nothing the target decodes: greedy, 40 tokens after a
-    420-token prompt in chunks of 256, with the look and without (GREEDY_LOOK off)."""
-    monkeypatch.setattr(policy_module, "GREEDY_LOOK", True)
-    target, draft = pair
-    prompt = prompt_of(420, seed=9)
-    assert len(chunks(len(prompt) - 1, 256, prompt_look.GREEDY_ROWS)) == 3
-    seen = looked(monkeypatch)
-    with_look = decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=256)
-    assert [r for _, _, r in seen] == [prompt_look.GREEDY_ROWS]
-    monkeypatch.setattr(policy_module, "GREEDY_LOOK", False)
-    assert decode(target, draft, prompt, temp=0.0, max_tokens=40, prefill_step_size=256) == with_look
-    assert len(seen) == 1
-
-
-def test_greedy_only_a_drafter_with_a_timed_step_is_looked_at():
-    """The policy reads a greedy look only against the drafter's timed step (LOOKED_DRAFT_OFF):
-    a block drafter (no `step_seconds`) pays for no greedy look; at T > 0 it is looked at."""
-    class Block:
-        def prompt_logits(self, rows):
-            return None
-
-    class Paid(Block):
-        def step_seconds(self, token):
-            return 0.001
-    assert prompt_look.offers(Block()) and not prompt_look.offers(Block(), greedy=True)
-    assert prompt_look.offers(Paid(), greedy=True)
-
-
 def test_the_look_comes_after_the_first_token(pair, monkeypatch):
     """The first token does not wait for the look: it is handed to the policy after the first
-    round, before the second."""
+    token, before the first drafted round."""
     target, draft = pair
     seen = looked(monkeypatch)
-    steps = speculative_generate_step(prompt_of(30), target, draft, max_tokens=8,
+    steps = speculative_generate_step(prompt_of(30), target, draft, max_tokens=12,
                                       sampling=SamplingConfig(temp=0.7), calibration=None,
                                       prompt_lookup=False)
     next(steps)
     assert seen == []
-    next(steps)
+    while next(steps).num_drafted == 0:
+        pass
     assert [s for s, _, _ in seen] == ["draft"]
 
 
-def test_a_draft_switched_off_by_the_first_plain_step_is_not_looked_at(pair, monkeypatch):
-    """A draft whose timed step costs a target step (COSTLY_DRAFT_OFF) is off after the first
-    plain step: its look is never computed. Negative control: a cheap step, and it is."""
+def test_a_draft_the_model_finds_hopeless_is_not_looked_at(pair, monkeypatch):
+    """A draft whose timed step costs more than a target step loses even with every draft kept:
+    it is off at its first question, and its look is never computed. Negative control: a cheap
+    step, and it is."""
     target, draft = pair
-    seen = looked(monkeypatch)
-    monkeypatch.setattr(policy_module, "COSTLY_DRAFT_OFF", True)
+    seen = []  # (the policy's own still_looks: not `looked`)
+    original = AdaptivePolicy.observe_prompt_look
+    monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", lambda self, source, a, rows, **o: (
+        seen.append((source, a, rows)), original(self, source, a, rows, **o)))
+    monkeypatch.setattr(AdaptivePolicy, "look_rows", lambda self, per_token, tokens, most: most)
     monkeypatch.setattr(AdaptivePolicy, "observe_draft_step",
-                        lambda self, source, seconds: self.draft_step_seconds.update({source: 10.0}))
+                        lambda self, source, seconds: self.step_seconds.update({source: 10.0}))
     decode(target, draft, prompt_of(30))
     assert seen == []
     monkeypatch.setattr(AdaptivePolicy, "observe_draft_step",
-                        lambda self, source, seconds: self.draft_step_seconds.update({source: 1e-6}))
+                        lambda self, source, seconds: self.step_seconds.update({source: 1e-6}))
     decode(target, draft, prompt_of(30))
     assert [s for s, _, _ in seen] == ["draft"]
 
@@ -325,10 +284,8 @@ def test_a_draft_switched_off_by_the_first_plain_step_is_not_looked_at(pair, mon
 def test_the_looks_rows_are_what_its_share_of_the_reply_buys(monkeypatch, per_token, step,
                                                              tokens, rows):
     policy = AdaptivePolicy()
-    monkeypatch.setattr(AdaptivePolicy, "steady_step_seconds", lambda self: step)
+    monkeypatch.setattr(AdaptivePolicy, "plain_seconds", step)
     assert policy.look_rows(per_token, tokens, 32) == rows
-    monkeypatch.setattr(policy_module, "LOOK_BUDGET", False)  # negative control: every row
-    assert policy.look_rows(per_token, tokens, 32) == 32
 
 
 def test_the_loop_looks_over_the_rows_its_budget_buys(pair, monkeypatch):
@@ -342,7 +299,7 @@ def test_the_loop_looks_over_the_rows_its_budget_buys(pair, monkeypatch):
     asked = []
 
     def affordable(self, per_token, tokens, most):
-        asked.append((per_token, self.steady_step_seconds(), tokens, most))
+        asked.append((per_token, self.plain_seconds, tokens, most))
         return budget
     monkeypatch.setattr(AdaptivePolicy, "look_rows", affordable)
     budget = 5
@@ -388,35 +345,16 @@ def test_a_tail_runs_its_output_layer_over_the_rows_asked_for_only(pair, monkeyp
 
 
 def test_the_budget_decides_the_look_in_the_loop(pair, monkeypatch):
-    """With LOOK_BUDGET on, as shipped: a share of the reply that buys every row gives a look
+    """The policy's own budget, as shipped: a share of the reply that buys every row gives a look
     over all of them; one that buys fewer than MIN_ROWS gives none."""
     target, draft = pair
     prompt = prompt_of(40)
+    budgeted = AdaptivePolicy.look_rows
     seen = looked(monkeypatch)
-    monkeypatch.setattr(policy_module, "LOOK_BUDGET", True)
+    monkeypatch.setattr(AdaptivePolicy, "look_rows", budgeted)
     monkeypatch.setattr(policy_module, "LOOK_SHARE", 1e6)
     decode(target, draft, prompt, max_tokens=12)
     assert [(s, r) for s, _, r in seen] == [("draft", prompt_look.ROWS)]
     monkeypatch.setattr(policy_module, "LOOK_SHARE", 1e-6)
     decode(target, draft, prompt, max_tokens=12)
     assert len(seen) == 1
-
-
-def test_the_look_budget_study_reads_its_calls_against_the_policy_constants():
-    """look_budget.summary: a look of 12 ms on a 4 ms steady step is 3 steps and, over 100
-    tokens at LOOK_SHARE, 3 / (LOOK_SHARE * 100) of its budget; calls that compared no rows
-    are counted, not timed."""
-    from mlx_spec import policy
-    from bench.studies.look_budget import summary
-    call = {"look_s": 0.012, "rows": 10, "compared": 10, "per_token_s": 0.001,
-            "step_estimate_s": 0.005, "steady_s": 0.004}
-    skipped = {**call, "compared": 0}
-    row = summary("pair", 0.7, [call, call, skipped], 100)
-    assert (row["calls"], row["looked"]) == (3, 2)
-    assert row["estimate_over_steady"] == pytest.approx(1.25)
-    assert row["look_steps"] == pytest.approx(3.0)
-    assert row["over_budget"] == pytest.approx(3.0 / (policy.LOOK_SHARE * 100))
-    predicted = (policy.LOOK_FIXED_TOKENS + policy.LOOK_ROW_TOKENS * 10) * 0.001
-    assert row["over_predicted"] == pytest.approx(0.012 / predicted)
-    assert summary("pair", 0.7, [skipped], 100) == {"pair": "pair", "temp": 0.7, "calls": 1,
-                                                   "looked": 0}

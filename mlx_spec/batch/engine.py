@@ -138,6 +138,7 @@ class BatchEngine:
         # source, with its automatic off switch) chooses, as `generate` does.
         self.single = AdaptivePolicy(max_draft_tokens, block_tokens={
             "dflash": self.dflash.max_draft_tokens} if self.dflash is not None else None)
+        self.single_uid = None  # the row the single policy has decoded for
         self.prefill_step_size = prefill_step_size
         self.stop_tokens = frozenset(stop_tokens)
         self.accept = accept
@@ -203,6 +204,8 @@ class BatchEngine:
             return []
         start = time.perf_counter()
         alone = len(self.rows) == 1 and self.policy.fixed is None
+        if alone and self.rows[0].uid != self.single_uid:  # a request of its own: its text's
+            self.single, self.single_uid = self.single.next_request(), self.rows[0].uid  # policy
         if alone:  # the single-stream case: the single-stream policy, a k per source
             sources = [s.source for s in self.rows[0].searchers] + (
                 [self.model_drafter.source] if self.model_drafter is not None else [])

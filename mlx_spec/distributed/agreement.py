@@ -153,6 +153,10 @@ class AgreedPolicy:
         if hasattr(self.policy, "observe_catch_up"):
             self.policy.observe_catch_up(source, tokens, self._rank0(seconds))
 
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if hasattr(self.policy, "observe_prefill"):
+            self.policy.observe_prefill(tokens, self._rank0(seconds))
+
     def observe_draft_step(self, source: str, seconds: float) -> None:
         self.policy.observe_draft_step(source, self._rank0(seconds))
 

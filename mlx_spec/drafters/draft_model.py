@@ -55,7 +55,7 @@ class DraftModelDrafter:
         self._ahead = None  # (undo, tokens) of a lazy forward shown to the caller, see peek()
         self._prompt_tail = None  # the prefill's last logits, for the prompt look
         # Its argmax after the prompt, read from the timed step (`step_seconds`): greedy, the
-        # policy sets it against the target's first token (policy.FIRST_GUESS).
+        # policy counts it against the target's first token (acceptance evidence).
         self.first_guess = None
 
     def prefill(self, prompt: List[int], step_size: int, progress=None,
