@@ -42,7 +42,7 @@ class Round:
     # before it (acceptance_chances), for the policy; None otherwise.
     chances: Optional[List[float]] = None
     # The first step of a plain block: its time carries the queue's fill (the policy's
-    # STEADY_PLAIN_STEPS times a plain step by the laps after it).
+    # t_plain is the median of the laps after it).
     opens_block: bool = False
     # A draft of another tokenizer: how its proposal crossed ("string" or "intersection")
     cross_rule: Optional[str] = None

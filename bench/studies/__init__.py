@@ -2,12 +2,11 @@
 
     python -m bench.studies.<name> [--help]
 
-never_behind, long_replies, rule_fires, k_choice, prompt_look, look_cost, plain_laps,
-plain_loop, draft_step, mtp_speed, multiturn_reuse, dflash_acceptance, eagle3_acceptance,
-dflash_cost,
-dflash_reference, lookup_track_record, off_switch, look_budget, copy_ceiling, suffix_traces,
-rewind_cost, round_overhead, serve_load, serve_abuse, verify_cost_dtype,
-distributed_one_process, real_models, cross_tokenizer, compare_results and run_bench (`mlx-spec bench` with a
+never_behind, k_choice, plain_loop, mtp_speed, multiturn_reuse, dflash_acceptance,
+eagle3_acceptance, dflash_cost, dflash_reference, lookup_track_record, off_switch,
+copy_ceiling, suffix_traces, rewind_cost, round_overhead, serve_load, serve_abuse,
+verify_cost_dtype, distributed_one_process, real_models, cross_tokenizer, gguf_fidelity,
+real_model_exactness, compare_results and run_bench (`mlx-spec bench` with a
 fixed seed and a file name per machine). They import the installed package (`mlx_spec`) and the pair zoo
 (bench/zoo.py); the package imports none of them, and the wheel does not hold them. Those that
 write files write them under RESULTS_DIR, `bench/results` relative to the current directory:
