@@ -327,14 +327,14 @@ def generate_rounds(
     target_tail = prompt_look.tail_logits(target, look_rows) if look_rows else None
     if split:
         prompt_look.drop_hidden(target)
+    later = {}  # drafters whose prompt waits until the policy first asks them for drafts
     for drafter in drafters:
         if hasattr(drafter, "prefill"):
-            started = time.perf_counter()
-            looks = {"look_rows": look_rows} if prompt_look.offers(drafter) else {}
-            drafter.prefill(prompt, prefill_step_size, **looks)  # evaluated: its time is its own
-            if hasattr(policy, "observe_catch_up"):  # what a catch-up costs it per token
-                policy.observe_catch_up(drafter.source, len(prompt) - 1,
-                                        time.perf_counter() - started)
+            if _prefills_later(drafter, policy, agree, look_rows):
+                later[drafter.source] = drafter
+            else:
+                looks = {"look_rows": look_rows} if prompt_look.offers(drafter) else {}
+                _prefill_drafter(drafter, prompt, prefill_step_size, policy, **looks)
         if hasattr(drafter, "step_seconds") and \
                 getattr(policy, "wants_draft_step", lambda source: False)(drafter.source):
             policy.observe_draft_step(drafter.source, drafter.step_seconds(prompt[-1]))
@@ -342,17 +342,15 @@ def generate_rounds(
             drafter.attach(decoder.history)
     looks = prompt_look.gather(target_tail, drafters, sampling) if look_rows else {}
     del target_tail
-    # Greedy, a draft model's guess for the first token (acceptance evidence); not on a sharded
-    # target, whose policy hears of rounds in rank 0's order (mlx_spec.distributed).
-    guessed = [d for d in drafters if getattr(d, "first_guess", None) is not None] \
-        if (sampling.greedy and agree is None and not decoder.processors
-            and hasattr(policy, "observe_first_guess")) else []
     emitted = 0
     clock = RoundClock()
     while emitted < max_tokens:
         clock.start()  # once: the first round is timed from when it is asked for
         room = max_tokens - emitted  # drafts beyond it are never wanted
         lengths = {d.source: min(policy.proposal_length(d.source), room) for d in drafters}
+        for source in [source for source in later if lengths.get(source, 0) > 0]:
+            _prefill_drafter(later.pop(source), decoder.history, prefill_step_size, policy)
+            clock.lap()  # (its time is the prefill's, no round's)
         proposal = _propose(decoder, lengths) if input_embeddings is None or emitted else None
         if proposal is None and input_embeddings is not None and not emitted:
             # The first token comes from the prompt's last embedding: a plain step.
@@ -370,10 +368,6 @@ def generate_rounds(
         for round_ in rounds:
             if emitted == 0:
                 progress(len(prompt), len(prompt))
-                for drafter in guessed:  # (a first round it drafted itself counts once)
-                    if round_.source != drafter.source:
-                        policy.observe_first_guess(drafter.source,
-                                                   drafter.first_guess == round_.tokens[0])
             emitted += len(round_.tokens)
             policy.observe(round_, clock.lap())
             yield round_
@@ -383,6 +377,27 @@ def generate_rounds(
             _take_look(policy, looks, sampling, look_rows, per_token, max_tokens)
             looks = {}
             clock.lap()  # its time is no round's
+
+
+def _prefills_later(drafter, policy, agree, look_rows: int) -> bool:
+    """Whether a model drafter's prompt waits until the adaptive policy first asks it for
+    drafts: on a machine where it cannot pay (its step, timed on no context, and the target's
+    verify cost tell the policy so before the first round) it is never read at all; on a
+    CPU a draft's prefill costs about as many of its steps as the prompt has tokens. Not
+    when the prompt look reads its prefill, nor on a sharded target (every rank prefills
+    together), nor under a fixed k (it drafts at once)."""
+    return (getattr(drafter, "prefills_later", False) and agree is None
+            and hasattr(policy, "observe_prefill")
+            and not (look_rows and prompt_look.offers(drafter)))
+
+
+def _prefill_drafter(drafter, tokens: List[int], step_size: int, policy, **looks) -> None:
+    """Feed a model drafter all of `tokens` but the last (evaluated: its time is its own) and
+    tell the policy what that cost per token (a catch-up's cost after an off period)."""
+    started = time.perf_counter()
+    drafter.prefill(tokens, step_size, **looks)
+    if hasattr(policy, "observe_catch_up"):
+        policy.observe_catch_up(drafter.source, len(tokens) - 1, time.perf_counter() - started)
 
 
 def _take_look(policy, looks, sampling: SamplingConfig, most: int,

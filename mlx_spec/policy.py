@@ -454,18 +454,12 @@ class AdaptivePolicy:
             self.step_seconds[source] = seconds
 
     def observe_catch_up(self, source: str, tokens: int, seconds: float) -> None:
-        """A paid source was fed `tokens` (its prompt) in `seconds`: a catch-up's cost per token."""
+        """A paid source was fed `tokens` (the history so far) in `seconds`: a catch-up's cost
+        per token; it has seen every token decoded so far."""
         self._best.clear()
+        self.source(source).since = 0
         if tokens >= CATCH_UP_TOKENS and seconds > 0:
             self.catch_up_seconds[source] = seconds / tokens
-
-    def observe_first_guess(self, source: str, hit: bool) -> None:
-        """Greedy: whether a paid source's guess for the first token (its timed step's argmax)
-        was the target's: acceptance evidence, a k = 1 round with no time."""
-        self._best.clear()
-        estimate = self.source(source)
-        if self.prior is None and not estimate.rounds:
-            estimate.count(float(hit), float(not hit), survivals(1, int(hit)))
 
     def wants_prompt_look(self, greedy: bool = False) -> bool:
         """Whether the loop should measure the paid sources' acceptance on the prompt's last

@@ -67,6 +67,7 @@ def _common_prefix(a: List[int], b: List[int]) -> int:
 
 class CrossTokenizerDrafter:
     source = "draft"  # to the policy it is the draft model
+    prefills_later = True  # the loop may prefill it when the policy first asks
 
     def __init__(self, draft_model, bridge: VocabBridge, sampling: SamplingConfig,
                  target_vocab_size: int, draft_vocab_size: int, cache=None,
@@ -106,7 +107,6 @@ class CrossTokenizerDrafter:
         self._round = None  # (rule, started) of the proposal awaiting commit
         self._pending = None  # an intersection round's drafted ids (lazy) until commit
         self._next: List[int] = []  # the id after `fed` that the next step feeds
-        self.first_guess = None
 
     # --- keeping the draft's own text in step -------------------------------------------
 
@@ -162,16 +162,13 @@ class CrossTokenizerDrafter:
 
     def step_seconds(self, token: int, repeats: int = 2) -> float:
         """Seconds of one draft step after the prompt, undone each time (the fastest of
-        `repeats`); its guess for the first token, as a target id, in `first_guess`."""
-        fastest, logits = float("inf"), None
+        `repeats`)."""
+        fastest = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            logits = self.draft.forward(mx.array(self._next or [0], mx.uint32))[-1]
-            mx.eval(logits)
+            mx.eval(self.draft.forward(mx.array(self._next or [0], mx.uint32))[-1])
             fastest = min(fastest, time.perf_counter() - start)
             self.draft.restore_length(self.draft.length - 1)
-        twin = int(self._twins[int(mx.where(self._shared, logits, -mx.inf).argmax().item())])
-        self.first_guess = twin if twin >= 0 else None
         return fastest
 
     # --- one round ------------------------------------------------------------------------

@@ -35,6 +35,7 @@ CATCH_UP_SPLIT = 4
 
 class DraftModelDrafter:
     source = "draft"
+    prefills_later = True  # the loop may prefill it when the policy first asks (catches up)
     keep_logprobs = False  # True: each proposal's per-step log q (or logits, greedy) in kept_logprobs
 
     def __init__(self, draft_model, sampling: SamplingConfig, target_vocab_size: int,
@@ -54,16 +55,12 @@ class DraftModelDrafter:
         self._steps = []  # checkpoints after each draft step (recurrent drafts only)
         self._ahead = None  # (undo, tokens) of a lazy forward shown to the caller, see peek()
         self._prompt_tail = None  # the prefill's last logits, for the prompt look
-        # Its argmax after the prompt, read from the timed step (`step_seconds`): greedy, the
-        # policy counts it against the target's first token (acceptance evidence).
-        self.first_guess = None
 
     def prefill(self, prompt: List[int], step_size: int, progress=None,
                 look_rows: int = 0) -> None:
         """Process all prompt tokens but the last, in chunks. `look_rows` > 0: keep the logits
         of the last ones for `prompt_logits` (the prompt look)."""
         self.drop_look_ahead()
-        self.first_guess = None
         split = look_rows > 0 and keep_hidden(self.draft)
         prefill(self.draft, prompt[:-1], step_size, progress, tail=look_rows if split else 0)
         self.cached = len(prompt) - 1
@@ -80,19 +77,15 @@ class DraftModelDrafter:
     def step_seconds(self, token: int, repeats: int = 2) -> float:
         """Seconds of one draft step on `token` after what the cache holds, undone each time;
         the fastest of `repeats` (a stall in one would read as a costly draft): what each
-        drafted token costs, known before any round (host syncs of its own). Its argmax, its
-        guess for the first token, is kept in `first_guess` (no pass of its own)."""
+        drafted token costs, known before any round (host syncs of its own)."""
         self.drop_look_ahead()
         point = self.draft.checkpoint()
-        fastest, logits = float("inf"), None
+        fastest = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            logits = self.draft.forward(mx.array([token], mx.uint32))[-1]
-            mx.eval(logits)
+            mx.eval(self.draft.forward(mx.array([token], mx.uint32))[-1])
             fastest = min(fastest, time.perf_counter() - start)
             self.draft.restore(point)
-        if logits is not None:  # (after the timing: its own sync)
-            self.first_guess = int(logits.argmax().item())
         return fastest
 
     def can_propose(self, history: List[int]) -> bool:
