@@ -28,9 +28,12 @@ The adaptive policy is one formula (docs/drafting.md, "The policy"). For source 
   tokens are plain.
 
 Each round source s drafts k* = argmax_k rate_s(k) when rate_s(k*) t_plain >= 1 - OFF_MARGIN.
-Otherwise it sits out an off period (FIRST_OFF_STEPS tokens, doubling while it keeps losing, up
-to MAX_OFF_STEPS), then drafts PROBE_ROUNDS probe rounds. Exploration is explicit and bounded: a source
-drafts one round before any verdict; every EXPLORE_EVERY-th round tries k* +- a quarter, so the
+Otherwise it sits out an off period (FIRST_OFF_STEPS tokens, doubling while it keeps losing,
+up to MAX_OFF_STEPS), then drafts PROBE_ROUNDS probe rounds. Exploration is explicit and
+bounded: a source drafts one round before any verdict, and a paid source (first round or
+probe) only when what it would save over the next PROBE_HORIZON tokens, at the better of its
+estimate and its prior, outweighs the round's predicted loss plus its catch-up (a draft
+model fed the tokens it missed); every EXPLORE_EVERY-th round tries k* +- a quarter, so the
 line's slope stays measured; from the second off period on, a probe waits while the probes'
 net loss against plain decoding plus its own predicted loss exceeds PROBE_BUDGET of the time
 decoded; a source that would lose even with every draft kept is never probed.
@@ -62,6 +65,7 @@ MAX_OFF_STEPS = 256
 PROBE_ROUNDS = 2  # rounds a probe drafts before the next verdict (one k = 1 round is a coin flip)
 EXPLORE_EVERY = 6  # every sixth round of a source tries a longer or shorter k
 PROBE_BUDGET = 0.02  # share of the decoding time probes may lose
+PROBE_HORIZON = 256  # tokens a probe's verdict decides about (the longest off period)
 CATCH_UP_TOKENS = 16  # a backlog this long is timed as a catch-up, not as its round
 STEADY_LAPS = 64  # the recent steady plain laps t_plain is the median of
 UNKNOWN_VERIFY_SHARE = 0.5  # v / t_plain when no prefill was timed (a one-token prompt)
@@ -245,6 +249,7 @@ class AdaptivePolicy:
         self._block: List[Optional[float]] = []  # the laps of the plain block under way
         self.plain_trial = TRIAL_STEPS if prior is None else 0
         self.verify_per_token: Optional[float] = None  # v: the target's prefill, per token
+        self.prompt_tokens = 0  # the prompt the target prefilled (a lazy draft's backlog)
         self.step_seconds: Dict[str, float] = {}  # one timed step, by paid source
         self.catch_up_seconds: Dict[str, float] = {}  # per backlog token, by paid source
         self.elapsed = 0.0  # seconds of every timed round and plain step
@@ -345,6 +350,11 @@ class AdaptivePolicy:
                 if not estimate.switched_off:
                     estimate.switched_off = 1
                 return 0
+            exploring = estimate.rounds == 0 or estimate.probing == PROBE_ROUNDS
+            if exploring and not estimate.free and not self._worth_exploring(name, k):
+                estimate.off_left = MAX_OFF_STEPS  # it costs more than it could win
+                estimate.switched_off = max(estimate.switched_off, 1)
+                return 0
             if estimate.probing == PROBE_ROUNDS and self._probe_over_budget(name, k):
                 estimate.off_left = PLAIN_BLOCK  # not yet
                 return 0
@@ -364,6 +374,39 @@ class AdaptivePolicy:
         ratio = self.best(name, acceptance=1.0)[1]
         return ratio is not None and ratio < 1.0 - OFF_MARGIN
 
+    def _worth_exploring(self, name: str, k: int) -> bool:
+        """Whether a source's first round, or a probe, may pay for itself: what it would save over
+        the next PROBE_HORIZON tokens if it turned out to keep drafts as often as the better of
+        its estimate and its prior, against the round's predicted loss plus its catch-up (a
+        draft model fed every token it missed, its prompt too if it was never prefilled)."""
+        estimate, plain = self.source(name), self.plain_seconds
+        measured = self.prior is not None and self.prior.knows(name) or (
+            self.verify_per_token is not None and name in self.step_seconds)
+        if not measured:  # its costs are guesses: only a round can tell
+            return True
+        prior = self.prior.acceptance.get(name) if self.prior is not None else None
+        hopeful = max(estimate.acceptance, self.acceptance_prior if prior is None else prior)
+        ratio = self.best(name, acceptance=hopeful)[1] or 0.0
+        seconds = (estimate.seconds(k, self._prior_line(name, estimate)) or 0.0) \
+            + self._catch_up(name, estimate)
+        loss = max(seconds - estimate.expected_tokens(k) * plain, 0.0)
+        return (ratio - 1.0) * PROBE_HORIZON * plain > loss
+
+    def _catch_up(self, name: str, estimate: SourceEstimate) -> float:
+        """Predicted seconds to feed a paid source what it missed: per token its prefill's
+        (measured, else its step times the target's prefill-to-step ratio)."""
+        if estimate.free:
+            return 0.0
+        per_token = self.catch_up_seconds.get(name)
+        backlog = estimate.since
+        if per_token is None:  # never prefilled: the prompt waits too
+            plain, step = self.plain_seconds, self.step_seconds.get(name)
+            if not (step and plain and self.verify_per_token):
+                return 0.0
+            per_token = step * min(self.verify_per_token / plain, 1.0)
+            backlog += self.prompt_tokens
+        return per_token * backlog
+
     def _probe_over_budget(self, name: str, k: int) -> bool:
         """Whether a due probe must wait: a source probed before, whose probe's predicted loss
         (its catch-up included) would take the probes' net loss past PROBE_BUDGET of the time
@@ -372,8 +415,8 @@ class AdaptivePolicy:
         if not estimate.rounds or estimate.switched_off < 2:
             return False
         plain = self.plain_seconds
-        seconds = estimate.seconds(k, self._prior_line(name, estimate)) or 0.0
-        seconds += self.catch_up_seconds.get(name, 0.0) * estimate.since
+        seconds = (estimate.seconds(k, self._prior_line(name, estimate)) or 0.0) \
+            + self._catch_up(name, estimate)
         loss = seconds - estimate.expected_tokens(k) * plain
         return self.lost + max(loss, 0.0) > PROBE_BUDGET * self.elapsed
 
@@ -441,6 +484,7 @@ class AdaptivePolicy:
         """The target prefilled `tokens` in `seconds`: v, what one more verified token costs
         (a short prompt's time is mostly fixed cost, and tells nothing)."""
         self._best.clear()
+        self.prompt_tokens = tokens
         if tokens >= CATCH_UP_TOKENS and seconds > 0:
             self.verify_per_token = seconds / tokens
 

@@ -30,12 +30,14 @@ def told_policy(plain=1.0, verify_per_token=0.1, step=0.2, acceptance=0.75):
 @pytest.mark.parametrize("a,v,d", [(0.75, 0.1, 0.2), (0.9, 0.02, 0.05), (0.5, 0.5, 0.1),
                                    (0.95, 0.3, 0.01)])
 def test_the_first_length_is_the_argmax_of_the_formula(a, v, d):
-    """Before any round k* = argmax_k E(a, k) / (t_plain + k (v + d)), the prior's line."""
+    """Before any round k* = argmax_k E(a, k) / (t_plain + k (v + d)), the prior's line; the
+    cases include one where even k* loses (0.5, 0.5, 0.1: 0.94x plain)."""
     policy = told_policy(verify_per_token=v, step=d, acceptance=a)
     rates = {k: expected_tokens_per_round(a, k) / (1.0 + k * (v + d)) for k in range(1, 9)}
     best = max(rates, key=rates.get)
-    assert policy.proposal_length("draft") == best
-    assert policy.best("draft")[1] == pytest.approx(rates[best])
+    assert policy.best("draft") == (best, pytest.approx(rates[best]))
+    # it drafts its first round when that could pay for itself (_worth_exploring), else none
+    assert policy.proposal_length("draft") == (best if rates[best] > 1.0 else 0)
 
 
 def test_a_block_drafter_pays_one_step_whatever_k():
@@ -187,3 +189,36 @@ def test_survivals_per_depth():
     from mlx_spec.policy import survivals
     assert survivals(4, 2) == [(1.0, 1.0), (1.0, 1.0), (1.0, 0.0), (0.0, 0.0)]
     assert survivals(2, 0, [0.5, 0.8]) == [(1.0, 0.5), (0.5, 0.4)]
+
+
+def test_a_probe_whose_catch_up_costs_more_than_it_could_win_waits():
+    """After an off period a draft model is fed every token it missed. Where that catch-up costs
+    about a plain step a token (a quantized full-size copy on a CPU) and even at its prior the
+    draft would hardly win, no probe; a cheap catch-up in front of a draft that could win is
+    probed. (What a probe could save: PROBE_HORIZON tokens at the better of its estimate and
+    its prior.)"""
+    def after_an_off_period(step, catch_up, verify):
+        policy = told_policy(verify_per_token=verify, step=step)
+        policy.observe_catch_up("draft", 100, 100 * catch_up)
+        policy.observe(Round([0], 1, 0, "draft", None), 1.0 + verify + step)  # a lost round
+        estimate = policy.source("draft")
+        estimate.switch_off()  # (as a verdict would)
+        for _ in range(estimate.off_left):
+            policy.observe(Round([0], 0, 0, "target", None), 1.0)
+        return policy.proposal_length("draft")
+    assert after_an_off_period(step=0.8, catch_up=0.8, verify=0.15) == 0
+    assert after_an_off_period(step=0.1, catch_up=0.05, verify=0.15) > 0
+
+
+def test_a_never_prefilled_draft_counts_its_prompt_in_its_first_rounds_cost():
+    """A draft whose prompt waits (greedy) would pay for it in its first round: with a long
+    prompt and a dear step the model does not explore it; with a short prompt it does."""
+    def first(prompt_tokens):
+        policy = AdaptivePolicy()
+        policy.observe_prefill(prompt_tokens, prompt_tokens * 0.1)
+        policy.observe_draft_step("draft", 0.3)  # its prompt: 0.03 a token
+        for i in range(4):
+            policy.observe(Round([0], 0, 0, "target", None, opens_block=i == 0), 1.0)
+        return policy.proposal_length("draft")
+    assert first(5000) == 0  # 150 plain steps of prefill against at most 72 saved
+    assert first(16) > 0
