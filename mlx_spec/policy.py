@@ -49,7 +49,6 @@ from .costmodel import CostPrior, expected_tokens_per_round
 from .defaults import (DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_LOOKUP_TOKENS,
                        DEFAULT_NUM_DRAFT_TOKENS)
 
-DEFAULT_ADAPTIVE = True  # the bench: adaptive against the best fixed k (docs/benchmarks.md)
 DEFAULT_DECAY = 0.9  # weight of the past in the online estimates, per round
 DEFAULT_ACCEPTANCE_PRIOR = 0.75  # per-draft acceptance before any round (greedy)
 SAMPLING_ACCEPTANCE_PRIOR = 0.5  # at temperature > 0 drafts are accepted less often
@@ -166,11 +165,16 @@ class SourceEstimate:
         """E_s(k) = 1 + sum_i prod_{j <= i} a_s,j: the chance of keeping draft j given those
         before it, each depth's own (a match that held says more of the next draft than the
         first did) shrunk to the pooled a_s by DEPTH_PRIOR_ROUNDS."""
-        pooled, total, survive = self.acceptance, 1.0, 1.0
-        for kept, reached in self.depths[1:k + 1]:
-            survive *= (kept + DEPTH_PRIOR_ROUNDS * pooled) / (reached + DEPTH_PRIOR_ROUNDS)
+        total, survive = 1.0, 1.0
+        for j in range(1, k + 1):
+            survive *= self.chance_at(j)
             total += survive
         return total
+
+    def chance_at(self, j: int) -> float:
+        """a_s,j: depth j's own counts shrunk to the pooled a_s by DEPTH_PRIOR_ROUNDS."""
+        kept, reached = self.depths[j]
+        return (kept + DEPTH_PRIOR_ROUNDS * self.acceptance) / (reached + DEPTH_PRIOR_ROUNDS)
 
     def add(self, k: int, seconds: float) -> None:
         self.fit = [self.decay * s + x for s, x in zip(self.fit, (1.0, k, k * k, seconds,
@@ -312,16 +316,6 @@ class AdaptivePolicy:
         step = 0.0 if estimate.free else self.step_seconds.get(name, UNKNOWN_STEP_SHARE * plain)
         return (plain + step, v) if estimate.block else (plain, v + step)
 
-    def rate(self, name: str, k: int, acceptance: Optional[float] = None) -> Optional[float]:
-        """rate_s(k): expected tokens per second drafting k (at `acceptance`, else a_s)."""
-        estimate = self.source(name)
-        seconds = estimate.seconds(k, self._prior_line(name, estimate))
-        if not seconds:
-            return None
-        tokens = estimate.expected_tokens(k) if acceptance is None else \
-            expected_tokens_per_round(acceptance, k)
-        return tokens / seconds
-
     def best(self, name: str, acceptance: Optional[float] = None):
         """(k*, rate_s(k*) t_plain): the best length and its speed over plain decoding's."""
         if (name, acceptance) not in self._best:
@@ -329,12 +323,22 @@ class AdaptivePolicy:
         return self._best[name, acceptance]
 
     def _argmax(self, name: str, acceptance: Optional[float]):
-        plain = self.plain_seconds
-        rates = {k: self.rate(name, k, acceptance) for k in range(1, self.source(name).k_max + 1)}
-        if not plain or any(r is None for r in rates.values()):
+        """rate_s(k) for every k in one pass: the line and E_s(k) built up once, not per k."""
+        plain, estimate = self.plain_seconds, self.source(name)
+        line = self._prior_line(name, estimate)
+        if not plain or not estimate.seconds(1, line):
             return 0, None
-        k = max(rates, key=rates.get)
-        return k, rates[k] * plain
+        best_k, best_rate, tokens, survive = 0, -1.0, 1.0, 1.0
+        for k in range(1, estimate.k_max + 1):
+            if acceptance is None:
+                survive *= estimate.chance_at(k)
+                tokens += survive
+            else:
+                tokens = expected_tokens_per_round(acceptance, k)
+            rate = tokens / estimate.seconds(k, line)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate * plain
 
     # --- the policy protocol ---
     def proposal_length(self, name: str) -> int:
@@ -570,7 +574,7 @@ def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_M
     """A pinned k gives FixedPolicy; otherwise the default policy. The arguments were checked
     where they entered (`check_arguments`); the policies check only what they are built with."""
     if adaptive is None:
-        adaptive = num_draft_tokens is None and DEFAULT_ADAPTIVE
+        adaptive = num_draft_tokens is None  # a pinned k is a fixed policy
     if adaptive:
         return AdaptivePolicy(max_draft_tokens, num_draft_tokens, auto_off=auto_off,
                               max_lookup_tokens=max_lookup_tokens, prior=prior,

@@ -29,7 +29,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-UPCAST_ON_CPU = True  # off: drafters compute in their own dtype (a study flips it)
 HALF = (mx.float16, mx.bfloat16)
 HEAD_COPY_LIMIT = 256 * 2 ** 20  # bytes of a float32 copy of the target's head, at most
 _head_copies: Dict[int, Tuple[mx.array, mx.array]] = {}  # id(weight) -> (weight, copy); 2 kept
@@ -40,7 +39,7 @@ def upcasting() -> bool:
     setting = os.environ.get("MLX_SPEC_DRAFT_DTYPE", "auto")
     if setting not in ("auto", "native"):
         raise ValueError(f"MLX_SPEC_DRAFT_DTYPE must be auto or native, got {setting!r}.")
-    if not UPCAST_ON_CPU or setting == "native":
+    if setting == "native":  # drafters compute in their own dtype
         return False
     return mx.default_device().type == mx.DeviceType.cpu
 
