@@ -25,6 +25,7 @@ from .eagle3 import eagle3_directory, is_eagle3_head
 from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
 from .drafters.prompt_lookup import on_by_default
 from .drafters.tree import with_trees
+from .judge import stop_cut
 from .loading import check_pair, vocab_size
 from .loop import Round, generate_rounds
 from .memory import wired_limit
@@ -414,10 +415,9 @@ def _handed_out(rounds, eos: set, max_tokens: int, recorder, session, prompt_len
 
 def _cut_round(tokens: List[int], eos: set, remaining: int):
     """The part of a round the caller gets: up to `remaining` tokens, stopping before EOS."""
-    wanted = tokens[:remaining]
-    for i, token in enumerate(wanted):
-        if token in eos:
-            return wanted[:i], "stop"
+    wanted = stop_cut(tokens[:remaining], eos)
+    if wanted and wanted[-1] in eos:
+        return wanted[:-1], "stop"
     return wanted, ("length" if len(wanted) >= remaining else None)
 
 

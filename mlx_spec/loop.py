@@ -18,11 +18,11 @@ from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequenc
 import mlx.core as mx
 
 from . import prompt_look
-from .acceptance import AcceptanceRule, greedy_accept, rule_for, speculative_accept, \
-    speculative_accept_with_chances
+from .acceptance import AcceptanceRule, greedy_accept, rule_for, speculative_accept
 from .attention import round_attention
 from .cache import ModelCache
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
+from .judge import read_verdict, stop_cut, verdict_parts
 from .policy import DraftPolicy
 from .tree import depths
 from .tree_acceptance import greedy_targets, greedy_walk, tree_outcomes, walk
@@ -158,42 +158,14 @@ def processed(processors, seen: mx.array, drafts: mx.array, logits: mx.array) ->
     return mx.concatenate(rows)
 
 
-CHANCE_SCALE = 2**20  # a chance rides in the round's integer summary as chance * this
-
-
 def _judge(accept, proposal, target_logits, target_logprobs, agree=lambda x: x):
     """(accepted n, the target's next token, the drafted tokens, each draft's chance of being
-    kept or None) as host values: one sync.
-
-    Greedy acceptance compares on the host, as mlx-lm does: the target's k + 1
-    argmax tokens and the drafts come back in one transfer, and the prefix
-    match is a Python loop (2-13% less main-thread time per round than the
-    rule's graph on a tiny pair: python -m bench.studies.round_overhead). Every other rule
-    runs on the device. The greedy argmax is over the logits: log-softmax is
-    monotone, so the token is the same, and the log-probabilities stay lazy
-    for whoever reads them (mostly nobody).
-    """
-    k = proposal.num_tokens
-    if accept is greedy_accept:
-        target_tokens = mx.argmax(target_logits, axis=-1).astype(mx.uint32)  # (k+1,)
-        values = agree(mx.concatenate([target_tokens, proposal.tokens])).tolist()  # the only sync
-        target_tokens, drafted = values[:k + 1], values[k + 1:]
-        n = 0
-        while n < k and drafted[n] == target_tokens[n]:
-            n += 1
-        return n, target_tokens[n], drafted, None
-    residual = accept is speculative_accept
-    if residual:  # the same rule, its chances from the same p
-        num_accepted, next_token, chances = speculative_accept_with_chances(
-            proposal.tokens, proposal.probs, target_logprobs)
-    else:
-        num_accepted, next_token = accept(proposal.tokens, proposal.probs, target_logprobs)
-    parts = [num_accepted[None].astype(mx.uint32), next_token[None], proposal.tokens]
-    if residual:  # the chances ride along as integers (a sharded target agrees on them too)
-        parts.append(mx.round(mx.clip(chances, 0.0, 1.0) * CHANCE_SCALE).astype(mx.uint32))
-    n, token, *rest = agree(mx.concatenate(parts)).tolist()  # the only sync of the round
-    drafted = rest[:k]
-    return n, token, drafted, [c / CHANCE_SCALE for c in rest[k:]] if residual else None
+    kept or None) as host values: one sync (judge.py: the same verdict a batch row gets)."""
+    greedy, chances = accept is greedy_accept, accept is speculative_accept
+    parts = verdict_parts(accept, proposal.tokens, proposal.probs, target_logits,
+                          target_logprobs, chances=chances)
+    values = agree(parts).tolist()  # the only sync of the round
+    return read_verdict(values, proposal.num_tokens, greedy, chances)
 
 
 def _follow(decoder: Decoder, tokens: List[int], hidden) -> None:
@@ -203,11 +175,9 @@ def _follow(decoder: Decoder, tokens: List[int], hidden) -> None:
 
 
 def _stop_at(stop_tokens, drafted: List[int], n: int, token: int):
-    """End the round at an accepted stop token: nothing after it is kept."""
-    for i, t in enumerate(drafted[:n]):
-        if t in stop_tokens:
-            return i, t
-    return n, token
+    """End the round at an accepted stop token: (accepted n, the token after them)."""
+    tokens = stop_cut(drafted[:n] + [token], stop_tokens)
+    return len(tokens) - 1, tokens[-1]
 
 
 def _reported(target_logits, target_logprobs, sampling: SamplingConfig) -> mx.array:
@@ -232,7 +202,7 @@ def plain_rounds(decoder: Decoder, count: int,
             target_logits = processed(decoder.processors, seen, y[:0], target_logits[None])[0]
         target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (V,)
         token = decoder.agree(sample(target_logits if decoder.sampling.greedy else target_logprobs,
-                                     decoder.sampling))  # greedy: the argmax, as in _judge
+                                     decoder.sampling))  # greedy: the argmax, as in judge.py
         mx.async_eval(token)
         return token, _reported(target_logits, target_logprobs, decoder.sampling), \
             decoder.target.hidden, seen

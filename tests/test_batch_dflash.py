@@ -15,7 +15,7 @@
 - DFlash2 drafters (a candidate selector walks each row's block): greedy parity, each row's
   drafts and q against test_dflash2's dense forward and walk, and the chi-square with its
   negative control (q zero outside the candidates).
-- Served: batch_generate, the BatchWorker to 4 clients at once then a second turn from its
+- Served: batch_generate, the batching worker to 4 clients at once then a second turn from its
   store, and `mlx-spec serve --draft-model DIR` (batched by itself): the target's own text.
 """
 
@@ -218,7 +218,8 @@ def test_a_dflash2_drafter_is_served_batched(chat_drafter, tmp_path):
 
     from mlx_spec.dflash.dflash2 import DFlash2Model
     from mlx_spec.server.app import create_app, serve_in_background
-    from mlx_spec.server.batch_worker import BatchWorker, can_batch
+    from mlx_spec.server.worker import can_batch
+    from workers import batched_worker
     from mlx_spec.server.cache_store import PromptCacheStore
 
     target, tokenizer, _, _ = chat_drafter
@@ -226,7 +227,7 @@ def test_a_dflash2_drafter_is_served_batched(chat_drafter, tmp_path):
     drafter = make_dflash2(tmp_path / "d2", 48, [0, 1], block_size=6, seed=5, is_causal=True,
                            mask_token_id=vocab - 1, vocab_size=vocab)
     assert isinstance(drafter, DFlash2Model) and can_batch(target, drafter)
-    worker = BatchWorker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
+    worker = batched_worker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
                          max_concurrency=4)
     server, thread, url = serve_in_background(create_app(worker, "default"))
     try:
@@ -365,12 +366,13 @@ def test_concurrent_clients_of_the_batched_worker_get_the_targets_own_text(chat_
 
     from mlx_spec import generate, stream_generate
     from mlx_spec.server.app import create_app, serve_in_background
-    from mlx_spec.server.batch_worker import BatchWorker, can_batch
+    from mlx_spec.server.worker import can_batch
+    from workers import batched_worker
     from mlx_spec.server.cache_store import PromptCacheStore
 
     target, tokenizer, _, drafter = chat_drafter
     assert can_batch(target, drafter)
-    worker = BatchWorker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
+    worker = batched_worker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
                          max_concurrency=8)
     server, thread, url = serve_in_background(create_app(worker, "default"))
     try:

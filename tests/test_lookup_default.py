@@ -139,11 +139,11 @@ def test_a_batch_row_with_no_draft_looks_up_by_default(shipped, quoting, temp):
 def test_the_server_looks_up_by_default_for_a_request_with_no_draft(shipped, quoting, worker):
     pytest.importorskip("starlette")
     from mlx_spec.server.app import create_app, serve_in_background
-    from mlx_spec.server.batch_worker import BatchWorker
+    from workers import batched_worker
     from mlx_spec.server.worker import GenerationWorker
 
     model, tokenizer = shipped
-    kind = BatchWorker if worker == "batched" else GenerationWorker
+    kind = batched_worker if worker == "batched" else GenerationWorker
     expected = generate(model, tokenizer, quoting[0], max_tokens=24, prompt_lookup=False)
     server, thread, url = serve_in_background(create_app(kind(model, tokenizer, None), "tiny"))
     try:

@@ -34,7 +34,7 @@ from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.prompts import chat_prompt_ids, completion_prompt_ids  # noqa: E402
 from mlx_spec.server.stop_strings import StopMatcher  # noqa: E402
-from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402
+from workers import batched_worker  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
 
 MODEL_ID = "mlx-spec-default"
@@ -69,7 +69,7 @@ def pair():
     return load_default_pair()
 
 
-@pytest.fixture(scope="module", params=[GenerationWorker, BatchWorker], ids=["serial", "batched"])
+@pytest.fixture(scope="module", params=[GenerationWorker, batched_worker], ids=["serial", "batched"])
 def served(pair, request):
     """The server with each worker: one request at a time, and all of them in one batch."""
     target, draft, tokenizer = pair
@@ -493,9 +493,10 @@ def test_a_server_error_does_not_echo_the_exception(pair, monkeypatch):
     target, draft, tokenizer = pair
     worker = GenerationWorker(target, tokenizer, draft)
 
-    def fail(job):
+    def fail(*args, **kwargs):
         raise RuntimeError("/home/secret/path in the exception")
-    monkeypatch.setattr(worker, "_generate", fail)
+        yield
+    monkeypatch.setattr("mlx_spec.server.sequence_engine.stream_generate", fail)
     with TestClient(create_app(worker, MODEL_ID)) as http:
         response = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert response.status_code == 500
@@ -551,11 +552,11 @@ def test_a_recurrent_hybrid_target_is_served_batched(tmp_path, family):
     from families import write_family_dir
 
     from mlx_spec import load
-    from mlx_spec.server.batch_worker import can_batch
+    from mlx_spec.server.worker import can_batch
 
     target, tokenizer = load(str(write_family_dir(tmp_path / family, family, seed=0)))
     assert can_batch(target, None)
-    worker = BatchWorker(target, tokenizer, None, store=PromptCacheStore(2**28), max_concurrency=4)
+    worker = batched_worker(target, tokenizer, None, store=PromptCacheStore(2**28), max_concurrency=4)
     server, thread, url = serve_in_background(create_app(worker, MODEL_ID))
     prompts = ["def f(x):", "class A:\n", "return f(x) + f(x)"]
 

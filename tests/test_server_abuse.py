@@ -25,7 +25,7 @@ from bench.studies import serve_abuse  # noqa: E402
 from mlx_spec import load_default_pair  # noqa: E402
 from mlx_spec.server.app import Limits, create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
-from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402
+from workers import batched_worker  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
 
 MODEL_ID = serve_abuse.MODEL_ID
@@ -42,7 +42,7 @@ class Served:
         self.url, self.worker, self.tokenizer = url, worker, tokenizer
 
 
-@pytest.fixture(scope="module", params=[GenerationWorker, BatchWorker], ids=["serial", "batched"])
+@pytest.fixture(scope="module", params=[GenerationWorker, batched_worker], ids=["serial", "batched"])
 def served(request):
     """The server with each worker: one request at a time, and all of them in one batch."""
     target, draft, tokenizer = load_default_pair()

@@ -19,7 +19,8 @@ from tiny import perturbed  # noqa: E402
 from mlx_spec import generate, load, stream_generate  # noqa: E402
 from mlx_spec.eagle3 import load_eagle3  # noqa: E402
 from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
-from mlx_spec.server.batch_worker import BatchWorker, can_batch  # noqa: E402
+from mlx_spec.server.worker import can_batch  # noqa: E402
+from workers import batched_worker  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker, SpeculationOptions  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_the_batched_worker_serves_an_eagle3_head(models):
     assert can_batch(target, head, tokenizer)
     prompts = ["def fibonacci(n):", "return", "    if n < 2:\n"]
     expected = [generate(target, tokenizer, p, max_tokens=MAX_TOKENS) for p in prompts]
-    worker = BatchWorker(target, tokenizer, head, options, store=PromptCacheStore(2**28))
+    worker = batched_worker(target, tokenizer, head, options, store=PromptCacheStore(2**28))
     url, stop = serve(worker)
     try:
         answers = [complete(url, p, num_draft_tokens=2) for p in prompts]
@@ -113,10 +114,10 @@ def test_trees_and_a_draft_of_another_tokenizer_are_served_one_request_at_a_time
     assert can_batch(target, draft, tokenizer) and can_batch(target, draft, tokenizer, None)
     with pytest.raises(ValueError, match="Batched generation drafts only with a draft of the "
                                          "target's tokenizer"):
-        BatchWorker(target, tokenizer, foreign, options)
+        batched_worker(target, tokenizer, foreign, options)
     with pytest.raises(ValueError, match="Batched serving drafts chains only; serve token "
                                          "trees one request at a time"):
-        BatchWorker(target, tokenizer, draft, tree_options)
+        batched_worker(target, tokenizer, draft, tree_options)
 
 
 def test_the_serve_command_takes_a_head_and_a_tree(model_dirs, models, tmp_path):

@@ -27,7 +27,8 @@ from mlx_spec import generate, load  # noqa: E402
 from mlx_spec.cli import main  # noqa: E402
 from mlx_spec.loading import default_target_path, vocab_size  # noqa: E402
 from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
-from mlx_spec.server.batch_worker import BatchWorker, can_batch  # noqa: E402
+from mlx_spec.server.worker import can_batch  # noqa: E402
+from workers import batched_worker  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.prompts import completion_prompt_ids  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker, SpeculationOptions  # noqa: E402
@@ -42,7 +43,7 @@ def target():
     return load(str(default_target_path()))
 
 
-@pytest.fixture(scope="module", params=[GenerationWorker, BatchWorker], ids=["serial", "batched"])
+@pytest.fixture(scope="module", params=[GenerationWorker, batched_worker], ids=["serial", "batched"])
 def served(target, request):
     model, tokenizer = target
     worker = request.param(model, tokenizer, "mtp", store=PromptCacheStore(2**28),

@@ -21,7 +21,7 @@ from tiny import perturbed  # noqa: E402
 
 from mlx_spec import generate, load, stream_generate  # noqa: E402
 from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
-from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402
+from workers import batched_worker  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker, SpeculationOptions  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_a_second_turn_with_penalties_does_not_depend_on_cache_hits_or_worker(mo
                                 draft_model=draft, max_tokens=MAX_TOKENS, prompt_cache=cache,
                                 logits_processors=make_logits_processors(**PENALTIES))
     answers = {}
-    for worker_class in (GenerationWorker, BatchWorker):
+    for worker_class in (GenerationWorker, batched_worker):
         worker = worker_class(target, tokenizer, draft, SpeculationOptions(calibration=None),
                               store=PromptCacheStore(2**28))
         server, thread, url = serve_in_background(create_app(worker, "tiny"))
@@ -79,4 +79,4 @@ def test_a_second_turn_with_penalties_does_not_depend_on_cache_hits_or_worker(mo
         assert hit[1] == len(first_ids) + len(handed) and miss[1] == 0
         answers[worker_class.__name__] = (hit[0], miss[0])
     assert answers == {"GenerationWorker": (expected, expected),
-                       "BatchWorker": (expected, expected)}
+                       "batched_worker": (expected, expected)}

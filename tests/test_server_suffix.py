@@ -35,7 +35,7 @@ from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.prompts import completion_prompt_ids  # noqa: E402
 from mlx_spec.server.requests import Settings  # noqa: E402
 from mlx_spec.server.suffix_scope import SCOPES, SuffixScopes, bearer_key  # noqa: E402
-from mlx_spec.server.batch_worker import BatchWorker  # noqa: E402
+from workers import batched_worker  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker  # noqa: E402
 
 MODEL_ID = "mlx-spec-default"
@@ -44,7 +44,7 @@ MAX_TOKENS = 40
 K = 8  # pinned: a fixed policy, so every count below repeats exactly
 
 
-@pytest.fixture(scope="module", params=[GenerationWorker, BatchWorker], ids=["serial", "batched"])
+@pytest.fixture(scope="module", params=[GenerationWorker, batched_worker], ids=["serial", "batched"])
 def pair(request):
     """The shipped pair and the worker to serve it with (one request at a time, or batched)."""
     return (*load_default_pair(), request.param)

@@ -25,6 +25,7 @@ generation thread).
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections import deque
 from dataclasses import replace
@@ -150,6 +151,11 @@ class BatchEngine:
     @property
     def busy(self) -> bool:
         return bool(self.rows or self.joining)
+
+    @property
+    def room(self) -> int:
+        """How many more rows it takes now: any number (the server's admission limits them)."""
+        return sys.maxsize
 
     def insert(self, request: RowRequest, cache: Optional[list] = None, cached: int = 0) -> int:
         """Queue a row; `cache` (target layers, then the draft's) already holds `cached` of

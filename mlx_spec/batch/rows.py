@@ -118,3 +118,4 @@ class RowOutput:
     source: str  # "draft", "lookup", "suffix" or "target" (no drafts this round)
     logprobs: Optional[mx.array] = None  # (len(tokens), V) the target's own, lazy; if asked
     cache: Optional[list] = None  # at the end, with keep_cache: target layers + draft layers
+    stats: object = None  # the request's GenerationStats so far, where the engine keeps them

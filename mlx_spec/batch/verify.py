@@ -16,8 +16,9 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from ..acceptance import keyed_rule
+from ..acceptance import greedy_accept, keyed_rule
 from ..attention import round_attention
+from ..judge import prefix_match, read_verdict, stop_cut, verdict_parts, verdict_size
 from ..loop import processed
 from ..sampling import logprobs_from_logits
 from .kv import BatchCache
@@ -71,29 +72,17 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
                                drafts, logits)
         row_logits.append(logits)
         if row.greedy:
-            judged = mx.argmax(logits, axis=-1).astype(mx.uint32)  # (n + 1,) prefix on the host
+            summaries.append(verdict_parts(greedy_accept, drafts, None, logits, None))
         else:
             logprobs = logprobs_from_logits(logits, row.request.sampling)
-            if n:
-                accepted, token = accept(drafts, proposal.probs, logprobs, row.next_key())
-            else:
-                accepted = mx.array(0)
-                token = mx.random.categorical(logprobs[0], key=row.next_key())
-            judged = mx.stack([accepted.astype(mx.uint32), token.astype(mx.uint32)])
-        summaries += [judged, drafts]
+            summaries.append(verdict_parts(accept, drafts, proposal.probs if n else None,
+                                           logits, logprobs, key=row.next_key()))
     values = mx.concatenate(summaries).tolist()  # the only sync of the round
     verdicts, at = [], 0
     for row, n, logits in zip(rows, lengths, row_logits):
-        judged_size = n + 1 if row.greedy else 2
-        judged, drafted = values[at:at + judged_size], values[at + judged_size:at + judged_size + n]
-        at += judged_size + n
-        if row.greedy:
-            accepted = 0
-            while accepted < n and drafted[accepted] == judged[accepted]:
-                accepted += 1
-            token = judged[accepted]
-        else:
-            accepted, token = judged
+        size = verdict_size(n, row.greedy)
+        accepted, token, drafted, _ = read_verdict(values[at:at + size], n, row.greedy)
+        at += size
         verdicts.append(Verdict(drafted, accepted, token, logits))
     return verdicts
 
@@ -106,9 +95,7 @@ def _greedy_verdicts(rows, lengths, x, target_logits) -> List[Verdict]:
     verdicts = []
     for i, (row_values, n) in enumerate(zip(values, lengths)):
         judged_row, drafted = row_values[:width + 1], row_values[width + 1:width + 1 + n]
-        accepted = 0
-        while accepted < n and drafted[accepted] == judged_row[accepted]:
-            accepted += 1
+        accepted = prefix_match(drafted, judged_row)
         verdicts.append(Verdict(drafted, accepted, judged_row[accepted], target_logits[i, :n + 1]))
     return verdicts
 
@@ -117,8 +104,7 @@ def emitted_tokens(row: Row, verdict: Verdict):
     """(tokens the row emits, finish reason or None): cut at an accepted stop token and at
     the row's budget."""
     tokens = (verdict.drafted[:verdict.accepted] + [verdict.token])[:row.room]
-    for i, t in enumerate(tokens):
-        if t in row.stop_tokens:
-            return tokens[:i + 1], "stop"
-    return tokens, ("length" if len(tokens) >= row.room else None)
-
+    kept = stop_cut(tokens, row.stop_tokens)
+    if kept[-1] in row.stop_tokens:
+        return kept, "stop"
+    return kept, ("length" if len(kept) >= row.room else None)

@@ -77,8 +77,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     from ..server.cache_store import PromptCacheStore
     from ..server.requests import Settings
     from ..server.suffix_scope import SuffixScopes
-    from ..server.batch_worker import BatchWorker, can_batch
-    from ..server.worker import GenerationWorker, SpeculationOptions
+    from ..server.worker import GenerationWorker, SpeculationOptions, can_batch
 
     model_id = model or DEFAULT_MODEL_ID
     budget = {} if suffix_max_tokens is None else {"max_tokens": suffix_max_tokens}
@@ -107,9 +106,9 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
                         suffix=suffix)
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
-    kind = BatchWorker if batching and can_batch(target_model, draft, tokenizer, tree) \
-        else GenerationWorker
-    worker = kind(target_model, tokenizer, draft, options, store, max_concurrency, scopes)
+    batched = batching and can_batch(target_model, draft, tokenizer, tree)
+    worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency,
+                              scopes, batching=batched)
     if max_tokens > max_tokens_limit:
         raise click.BadParameter(f"the default ({max_tokens}) is above --max-tokens-limit "
                                  f"({max_tokens_limit}).", param_hint="--max-tokens")
@@ -123,7 +122,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     address = f"[{host}]" if ":" in host else host
     drafting = ("no draft" if draft is None else "the target's MTP head" if mtp
                 else f"draft {draft_model or 'the shipped one'}")
-    drafting += ", batched" if kind is BatchWorker else ", one request at a time"
+    drafting += ", batched" if batched else ", one request at a time"
     click.echo(f"Serving {model_id} ({drafting}) at http://{address}:{sock.getsockname()[1]}/v1; "
                "Ctrl-C stops it.", err=True)
     signal.signal(signal.SIGTERM, _terminated)  # uvicorn shuts down, then raises it again

@@ -1,45 +1,51 @@
-"""The one generation thread: jobs in a FIFO queue, tokens streamed back, cancel between tokens.
+"""The one generation thread: jobs admitted, decoded by an engine, their text streamed back.
 
 MLX generation is not thread-safe (docs/python-api.md, "Thread safety"), so every
-generation runs on this one thread, one job at a time, in arrival order.
-The HTTP side `submit`s a `Job` and reads the events the job's sink is given:
-`TextDelta`s, then one `Finished` or `Failed`. Admission: at most
-`max_concurrency` jobs are queued or running; `submit` raises `Busy` beyond
-that, at once (the server answers 429). A slot is free again as soon as its
-job ends.
+generation runs on this one thread. The HTTP side `submit`s a `Job` and reads
+the events the job's sink is given: `TextDelta`s, then one `Finished` or
+`Failed`. Admission: at most `max_concurrency` jobs are queued or running;
+`submit` raises `Busy` beyond that, at once (the server answers 429). A slot
+is free again as soon as its job ends.
+
+The thread drives an engine, the same loop for both: between two steps it
+hands the engine every queued job it has room for (with the prompt cache the
+store holds for it), drops the jobs whose client left, runs one step and
+streams each job its tokens (detokenized here, cut at a stop string). The
+batch engine (`batching=True`, when both models batch: `can_batch`) takes
+every admitted job at once and decodes them together, a round a step; the
+sequence engine (sequence_engine.py: the single-sequence loop, for every other
+pair and option) takes one job at a time, in arrival order, a token a step.
+Either way a job's prompt cache goes back to the store holding its prompt and
+every token generated, and the penalties see the whole conversation, whatever
+the cache held (test_server_penalties.py).
 
 `worker.cancel(job)` (the client left) frees a queued job's slot at once; a
-running job sees it between tokens: the worker closes the generator, which leaves a reused prompt cache holding exactly the prompt and
-the tokens handed out, so the cache goes back to the store, and frees the
-slot. A cancelled job still queued is skipped. A stop string is handled the same way: the text
-before it is sent, then the generator is closed.
-
-A job with suffix drafting on drafts from the index of its partition
-(suffix_scope.py), which its prompt and output then join.
-
-The thread calls `mx.clear_streams()` before it ends (docs/python-api.md, "Thread safety").
+running one ends before the next step. A stop string ends the job the same
+way, after the text before it is sent. A job with suffix drafting on drafts
+from the index of its partition (suffix_scope.py), which its prompt and output
+then join. The thread calls `mx.clear_streams()` before it ends.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Deque, List, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional
 
 import mlx.core as mx
 
-from ..cache import make_cache
-from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM
-from ..dflash import is_dflash_model
-from ..eagle3 import is_eagle3_head
-from ..generate import stream_generate
-from ..stats import GenerationStats
+from ..acceptance import rule_name
+from ..batch import BatchEngine, RowRequest
+from ..batch.engine import check_batchable
+from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
+from ..sampling import SamplingConfig
+from ..stats import GenerationStats, StatsRecorder
 from .cache_store import PromptCacheStore
 from .requests import GenerationRequest
+from .sequence_engine import RowFailed, SequenceEngine
 from .stop_strings import StopMatcher
 from .suffix_scope import SuffixScopes
 
@@ -118,32 +124,63 @@ class Job:
             self.cancel()
 
 
+@dataclass
+class Running:
+    """A job in the engine: its detokenizer, stop strings and tokens so far."""
+
+    job: Job
+    uid: int
+    cached: int
+    detokenizer: object
+    stops: StopMatcher
+    tokens: List[int]  # handed to the client (up to a stop string)
+    generated: List[int]  # everything the row generated (what its cache holds)
+    recorder: StatsRecorder
+    stats: Optional[GenerationStats] = None  # the engine's own, where it keeps them
+
+
 class GenerationWorker:
-    """Owns the models, the prompt cache store and the suffix indexes (by default in-memory,
-    one per API key); runs the jobs on one thread. `draft_model` is a draft model (of the
-    target's tokenizer, or of another when `mlx_spec.load` kept the draft's), a DFlash drafter,
-    an EAGLE-3 head, "mtp" (the target's own MTP head, weights from `options.mtp_weights`) or
-    None."""
+    """Owns the models, the engine, the prompt cache store and the suffix indexes (by default
+    in-memory, one per API key); runs the jobs on one thread. `draft_model` is a draft model
+    (of the target's tokenizer, or of another when `mlx_spec.load` kept the draft's), a DFlash
+    drafter, an EAGLE-3 head, "mtp" (the target's own MTP head, weights from
+    `options.mtp_weights`) or None. `batching`: decode the jobs together in the batch engine
+    (ValueError, in one sentence, when these models or options cannot be: see `can_batch`);
+    otherwise one at a time."""
 
     def __init__(self, target_model, tokenizer, draft_model=None,
                  options: SpeculationOptions = SpeculationOptions(),
                  store: Optional[PromptCacheStore] = None,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                 suffix: Optional[SuffixScopes] = None):
+                 suffix: Optional[SuffixScopes] = None, batching: bool = False):
         if options.mtp_weights is not None and not is_mtp(draft_model):
             raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or '
                              'neither.')
+        if batching:
+            check_batched(target_model, draft_model, tokenizer, options.tree)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.options, self.store, self.max_concurrency = options, store, max_concurrency
+        self.batching = batching
         self.suffix = suffix if suffix is not None else SuffixScopes()
         self.calibration = _resolve_calibration(options.calibration, target_model)
+        self.engine = self._new_engine()
+        self._running: Dict[int, Running] = {}  # uid -> job state
         self._pending: Deque[Optional[Job]] = collections.deque()  # None: the thread's end
         self._admitted: set = set()
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._closing = False
-        self.running: Optional[Job] = None
+        self.running: Optional[bool] = None  # True while the engine holds a job (/health)
         self._thread = threading.Thread(target=self._loop, name="mlx-spec-generation", daemon=True)
+
+    def _new_engine(self):
+        if not self.batching:
+            return SequenceEngine(self.target_model, self.tokenizer, self.draft_model,
+                                  self.options, self.calibration)
+        return BatchEngine(self.target_model, self.draft_model,
+                           max_draft_tokens=self.options.max_draft_tokens,
+                           stop_tokens=self.tokenizer.eos_token_ids,
+                           mtp_weights=self.options.mtp_weights)
 
     def start(self) -> None:
         self._thread.start()
@@ -164,6 +201,10 @@ class GenerationWorker:
     def admitted(self) -> int:
         return len(self._admitted)
 
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
     def close(self, timeout: Optional[float] = None) -> None:
         """Cancel every admitted job, let the thread finish and clear its streams."""
         with self._lock:
@@ -179,87 +220,130 @@ class GenerationWorker:
 
     def cancel(self, job: Job) -> None:
         """Stop `job`: a queued one leaves the queue and frees its slot now (nothing of it is
-        kept), a running one stops before its next token."""
+        kept), a running one ends before the engine's next step."""
         with self._lock:
             job.cancel()
-            queued = job is not self.running and job in self._admitted
-            if job is not self.running:
-                self._admitted.discard(job)
+            queued = job in self._pending
             if queued:
-                with contextlib.suppress(ValueError):
-                    self._pending.remove(job)
+                self._pending.remove(job)
+                self._admitted.discard(job)
         if queued:
             job.emit(Failed(503, CANCELLED))
 
-    @property
-    def queued(self) -> int:
-        return len(self._pending)
-
-    def _next(self) -> Optional[Job]:
+    def _take(self) -> Optional[List[Job]]:
+        """The queued jobs the engine has room for (waiting for one while nothing runs); None
+        once the thread should end."""
         with self._ready:
-            while not self._pending:
+            while not self._pending and not self.engine.busy:
+                self.running = None
                 self._ready.wait()
-            job = self._pending.popleft()
-            self.running = job
-            return job
+            jobs = []
+            while self._pending and (self._pending[0] is None or len(jobs) < self.engine.room):
+                jobs.append(self._pending.popleft())
+        if None in jobs:
+            return None
+        self.running = True if (jobs or self.engine.busy) else None
+        return jobs
 
     def _loop(self) -> None:
         try:
-            while (job := self._next()) is not None:
+            while (jobs := self._take()) is not None:
+                for job in jobs:
+                    self._start_job(job)
+                self._drop_cancelled()
                 try:
-                    last = self._generate(job)
-                except Exception:  # never let one request end the thread; the log has the why
+                    outputs = self.engine.step()
+                except RowFailed as failed:  # one row could not go on: the others do
+                    self._fail(failed.uid, Failed(failed.status, failed.message))
+                    continue
+                except Exception:  # never let one round end the thread; the log has the why
                     logger.exception("generation failed")
-                    last = Failed(500, "Generation failed on the server; its log has the details.")
-                with self._lock:  # the slot is free before the client hears the end
-                    self.running = None
-                    self._admitted.discard(job)
-                job.emit(last)
+                    self._fail_all(Failed(500, "Generation failed on the server; its log has "
+                                               "the details."))
+                    self.engine = self._new_engine()  # its rows were in the failed round
+                    continue
+                for out in outputs:
+                    self._deliver(out)
+            self._fail_all(Failed(503, CANCELLED))
         finally:
             mx.clear_streams()
 
-    def _generate(self, job: Job):
-        """Stream the job's text; return its last event (Finished or Failed) for the loop to send."""
-        cache, cached = self._cache_for(job.prompt_ids)
-        stops = StopMatcher(job.request.stop)
-        handed: List[int] = []  # every token the generator gave, the EOS included
-        response, finish = None, None
-        top = job.request.logprobs
-        pending: list = []  # logprob entries of tokens whose text is not sent yet
-        stream = stream_generate(
-            self.target_model, self.tokenizer, job.prompt_ids[cached:], draft_model=self.draft_model,
-            max_tokens=job.max_tokens, prompt_cache=cache,
-            # Closed below whatever happens, so the cache need only be right then: no per-token
-            # upkeep (a draft pass per plain-decoded token), no round-end token held back.
-            prompt_cache_live=False, **self._arguments(job, cached))
+    def _start_job(self, job: Job) -> None:
+        if job.cancelled:
+            self._end(job, Failed(503, CANCELLED))
+            return
+        s, o = job.request.settings, self.options
+        k = s.num_draft_tokens
+        if k is None and o.adaptive is False and self.batching:  # --fixed: the default k
+            k = DEFAULT_NUM_DRAFT_TOKENS
+        cache, cached = self.store.take(job.prompt_ids) if self.store is not None else (None, 0)
+        request = RowRequest(
+            job.prompt_ids, job.max_tokens,
+            SamplingConfig(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p),
+            seed=s.seed, prompt_lookup=s.prompt_lookup, num_draft_tokens=k,
+            logits_processors=tuple(_processors(s) or ()), logprobs=job.request.logprobs is not None,
+            suffix=self.suffix.index_for(job.partition) if s.suffix else None,
+            keep_cache=self.store is not None, prompt_lookup_max_ngram=o.prompt_lookup_max_ngram)
         try:
-            for response in stream:
-                handed.append(response.token)
-                if job.cancelled:
-                    break
-                if top is not None and response.finish_reason != "stop":  # (the EOS: no text)
-                    pending.append(self._logprob_entry(response.token, response.logprobs, top))
-                text, stopped = stops.feed(response.text)
-                if text:
-                    job.emit(TextDelta(text, tuple(pending)))
-                    pending = []
-                if stopped:
-                    finish = "stop"
-                    break
-                finish = response.finish_reason
-        except ValueError as exc:  # an argument the API refused before generating
-            return Failed(500 if handed else 400, str(exc))
-        finally:
-            stream.close()  # a reused cache now holds the prompt and `handed`
-        if self.store is not None:
-            self.store.put(job.prompt_ids + handed, cache)
-        if finish is None:
-            return Failed(503, CANCELLED)
-        rest = stops.flush()
-        if rest:
-            job.emit(TextDelta(rest, tuple(pending)))
-        eos = response.finish_reason == "stop"  # the last response carries the EOS token
-        return Finished(finish, len(job.prompt_ids), cached, len(handed) - int(eos), response.stats)
+            uid = self.engine.insert(request, cache, cached)
+        except ValueError as exc:
+            self._end(job, Failed(400, str(exc)))
+            return
+        self._running[uid] = Running(job, uid, cached, self.tokenizer.detokenizer,
+                                     StopMatcher(job.request.stop), [], [],
+                                     StatsRecorder(len(job.prompt_ids), None,
+                                                   rule_name(request.sampling)))
+
+    def _drop_cancelled(self) -> None:
+        for state in [s for s in self._running.values() if s.job.cancelled]:
+            out = self.engine.cancel(state.uid)
+            self._store(state, out.cache if out is not None else None)
+            self._running.pop(state.uid)
+            self._end(state.job, Failed(503, CANCELLED))
+
+    def _deliver(self, out) -> None:
+        state = self._running[out.uid]
+        pending, finish = [], None
+        top = state.job.request.logprobs
+        state.generated += out.tokens
+        state.recorder.prompt_done()
+        state.recorder.record(out)
+        state.stats = out.stats
+        for i, token in enumerate(out.tokens):
+            state.tokens.append(token)
+            state.recorder.handed()
+            last = i + 1 == len(out.tokens) and out.finish_reason is not None
+            if last and out.finish_reason == "stop":  # the engine's stop: an EOS, not text
+                state.detokenizer.finalize()
+            else:
+                state.detokenizer.add_token(token)
+                if last:
+                    state.detokenizer.finalize()
+                if top is not None:
+                    pending.append(self._logprob_entry(token, out.logprobs[i], top))
+            text, stopped = state.stops.feed(state.detokenizer.last_segment)
+            if text:
+                state.job.emit(TextDelta(text, tuple(pending)))
+                pending = []
+            if stopped:
+                finish = "stop"
+                break
+        if finish is None and out.finish_reason is None:
+            return
+        if finish == "stop":  # a stop string: the row ends here
+            ended = self.engine.cancel(out.uid) if out.finish_reason is None else out
+            cache = ended.cache if ended is not None else None
+        else:
+            finish, cache = out.finish_reason, out.cache
+            rest = state.stops.flush()
+            if rest or pending:
+                state.job.emit(TextDelta(rest, tuple(pending)))
+        self._running.pop(out.uid)
+        eos_ended = out.finish_reason == "stop" and i + 1 == len(out.tokens)  # EOS handed
+        stats = state.stats if state.stats is not None else state.recorder.snapshot()
+        self._end(state.job, Finished(finish, len(state.job.prompt_ids), state.cached,
+                                      len(state.tokens) - int(bool(eos_ended)), stats))
+        self._store(state, cache)
 
     def _logprob_entry(self, token: int, logprobs: mx.array, top: int) -> tuple:
         """(token text, log-probability, top alternatives): the target's own distribution at
@@ -276,31 +360,42 @@ class GenerationWorker:
                              for i, v in zip(ids.tolist(), values.tolist()))
         return self.tokenizer.decode([token]), chosen.item(), alternatives
 
-    def _cache_for(self, prompt_ids: List[int]):
-        """(a cache to generate with, how many prompt tokens it already holds)."""
-        if self.store is None:
-            return None, 0
-        cache, cached = self.store.take(prompt_ids)
-        if cache is None:
-            cache = make_cache(self.target_model)
-            if self.draft_model is not None and not (is_dflash_model(self.draft_model)
-                                                     or is_eagle3_head(self.draft_model)
-                                                     or is_mtp(self.draft_model)):
-                cache += make_cache(self.draft_model)  # a head or block drafter: none here
-        return cache, cached
+    def _store(self, state: Running, cache) -> None:
+        if self.store is not None and cache is not None:
+            self.store.put(state.job.prompt_ids + state.generated, cache)
 
-    def _arguments(self, job: Job, cached: int = 0) -> dict:
-        """stream_generate's keywords for `job`, whose first `cached` prompt tokens a stored
-        cache holds (they are not passed, but the penalties still see them)."""
-        o, s = self.options, job.request.settings
-        return dict(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed,
-                    logits_processors=_processors(s, job.prompt_ids[:cached]),
-                    num_draft_tokens=s.num_draft_tokens, prompt_lookup=s.prompt_lookup,
-                    suffix=self.suffix.index_for(job.partition) if s.suffix else None,
-                    adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
-                    draft_confidence=o.draft_confidence,
-                    prompt_lookup_max_ngram=o.prompt_lookup_max_ngram,
-                    calibration=self.calibration, mtp_weights=o.mtp_weights, tree=o.tree)
+    def _end(self, job: Job, event) -> None:
+        with self._lock:  # the slot is free before the client hears the end
+            self._admitted.discard(job)
+        job.emit(event)
+
+    def _fail(self, uid: int, event) -> None:
+        state = self._running.pop(uid, None)
+        if state is not None:
+            self._end(state.job, event)
+
+    def _fail_all(self, event) -> None:
+        for state in list(self._running.values()):
+            self._end(state.job, event)
+        self._running.clear()
+
+
+def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
+    """Whether these models (and options) can be served batched, else one request at a time:
+    a draft of another tokenizer than `tokenizer`, or token trees (`tree`), run one at a time."""
+    try:
+        check_batched(target_model, draft_model, tokenizer, tree)
+    except ValueError:
+        return False
+    return True
+
+
+def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
+    """ValueError, in one sentence, unless the batch engine serves these."""
+    if tree:
+        raise ValueError("Batched serving drafts chains only; serve token trees one request "
+                         "at a time (mlx-spec serve --no-batching).")
+    check_batchable(target_model, draft_model, tokenizer)
 
 
 def is_mtp(draft_model) -> bool:
@@ -308,33 +403,19 @@ def is_mtp(draft_model) -> bool:
     return isinstance(draft_model, str) and draft_model == "mtp"
 
 
-def _processors(settings, earlier: Sequence[int] = ()) -> Optional[list]:
+def _processors(settings) -> Optional[list]:
     """mlx-lm's logits processors for a request's logit_bias and penalties (None: none asked).
-
-    The penalties look at the whole conversation as the model sees it, prompt and generated
-    so far, whatever a stored cache holds: each processor is handed `earlier` (the prompt
-    tokens a reused cache holds, which the generation call is not given) in front of the
-    tokens it is called with, so a cache hit answers as a miss does, and as the batched
-    worker, whose rows hold the whole prompt."""
+    They look at the whole conversation as the model sees it: the engine hands them the
+    prompt tokens a reused cache holds, too (sequence_engine.py; a batch row holds them)."""
     if not (settings.logit_bias or settings.presence_penalty or settings.frequency_penalty
             or settings.repetition_penalty is not None):
         return None
     from mlx_lm.sample_utils import make_logits_processors
 
-    processors = make_logits_processors(logit_bias=dict(settings.logit_bias) or None,
-                                        repetition_penalty=settings.repetition_penalty,
-                                        presence_penalty=settings.presence_penalty or None,
-                                        frequency_penalty=settings.frequency_penalty or None)
-    if not earlier:
-        return processors
-    before = mx.array(list(earlier), mx.uint32)
-    return [_after(before, processor) for processor in processors]
-
-
-def _after(before: mx.array, processor):
-    """`processor` handed `before` in front of the tokens it is called with."""
-    return lambda tokens, logits: processor(mx.concatenate([before, tokens.astype(mx.uint32)]),
-                                            logits)
+    return make_logits_processors(logit_bias=dict(settings.logit_bias) or None,
+                                  repetition_penalty=settings.repetition_penalty,
+                                  presence_penalty=settings.presence_penalty or None,
+                                  frequency_penalty=settings.frequency_penalty or None)
 
 
 def _resolve_calibration(calibration, target_model):
