@@ -32,10 +32,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..attention import round_attention
-from ..dflash.dflash2 import draft_logits, selector_scores
+from ..dflash.dflash2 import draft_logits
 from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head, tapped
-from ..drafters.dflash import DFlashContext, embedding_scale
+from ..drafters.dflash import DFlashContext, embedding_scale, visibility
 from ..drafters.dflash2 import logit_scale
 from ..precision import compute_dtype, head_for
 from .drafts import draw_rows
@@ -142,30 +142,11 @@ class BatchDFlash:
         `CandidateSelector.walk`), all rows at once. A sampled row's draft i < drawn[row] is
         drawn from softmax(score / T) over its candidates with its own key; q is that
         distribution, zero outside them. Other rows take the best score."""
-        selector, (_, k, _) = self.selector, hidden.shape
         logits = draft_logits(self.head(hidden), *self.logit_scale)  # (B, k, V)
-        candidates = mx.argpartition(-logits, selector.top_k - 1, axis=-1)[..., :selector.top_k]
-        unary = mx.take_along_axis(logits, candidates, axis=-1)  # (B, k, K)
-        projected = selector.hidden_projection(hidden)  # (B, k, rank)
         previous = mx.array([row.history[-1] for row in rows], mx.uint32)
-        tokens, probs = [], [[] for _ in rows]
-        for i in range(k):
-            scores = selector_scores(selector, candidates[:, i], unary[:, i], projected[:, i],
-                                     previous)  # (B, K)
-            best = mx.argmax(scores, axis=-1)
-            picks = []
-            for j, row in enumerate(rows):
-                if row.greedy or i >= drawn[j]:
-                    picks.append(best[j])
-                    continue
-                scaled = scores[j] * (1.0 / row.request.sampling.temp)
-                picks.append(mx.random.categorical(scaled, key=row.next_key()))
-                probs[j].append(mx.put_along_axis(mx.zeros((logits.shape[-1],), mx.float32),
-                                                  candidates[j, i], mx.softmax(scaled), axis=-1))
-            previous = mx.take_along_axis(candidates[:, i], mx.stack(picks)[:, None],
-                                          axis=-1)[:, 0].astype(mx.uint32)
-            tokens.append(previous)
-        return mx.stack(tokens, axis=1), [mx.stack(p) if p else None for p in probs]
+        temps = [0.0 if row.greedy else row.request.sampling.temp for row in rows]
+        return self.selector.walk(hidden, logits, previous, temps, drawn,
+                                  lambda j, i: rows[j].next_key())
 
     def _catch_up(self, rows: Sequence[Row]) -> None:
         """Every row's waiting taps into its context, in one pass right-padded to the longest."""
@@ -202,17 +183,9 @@ class BatchDFlash:
         """Which keys each block query sees: (B, 1, size, count + size) booleans. Row i's
         context entry j sits count - j positions before its block (right-aligned), so the
         distances are the same for every row; only the left padding differs."""
-        window, causal = self.config.window(layer), self.config.causal(layer)
-        query = mx.arange(size)[:, None]  # (size, 1) place in the block
-        context = mx.arange(-count, 0)[None, :]  # (1, count) place relative to the block
-        block = mx.arange(size)[None, :]
-        see_context = mx.ones((size, count), mx.bool_)
-        see_block = block <= query if causal else mx.ones((size, size), mx.bool_)
-        if window is not None:  # z-lab: p - j < window, and j - p < window when bidirectional
-            see_context = see_context & (query - context < window)
-            see_block = see_block & (query - block < window)
-            if not causal:
-                see_block = see_block & (block - query < window)
+        block = mx.arange(size)
+        see_context, see_block = visibility(self.config, layer, block[:, None],
+                                            mx.arange(-count, 0)[None, :], block[None, :])
         padding = mx.arange(count)[None, :] >= mx.array(self.cache.padding)[:, None]  # (B, count)
         see_context = see_context[None] & padding[:, None, :]  # (B, size, count)
         see_block = mx.broadcast_to(see_block[None], (padding.shape[0], size, size))

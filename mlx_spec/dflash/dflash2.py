@@ -34,7 +34,7 @@ reference and other public ports of it; this is our own code):
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -113,34 +113,44 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = mx.zeros((parts.vocab_size, parts.selector_rank))
         self.hidden_projection = nn.Linear(hidden_size, parts.selector_rank, bias=False)
 
-    def walk(self, hidden: mx.array, logits: mx.array, anchor: int, temp: float,
-             key: Optional[mx.array] = None) -> Tuple[mx.array, Optional[mx.array]]:
-        """Drafts along the block from `anchor`: hidden (k, H) normed rows and their logits
-        (k, V). Returns the tokens (k,) and, for temp > 0, q (k, V): each row the
-        distribution its token was drawn from (zero outside that row's candidates; it
-        depends on the token drawn before it, which the acceptance rule allows)."""
-        k, V = logits.shape
-        candidates = mx.argpartition(-logits, self.top_k - 1, axis=-1)[:, :self.top_k]  # (k, K)
-        unary = mx.take_along_axis(logits, candidates, axis=-1).astype(mx.float32)  # (k, K)
-        projected = self.hidden_projection(hidden)  # (k, rank)
-        keys = [None] * k if key is None else list(mx.random.split(key, k))
-        previous = mx.array(anchor, mx.uint32)
-        tokens, q_rows = [], []
+    def candidates(self, logits: mx.array) -> Tuple[mx.array, mx.array]:
+        """(candidates (..., K), their logits (..., K) in float32): each row's top_k tokens."""
+        candidates = mx.argpartition(-logits, self.top_k - 1, axis=-1)[..., :self.top_k]
+        return candidates, mx.take_along_axis(logits, candidates, axis=-1).astype(mx.float32)
+
+    def walk(self, hidden: mx.array, logits: mx.array, previous: mx.array,
+             temps: Sequence[float], drawn: Sequence[int],
+             key_for: Callable[[int, int], Optional[mx.array]] = lambda row, i: None
+             ) -> Tuple[mx.array, List[Optional[mx.array]]]:
+        """Drafts along each row's block from its last known token `previous` (B,): hidden
+        (B, k, H) normed rows and their logits (B, k, V). Row j's first drawn[j] drafts are
+        drawn at temps[j] > 0 from softmax(score / T) over the candidates, with key
+        key_for(j, i) (None: MLX's global generator), and q_j gets a row per draw: the
+        distribution it was drawn from (zero outside that row's candidates; it depends on
+        the token drawn before it, which the acceptance rule allows). Every other draft is the
+        best score. Returns the tokens (B, k) and each row's q (drawn[j], V), or None. One walk
+        for a sequence (B = 1) and a batch's rows."""
+        _, k, V = logits.shape
+        candidates, unary = self.candidates(logits)  # (B, k, K)
+        projected = self.hidden_projection(hidden)  # (B, k, rank)
+        tokens, q = [], [[] for _ in temps]
         for i in range(k):
-            scores = selector_scores(self, candidates[i], unary[i], projected[i], previous)
-            if temp > 0:
-                scaled = scores * (1.0 / temp)
-                chosen = mx.random.categorical(scaled, key=keys[i])
-                q_rows.append(mx.softmax(scaled))
-            else:
-                chosen = mx.argmax(scores)
-            previous = candidates[i, chosen].astype(mx.uint32)
+            scores = selector_scores(self, candidates[:, i], unary[:, i], projected[:, i],
+                                     previous)  # (B, K)
+            best = mx.argmax(scores, axis=-1)
+            picks = []
+            for j, temp in enumerate(temps):
+                if temp <= 0 or i >= drawn[j]:
+                    picks.append(best[j])
+                    continue
+                scaled = scores[j] * (1.0 / temp)
+                picks.append(mx.random.categorical(scaled, key=key_for(j, i)))
+                q[j].append(mx.put_along_axis(mx.zeros((V,), mx.float32), candidates[j, i],
+                                              mx.softmax(scaled), axis=-1))
+            previous = mx.take_along_axis(candidates[:, i], mx.stack(picks)[:, None],
+                                          axis=-1)[:, 0].astype(mx.uint32)
             tokens.append(previous)
-        tokens = mx.stack(tokens)  # (k,)
-        if temp <= 0:
-            return tokens, None
-        q = mx.zeros((k, V), mx.float32)
-        return tokens, mx.put_along_axis(q, candidates, mx.stack(q_rows), axis=-1)  # (k, V)
+        return mx.stack(tokens, axis=1), [mx.stack(rows) if rows else None for rows in q]
 
 
 def selector_scores(selector, candidates: mx.array, unary: mx.array, projected: mx.array,

@@ -233,25 +233,35 @@ def _first_visible(window: Optional[int], count: int) -> int:
     return 0 if window is None else max(0, count - (window - 1))
 
 
-def block_mask(config, layer: int, context_start: int, offset: int,
-               block_size: int) -> Optional[mx.array]:
-    """Which keys each block query sees in `layer`: (B, context rows + B) booleans, or None
-    for all. Context rows sit at positions context_start..offset - 1, the block at offset.."""
+def visibility(config, layer: int, query: mx.array, context: mx.array, block: mx.array):
+    """(sees context, sees block): which keys a block query sees in `layer`, from absolute
+    positions that broadcast: queries `query` (..., size, 1) over context rows `context`
+    (..., 1, count) and the block's own rows `block` (..., 1, size). z-lab's rule: key j is
+    visible to query p if p - j < window (and j - p < window in a bidirectional sliding
+    layer); inside the block causal layers see only earlier rows. The one rule of every
+    DFlash mask: a round's block (block_mask), the prompt look's blocks (anchored_mask) and
+    a batch's rows (mlx_spec.batch.dflash)."""
     window, causal = config.window(layer), config.causal(layer)
-    if window is None and not causal:
-        return None
-    query = mx.arange(offset, offset + block_size)[:, None]  # (B, 1) absolute positions
-    context = mx.arange(context_start, offset)[None, :]
-    block = mx.arange(offset, offset + block_size)[None, :]
-    see_context = mx.ones((block_size, offset - context_start), mx.bool_)
-    see_block = mx.ones((block_size, block_size), mx.bool_)
-    if causal:
-        see_block = block <= query
-    if window is not None:  # z-lab: p - j < window, and j - p < window too when bidirectional
+    see_context = mx.ones(mx.broadcast_shapes(query.shape, context.shape), mx.bool_)
+    see_block = block <= query if causal else \
+        mx.ones(mx.broadcast_shapes(query.shape, block.shape), mx.bool_)
+    if window is not None:
         see_context = see_context & (query - context < window)
         see_block = see_block & (query - block < window)
         if not causal:
             see_block = see_block & (block - query < window)
+    return see_context, see_block
+
+
+def block_mask(config, layer: int, context_start: int, offset: int,
+               block_size: int) -> Optional[mx.array]:
+    """Which keys each block query sees in `layer`: (B, context rows + B) booleans, or None
+    for all. Context rows sit at positions context_start..offset - 1, the block at offset.."""
+    if config.window(layer) is None and not config.causal(layer):
+        return None
+    block = mx.arange(offset, offset + block_size)
+    see_context, see_block = visibility(config, layer, block[:, None],
+                                        mx.arange(context_start, offset)[None, :], block[None, :])
     return mx.concatenate([see_context, see_block], axis=1)
 
 
@@ -260,21 +270,13 @@ def anchored_mask(config, layer: int, context_start: int, count: int, anchors: m
     """block_mask for a batch of blocks (n, 1, size, count + size): block j anchored at
     position anchors[j], over the `count` context rows from position context_start, of which
     it sees those before it (the prompt look: what a round anchored there would see)."""
-    window, causal = config.window(layer), config.causal(layer)
-    query = anchors[:, None, None] + mx.arange(size)[None, :, None]  # (n, size, 1)
+    block = anchors[:, None, None] + mx.arange(size)[None, None, :]  # (n, 1, size)
     context = context_start + mx.arange(count)[None, None, :]  # (1, 1, count)
-    see_context = context < anchors[:, None, None]
-    offsets = mx.arange(size)
-    see_block = mx.ones((size, size), mx.bool_)
-    if causal:
-        see_block = offsets[None, :] <= offsets[:, None]
-    if window is not None:
-        see_context = see_context & (query - context < window)
-        see_block = see_block & (abs(offsets[:, None] - offsets[None, :]) < window) \
-            if not causal else see_block & (offsets[:, None] - offsets[None, :] < window)
-    see_context = mx.broadcast_to(see_context, (anchors.shape[0], size, count))
-    see_block = mx.broadcast_to(see_block[None], (anchors.shape[0], size, size))
-    return mx.concatenate([see_context, see_block], axis=-1)[:, None]
+    see_context, see_block = visibility(config, layer, block.swapaxes(1, 2), context, block)
+    see_context = see_context & (context < anchors[:, None, None])
+    n = anchors.shape[0]
+    return mx.concatenate([mx.broadcast_to(see_context, (n, size, count)),
+                           mx.broadcast_to(see_block, (n, size, size))], axis=-1)[:, None]
 
 
 def embedding_scale(target_model) -> float:

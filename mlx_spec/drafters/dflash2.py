@@ -48,8 +48,7 @@ class DFlash2Drafter(DFlashDrafter):
         hidden, anchors = anchored
         selector = self.drafter.candidate_selector
         logits = self.logits(hidden)  # (r, V)
-        candidates = mx.argpartition(-logits, selector.top_k - 1, axis=-1)[:, :selector.top_k]
-        unary = mx.take_along_axis(logits, candidates, axis=-1)
+        candidates, unary = selector.candidates(logits)
         scores = selector_scores(selector, candidates, unary, selector.hidden_projection(hidden),
                                  anchors)  # (r, K)
         q = mx.softmax(scores * (1.0 / self.sampling.temp), axis=-1)
@@ -59,7 +58,9 @@ class DFlash2Drafter(DFlashDrafter):
         """The selector's drafts from rows 1..k (k, H) and q (k, V), or None when greedy."""
         logits = self.logits(rows)  # (k, V)
         temp = 0.0 if self.sampling.greedy else self.sampling.temp
-        return self.drafter.candidate_selector.walk(rows, logits, anchor, temp)
+        tokens, q = self.drafter.candidate_selector.walk(
+            rows[None], logits[None], mx.array([anchor], mx.uint32), [temp], [rows.shape[0]])
+        return tokens[0], q[0]
 
 
 def logit_scale(parts: DFlash2Parts, target_model) -> Tuple[float, Optional[float]]:
