@@ -12,7 +12,7 @@ trim; recurrent state: restore and replay the kept tokens).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
@@ -48,6 +48,10 @@ class Round:
     cross_rule: Optional[str] = None
     # A token tree's round: the nodes verified (num_drafted is then its depth); 0 for a chain
     tree_nodes: int = 0
+    # ... its widest node, and how many of the kept drafts follow the spine (the base
+    # drafter's own chain; num_accepted beyond it: a sibling was kept), for the policy
+    tree_width: int = 0
+    spine_kept: Optional[int] = None
 
 
 @dataclass
@@ -125,7 +129,8 @@ def tree_round(decoder: Decoder, proposal) -> Round:
     depth = max(depths(parents))
     return Round(tokens, int(depth), n, proposal.source,
                  _reported(target_logits[rows], target_logprobs[rows], decoder.sampling),
-                 tree_nodes=len(parents) - 1)
+                 tree_nodes=len(parents) - 1, tree_width=proposal.width,
+                 spine_kept=proposal.along_spine(path))
 
 
 def _judge_tree(decoder: Decoder, proposal, target_logits, target_logprobs):
@@ -312,12 +317,19 @@ def generate_rounds(
             drafter.attach(decoder.history)
     looks = prompt_look.gather(target_tail, drafters, sampling) if look_rows else {}
     del target_tail
+    # Drafters whose tree width the policy chooses (drafters/tree.py), if it can
+    shaped = [d for d in drafters if getattr(d, "max_width", None)] \
+        if hasattr(policy, "tree_width") else []
+    for drafter in shaped:
+        policy.allow_trees(drafter.source, drafter.max_width)
     emitted = 0
     clock = RoundClock()
     while emitted < max_tokens:
         clock.start()  # once: the first round is timed from when it is asked for
         room = max_tokens - emitted  # drafts beyond it are never wanted
         lengths = {d.source: min(policy.proposal_length(d.source), room) for d in drafters}
+        for drafter in shaped:
+            drafter.width = policy.tree_width(drafter.source)
         for source in [source for source in later if lengths.get(source, 0) > 0]:
             _prefill_drafter(later.pop(source), decoder.history, prefill_step_size, policy)
             clock.lap()  # (its time is the prefill's, no round's)
@@ -399,9 +411,7 @@ def _without_own_token(decoder: Decoder, round_: Round) -> Round:
     """The round without its last token, the target's own after every draft was kept: the
     target cache then holds the whole history (the generation ends here)."""
     decoder.history.pop()
-    return Round(round_.tokens[:-1], round_.num_drafted, round_.num_accepted, round_.source,
-                 round_.logprobs[:-1], round_.chances, cross_rule=round_.cross_rule,
-                 tree_nodes=round_.tree_nodes)
+    return replace(round_, tokens=round_.tokens[:-1], logprobs=round_.logprobs[:-1])
 
 
 def _offers(drafters) -> Callable[[List[int]], bool]:

@@ -27,6 +27,20 @@ The adaptive policy is one formula (docs/drafting.md, "The policy"). For source 
   in their block); a calibration's until one is timed. With neither, the first TRIAL_STEPS
   tokens are plain.
 
+A source that can propose token trees (a draft model; drafters/tree.py) also has a width w:
+a spine of k drafts with w - 1 sibling leaves beside each spine node, k w nodes verified:
+
+    E_s(k, w) = 1 + sum_{i<=k} prod_{j<i} a_s,j (a_s,i + (1 - a_s,i) b_s,w),   T_s(k w)
+
+- b_s,w = 1 - (1 - beta_s)^(w - 1), the chance a sibling is kept where the spine's draft was
+  rejected, from beta_s, one sibling's: decayed counts of siblings kept and tried in tree
+  rounds, shrunk to SIBLING_PRIOR by SIBLING_PRIOR_ROUNDS; b_s,1 = 0 (a chain). T_s is the
+  same line, over nodes verified.
+  A tree one wider than the chosen shape is tried only while it could beat that shape and
+  plain decoding with SIBLING_HOPE per sibling: where verifying k w nodes costs about k w
+  single passes (a CPU), never. Trials come EXPLORE_EVERY rounds apart, the gap doubling
+  after each trial that kept no sibling (up to MAX_OFF_STEPS rounds), reset by one that did.
+
 Each round source s drafts k* = argmax_k rate_s(k) when rate_s(k*) t_plain >= 1 - OFF_MARGIN.
 Otherwise it sits out an off period (FIRST_OFF_STEPS tokens, doubling while it keeps losing,
 up to MAX_OFF_STEPS), then drafts PROBE_ROUNDS probe rounds. Exploration is explicit and
@@ -72,6 +86,9 @@ UNKNOWN_STEP_SHARE = 0.3  # a paid source's step / t_plain when none was timed
 LOOK_SHARE = 0.02  # the prompt look may cost this share of the reply's plain time ...
 LOOK_FIXED_TOKENS = 8.0  # ... at this many prompt tokens' prefill
 LOOK_ROW_TOKENS = 0.4  # ... plus this many a row (bench/results/look-rows-cost-*.md)
+SIBLING_PRIOR = 0.2  # the guessed chance one sibling is kept where the spine's draft was not
+SIBLING_HOPE = 0.5  # ... and the hopeful one a wider tree is tried for
+SIBLING_PRIOR_ROUNDS = 2.0  # the sibling guess weighs as much as this many tree rounds
 
 
 class DraftPolicy(Protocol):
@@ -144,6 +161,12 @@ class SourceEstimate:
         self.probing = 0  # probe rounds still to draft before the next verdict
         self.switched_off = 0
         self.since = 0  # tokens decoded without it since its last round
+        self.max_width = 1  # the widest token tree it may propose (1: chains only)
+        self.width = 1  # the width last chosen
+        self.siblings = [0.0, 0.0]  # decayed siblings kept and siblings tried
+        self.widen_every = EXPLORE_EVERY  # rounds between two trials of a wider tree
+        self.widen_at = EXPLORE_EVERY // 2  # the round of the next one
+        self.widening = False  # the round under way is such a trial
 
     @property
     def acceptance(self) -> float:
@@ -175,6 +198,25 @@ class SourceEstimate:
         """a_s,j: depth j's own counts shrunk to the pooled a_s by DEPTH_PRIOR_ROUNDS."""
         kept, reached = self.depths[j]
         return (kept + DEPTH_PRIOR_ROUNDS * self.acceptance) / (reached + DEPTH_PRIOR_ROUNDS)
+
+    def sibling_chance(self, width: int, optimistic: bool = False) -> float:
+        """b_s,w = 1 - (1 - beta_s)^(w - 1): the chance one of a node's w - 1 siblings is kept
+        where the spine's draft was rejected, beta_s one sibling's: its tree rounds' counts
+        shrunk to SIBLING_PRIOR (optimistic: SIBLING_HOPE, whatever the counts say)."""
+        if width <= 1:
+            return 0.0
+        if optimistic:
+            beta = SIBLING_HOPE
+        else:
+            kept, tried = self.siblings
+            beta = (kept + SIBLING_PRIOR_ROUNDS * SIBLING_PRIOR) / (tried + SIBLING_PRIOR_ROUNDS)
+        return 1.0 - (1.0 - beta) ** (width - 1)
+
+    def count_siblings(self, width: int, kept: bool) -> None:
+        """A tree round whose spine's draft was rejected where `width` - 1 siblings stood:
+        one of them kept (counted as one tried), or all rejected."""
+        self.siblings = [self.decay * self.siblings[0] + float(kept),
+                         self.decay * self.siblings[1] + (1.0 if kept else width - 1.0)]
 
     def add(self, k: int, seconds: float) -> None:
         self.fit = [self.decay * s + x for s, x in zip(self.fit, (1.0, k, k * k, seconds,
@@ -318,27 +360,40 @@ class AdaptivePolicy:
 
     def best(self, name: str, acceptance: Optional[float] = None):
         """(k*, rate_s(k*) t_plain): the best length and its speed over plain decoding's."""
+        return self.best_shape(name, acceptance)[:2]
+
+    def best_shape(self, name: str, acceptance: Optional[float] = None):
+        """(k*, rate t_plain, w*): the best length and tree width, and their speed over plain
+        decoding's."""
         if (name, acceptance) not in self._best:
             self._best[name, acceptance] = self._argmax(name, acceptance)
         return self._best[name, acceptance]
 
-    def _argmax(self, name: str, acceptance: Optional[float]):
-        """rate_s(k) for every k in one pass: the line and E_s(k) built up once, not per k."""
+    def _argmax(self, name: str, acceptance: Optional[float], widths=None,
+                optimistic: bool = False):
+        """rate_s(k, w) for every k and w in one pass a width: the line and E_s(k, w) built up
+        once, not per k. With `acceptance` every draft is kept with that chance (chains)."""
         plain, estimate = self.plain_seconds, self.source(name)
         line = self._prior_line(name, estimate)
         if not plain or not estimate.seconds(1, line):
-            return 0, None
-        best_k, best_rate, tokens, survive = 0, -1.0, 1.0, 1.0
-        for k in range(1, estimate.k_max + 1):
-            if acceptance is None:
-                survive *= estimate.chance_at(k)
-                tokens += survive
-            else:
-                tokens = expected_tokens_per_round(acceptance, k)
-            rate = tokens / estimate.seconds(k, line)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k, best_rate * plain
+            return 0, None, 1
+        if widths is None:
+            widths = range(1, (estimate.max_width if acceptance is None else 1) + 1)
+        best_k, best_rate, best_w = 0, -1.0, 1
+        for w in widths:
+            rescued = estimate.sibling_chance(w, optimistic)  # b_s,w
+            tokens, survive = 1.0, 1.0
+            for k in range(1, estimate.k_max + 1):
+                if acceptance is None:
+                    a = estimate.chance_at(k)
+                    tokens += survive * (a + (1.0 - a) * rescued)
+                    survive *= a
+                else:
+                    tokens = expected_tokens_per_round(acceptance, k)
+                rate = tokens / estimate.seconds(k * w, line)
+                if rate > best_rate:
+                    best_k, best_rate, best_w = k, rate, w
+        return best_k, best_rate * plain, best_w
 
     # --- the policy protocol ---
     def proposal_length(self, name: str) -> int:
@@ -365,13 +420,36 @@ class AdaptivePolicy:
             if ratio < 1.0 - OFF_MARGIN and estimate.rounds and not estimate.probing:
                 estimate.switch_off()
                 return 0
+        estimate.width = self.best_shape(name)[2]
         if estimate.rounds == 0 and self.initial and not estimate.free:
             k = min(self.initial, estimate.k_max)
         elif estimate.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             step = max(1, k // 4)
             k = k + step if (estimate.rounds // EXPLORE_EVERY) % 2 == 0 else k - step
+        elif estimate.rounds >= estimate.widen_at and self._wider_may_pay(name, ratio):
+            estimate.width += 1  # a trial: its rounds measure b_s,w
+            estimate.widening = True
         estimate.k = min(max(k, 1), estimate.k_max)
         return estimate.k
+
+    def _wider_may_pay(self, name: str, ratio: float) -> bool:
+        """Whether a tree one wider than the chosen shape could beat it and plain decoding,
+        its siblings kept with the hopeful chance (SIBLING_HOPE: a trial then measures it)."""
+        estimate = self.source(name)
+        wider = estimate.width + 1
+        if wider > estimate.max_width:
+            return False
+        hopeful = self._argmax(name, None, widths=[wider], optimistic=True)[1]
+        return hopeful is not None and hopeful > max(ratio, 1.0)
+
+    def allow_trees(self, name: str, max_width: int) -> None:
+        """Source `name` may propose token trees up to `max_width` wide (drafters/tree.py)."""
+        self._best.clear()
+        self.source(name).max_width = max(1, max_width)
+
+    def tree_width(self, name: str) -> int:
+        """The tree width for the round `proposal_length(name)` just chose (1: a chain)."""
+        return self.source(name).width
 
     def hopeless(self, name: str) -> bool:
         """Whether the source would lose even with every draft kept (False while unknown)."""
@@ -457,12 +535,25 @@ class AdaptivePolicy:
                 seconds = max(seconds - catch_up * estimate.since, 1e-9)
             elif estimate.since >= CATCH_UP_TOKENS:
                 seconds = None  # a catch-up of unknown cost: not its length's time
-        kept, rejections = round_.num_accepted, float(round_.num_accepted < round_.num_drafted)
-        chances = getattr(round_, "chances", None)
+        spine = getattr(round_, "spine_kept", None)  # a tree round: the spine's drafts kept
+        kept = round_.num_accepted if spine is None else spine
+        rejections = float(kept < round_.num_drafted)
+        chances = getattr(round_, "chances", None) if spine is None else None
         if chances:
             kept, rejections = expected_kept(chances)
-        estimate.count(kept, rejections, survivals(round_.num_drafted, round_.num_accepted,
-                                                   chances))
+        estimate.count(kept, rejections, survivals(
+            round_.num_drafted, round_.num_accepted if spine is None else spine, chances))
+        tried = spine is not None and spine < round_.num_drafted  # siblings were looked at
+        rescued = tried and round_.num_accepted > spine
+        if tried and estimate.max_width > 1:
+            estimate.count_siblings(round_.tree_width, rescued)
+        if estimate.widening:  # a trial that kept a sibling says try again soon; one that
+            estimate.widening = False  # looked at siblings and kept none, later
+            if rescued:
+                estimate.widen_every = EXPLORE_EVERY
+            elif tried:
+                estimate.widen_every = min(2 * estimate.widen_every, MAX_OFF_STEPS)
+            estimate.widen_at = estimate.rounds + 1 + estimate.widen_every
         if seconds is not None:
             estimate.add(k, seconds)
         estimate.rounds += 1

@@ -15,6 +15,11 @@
 
 A proposal's `spine` is the path its base drafter proposed as a chain: the
 base is committed with how far the accepted path followed it.
+
+With `tree=None` (the default) the policy chooses the width of a draft model's
+tree each round (`TreeDrafter.width`, set by the loop from
+`policy.tree_width`): width 1 proposes the base's own chain, a wider one a
+spine with siblings, where the policy's model predicts it pays (policy.py).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class TreeProposal:
     source: str
     drafter: object
     cross_rule: Optional[str] = None
+    width: int = 1  # the most children a node has
 
     @property
     def num_tokens(self) -> int:
@@ -52,14 +58,22 @@ class TreeProposal:
         return n
 
 
+MAX_CHOSEN_WIDTH = 3  # the widest tree the policy may choose (Macs measured best at 1-3)
+
+
 def with_trees(drafters, tree, target, sampling, verifiable: bool = True) -> list:
     """`drafters` with the draft model and prompt lookup proposing trees of `tree`'s
     (depth, width), where the target's cache can verify one (tree_verify.tree_capable),
     the rule is the library's own (`verifiable`: no custom accept, logits processors or
-    sharded target) and so is the sampler. None (the policy's choice: chains for now) and
-    False keep the drafters as they are."""
-    if not tree or not verifiable or sampling.sampler is not None or not tree_capable(target):
+    sharded target) and so is the sampler. None: the draft model's width is the policy's
+    choice each round (up to MAX_CHOSEN_WIDTH; 1, its chain, unless the policy says a
+    tree pays); False keeps the drafters as they are."""
+    if tree is False or not verifiable or sampling.sampler is not None \
+            or not tree_capable(target):
         return list(drafters)
+    if tree is None:
+        return [TreeDrafter(d, None, MAX_CHOSEN_WIDTH, chosen=True)
+                if type(d) is DraftModelDrafter else d for d in drafters]
     depth, width = tree
     return [TreeDrafter(d, depth, width) if _tree_source(d) else d for d in drafters]
 
@@ -69,12 +83,16 @@ def _tree_source(drafter) -> bool:
 
 
 class TreeDrafter:
-    """A drafter proposing trees of at most `depth` levels and `width` children a node."""
+    """A drafter proposing trees of at most `depth` levels (None: the policy's k) and `width`
+    children a node. `chosen`: the width is the policy's, set before each round
+    (`max_width`: the most it may be; 1 proposes the base's chain)."""
 
-    def __init__(self, base, depth: int, width: int):
-        if depth < 1 or width < 1:
+    def __init__(self, base, depth: Optional[int], width: int, chosen: bool = False):
+        if (depth is not None and depth < 1) or width < 1:
             raise ValueError(f"a tree needs depth >= 1 and width >= 1, got {depth}x{width}.")
-        self.base, self.depth, self.width = base, depth, width
+        self.base, self.depth = base, depth
+        self.max_width = width if chosen else None
+        self.width = 1 if chosen else width
         self.source = base.source
         self._proposal: Optional[TreeProposal] = None
         if isinstance(base, PromptLookupDrafter):
@@ -89,7 +107,12 @@ class TreeDrafter:
         return getattr(self.base, name)
 
     def propose(self, history: List[int], k: int):
-        self._proposal = self._tree(history, min(k, self.depth))
+        if self.max_width is not None:  # the policy's width: 1 is the base's own chain
+            self.base.keep_logprobs = self.width > 1
+            if self.width == 1:
+                self._proposal = None
+                return self.base.propose(history, k)
+        self._proposal = self._tree(history, k if self.depth is None else min(k, self.depth))
         return self._proposal
 
     def commit(self, path) -> None:
@@ -123,7 +146,7 @@ class TreeDrafter:
         spine = tuple(1 + i * self.width for i in range(depth))
         return TreeProposal(mx.concatenate(tokens).astype(mx.uint32),
                             mx.concatenate(probs) if probs else None, parents, spine,
-                            self.source, self)
+                            self.source, self, width=self.width)
 
     def _lookup_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
         first = self.base.lookup(history, k)
@@ -138,7 +161,8 @@ class TreeDrafter:
             vocab = self.base.target_vocab_size
             probs = (mx.arange(vocab)[None] == drafted[:, None]).astype(mx.float32)  # (N-1, V)
         spine = _path_nodes(parents, tokens, first)
-        return TreeProposal(drafted, probs, parents, spine, self.source, self)
+        return TreeProposal(drafted, probs, parents, spine, self.source, self,
+                            width=len(token_paths))
 
 
 def _other_matches(text: List[int], ngram_sizes, length: int, count: int,
