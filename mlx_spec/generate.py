@@ -174,7 +174,8 @@ def speculative_generate_step(
 
     `tree`: a `(depth, width)` pair proposes token trees of that shape from the draft
     model and prompt lookup, verified in one pass each (docs/drafting.md, "Token trees");
-    False keeps chains; None lets the policy decide, which for now keeps chains. Chains
+    False keeps chains; None lets the policy choose the draft model's width each round (1,
+    the chain, up to 3: docs/drafting.md, "The policy"). Chains
     also where a tree cannot be verified (sliding-window or recurrent caches, logits
     processors, a custom `accept` or sampler, a sharded target).
     """

@@ -30,12 +30,13 @@ The adaptive policy is one formula (docs/drafting.md, "The policy"). For source 
 A source that can propose token trees (a draft model; drafters/tree.py) also has a width w:
 a spine of k drafts with w - 1 sibling leaves beside each spine node, k w nodes verified:
 
-    E_s(k, w) = 1 + sum_{i<=k} prod_{j<i} a_s,j (a_s,i + (1 - a_s,i) b_s,w),   T_s(k w)
+    E_s(k, w) = 1 + sum_{i<=k} prod_{j<i} a_s,j (a_s,i + (1 - a_s,i) b_s,w),   T_s(k) + (w - 1) k v
 
 - b_s,w = 1 - (1 - beta_s)^(w - 1), the chance a sibling is kept where the spine's draft was
   rejected, from beta_s, one sibling's: decayed counts of siblings kept and tried in tree
-  rounds, shrunk to SIBLING_PRIOR by SIBLING_PRIOR_ROUNDS; b_s,1 = 0 (a chain). T_s is the
-  same line, over nodes verified.
+  rounds, shrunk to SIBLING_PRIOR by SIBLING_PRIOR_ROUNDS; b_s,1 = 0 (a chain). A tree's
+  nodes beyond its depth cost v each (the calibration's verify curve, else the target's
+  prefill per token): T_s stays the line over depth, a tree round timed into it less those.
   A tree one wider than the chosen shape is tried only while it could beat that shape and
   plain decoding with SIBLING_HOPE per sibling: where verifying k w nodes costs about k w
   single passes (a CPU), never. Trials come EXPLORE_EVERY rounds apart, the gap doubling
@@ -354,9 +355,19 @@ class AdaptivePolicy:
         plain = self.plain_seconds
         if not plain:
             return None
-        v = min(self.verify_per_token or UNKNOWN_VERIFY_SHARE * plain, plain)
+        v = self._node_seconds()
         step = 0.0 if estimate.free else self.step_seconds.get(name, UNKNOWN_STEP_SHARE * plain)
         return (plain + step, v) if estimate.block else (plain, v + step)
+
+    def _node_seconds(self) -> float:
+        """v: what one more verified token costs (a tree's nodes beyond its depth): the
+        calibration's verify curve, else the target's prefill per token, else a guess."""
+        plain = self.plain_seconds or 0.0
+        if self.prior is not None and len(self.prior.verify_seconds) > 1:
+            points = sorted(self.prior.verify_seconds.items())
+            (n0, t0), (n1, t1) = points[0], points[-1]
+            return max((t1 - t0) / (n1 - n0), 0.0)
+        return min(self.verify_per_token or UNKNOWN_VERIFY_SHARE * plain, plain)
 
     def best(self, name: str, acceptance: Optional[float] = None):
         """(k*, rate_s(k*) t_plain): the best length and its speed over plain decoding's."""
@@ -380,6 +391,7 @@ class AdaptivePolicy:
         if widths is None:
             widths = range(1, (estimate.max_width if acceptance is None else 1) + 1)
         best_k, best_rate, best_w = 0, -1.0, 1
+        v = self._node_seconds() if estimate.max_width > 1 else 0.0
         for w in widths:
             rescued = estimate.sibling_chance(w, optimistic)  # b_s,w
             tokens, survive = 1.0, 1.0
@@ -390,7 +402,7 @@ class AdaptivePolicy:
                     survive *= a
                 else:
                     tokens = expected_tokens_per_round(acceptance, k)
-                rate = tokens / estimate.seconds(k * w, line)
+                rate = tokens / (estimate.seconds(k, line) + (w - 1) * k * v)
                 if rate > best_rate:
                     best_k, best_rate, best_w = k, rate, w
         return best_k, best_rate * plain, best_w
@@ -525,7 +537,8 @@ class AdaptivePolicy:
             return
         self._block = []  # a round ends any plain block
         name, estimate = round_.source, self.source(round_.source)
-        k = getattr(round_, "tree_nodes", 0) or round_.num_drafted  # what was verified
+        k = round_.num_drafted  # a tree's depth: its nodes beyond it are priced at v
+        nodes = getattr(round_, "tree_nodes", 0)
         if seconds is not None and self.plain_seconds and estimate.probing:
             self.lost += seconds - tokens * self.plain_seconds
         estimate.forget(k)
@@ -555,7 +568,7 @@ class AdaptivePolicy:
                 estimate.widen_every = min(2 * estimate.widen_every, MAX_OFF_STEPS)
             estimate.widen_at = estimate.rounds + 1 + estimate.widen_every
         if seconds is not None:
-            estimate.add(k, seconds)
+            estimate.add(k, max(seconds - max(nodes - k, 0) * self._node_seconds(), 1e-9))
         estimate.rounds += 1
         estimate.since = 0
         if estimate.probing:

@@ -1,7 +1,8 @@
 """Throughput and latency of `mlx-spec serve` and of mlx-lm's server under concurrent clients.
 
     python -m bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8,16]
-        [--repeats 2] [--json out.json]
+        [--repeats 2] [--modes spec,spec-plain,spec-serial,lm,lm-draft] [--baseline DIR]
+        [--json out.json]
 
 Starts every server at once, each a child process on a free local port with
 the shipped pair's target: `mlx-spec serve` batched and speculating (the
@@ -25,6 +26,12 @@ ratio of turn 2's decode speed (tokens after the first over the time after
 the first text) reused / fresh, per prompt and repeat. Only 127.0.0.1 is
 contacted. Prints a Markdown table; writes a file only with
 --json (bench/results/ holds them).
+
+`--modes` keeps some of the servers (short names: spec, spec-plain,
+spec-serial, lm, lm-draft). `--baseline DIR` adds every kept mlx-spec server
+again, run from the checkout DIR (`python -m mlx_spec` with DIR as its working
+directory: that checkout's code, e.g. a `git worktree` of an earlier commit),
+named "... (baseline)" and interleaved with the others: an A/B of a change.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ MODES = {  # name -> command line
     "mlx-lm batched, no draft": MLX_LM,
     "mlx-lm with draft (unbatched)": MLX_LM + ["--draft-model", "{draft}"],
 }
+SHORT = dict(zip(["spec", "spec-plain", "spec-serial", "lm", "lm-draft"], MODES))
+BASELINE = " (baseline)"
 REUSE_FRESH = MLX_SPEC + ["--prompt-cache-bytes", "0"]
 FOLLOW_UP = "\n\ndef test():\n"
 START_TIMEOUT_S = 180
@@ -69,14 +78,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(command):
-    """(process, base URL) of a server started from `command`, once /health answers."""
+def start_server(command, cwd=None):
+    """(process, base URL) of a server started from `command` (in `cwd`), once /health
+    answers."""
     from mlx_spec.loading import default_draft_path, default_target_path
 
     port = free_port()
     command = [c.format(port=port, target=default_target_path(), draft=default_draft_path())
                for c in command]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd)
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # never let its pipe fill
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -163,11 +174,24 @@ def run_level(url: str, clients: int, max_tokens: int) -> dict:
             "records": records}
 
 
-def measure(levels, max_tokens: int, repeats: int, reuse: bool):
+def servers_to_run(modes, baseline=None) -> dict:
+    """name -> (command, working directory) of the servers kept, baselines after each."""
+    out = {}
+    for mode in modes:
+        out[mode] = (MODES[mode], None)
+        if baseline is not None and mode.startswith("mlx-spec"):
+            out[mode + BASELINE] = (MODES[mode], baseline)
+    return out
+
+
+def measure(levels, max_tokens: int, repeats: int, reuse: bool, modes=tuple(MODES),
+            baseline=None):
     servers = {}
+    timed = servers_to_run(modes, baseline)
     try:
-        for mode, command in list(MODES.items()) + ([("fresh", REUSE_FRESH)] if reuse else []):
-            servers[mode] = start_server(command)
+        for mode, (command, cwd) in list(timed.items()) + (
+                [("fresh", (REUSE_FRESH, None))] if reuse else []):
+            servers[mode] = start_server(command, cwd)
             with httpx.Client(base_url=servers[mode][1], timeout=600) as client:
                 one_request(client, PROMPTS[0], max_tokens)  # warm-up, left out
         runs = []
@@ -175,9 +199,9 @@ def measure(levels, max_tokens: int, repeats: int, reuse: bool):
                                   repeats) if reuse else []
         for repeat in range(repeats):
             for clients in levels:
-                for mode, (_, url) in servers.items():
-                    if mode not in MODES:
-                        continue
+                order = list(timed) if repeat % 2 == 0 else list(reversed(timed))
+                for mode in order:
+                    url = servers[mode][1]
                     level = run_level(url, clients, max_tokens)
                     level.update(mode=mode, repeat=repeat)
                     runs.append(level)
@@ -207,7 +231,8 @@ def summary(runs: list) -> list:
     base = {r["clients"]: r["tokens_per_s"] for r in out if r["mode"] == "mlx-lm batched, no draft"}
     for r in out:
         r["vs_mlx_lm_batched"] = r["tokens_per_s"] / base[r["clients"]] if r["clients"] in base else None
-    return sorted(out, key=lambda r: (list(MODES).index(r["mode"]), r["clients"]))
+    return sorted(out, key=lambda r: (list(MODES).index(r["mode"].removesuffix(BASELINE)),
+                                      r["mode"].endswith(BASELINE), r["clients"]))
 
 
 def markdown(rows: list, max_tokens: int) -> str:
@@ -232,10 +257,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure turn 2 on a reused prompt cache against fresh")
+    parser.add_argument("--modes", default=",".join(SHORT),
+                        help=f"comma-separated servers to run, of {', '.join(SHORT)}")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="also run the mlx-spec servers from this checkout (an A/B)")
     parser.add_argument("--json", default=None, help="also write every request's figures here")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
-    runs, reuse_runs = measure(levels, args.max_tokens, args.repeats, args.reuse)
+    unknown = [m for m in args.modes.split(",") if m not in SHORT]
+    if unknown:
+        parser.error(f"unknown mode {unknown[0]!r}; choose from {', '.join(SHORT)}.")
+    if args.reuse and "spec" not in args.modes.split(","):
+        parser.error("--reuse measures the spec server: keep it in --modes, or pass --no-reuse.")
+    modes = [SHORT[m] for m in args.modes.split(",")]
+    runs, reuse_runs = measure(levels, args.max_tokens, args.repeats, args.reuse, modes,
+                               args.baseline)
     rows = summary(runs)
     print(markdown(rows, args.max_tokens))
     if reuse_runs:
@@ -251,6 +287,7 @@ def main() -> None:
                    "ld_preload": os.environ.get("LD_PRELOAD", "")}
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "max_tokens": args.max_tokens, "summary": rows,
+                       "modes": modes, "baseline": args.baseline,
                        "runs": runs, "reuse": reuse_runs}, f, indent=1)
 
 

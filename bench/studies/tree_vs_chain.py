@@ -16,6 +16,14 @@ plain and over the best chain (median of the per-repeat ratios, 90% interval),
 the tokens a verify pass emitted and the share of passes that verified a tree.
 Writes bench/results/<NAME>.{json,md} (default tree-vs-chain).
 
+`--predict-macs` writes no timing: a roofline MODEL PREDICTION (not a
+measurement) for Apple M-series GPUs with dflash_cost's chips and Qwen3-8B
+at MLX 4-bit as the target, Qwen3-0.6B at 4-bit as the draft: a pass over n
+tokens takes max(bytes / bandwidth, 2 x parameters x n / peak flops); the best
+chain and the best tree (up to 8 x 3) by the policy's own formula, E(k, w) over
+k draft steps plus a pass over 1 + k w tokens, at per-draft acceptance
+--mac-acceptance and one sibling's chance --mac-sibling.
+
 Read before the runs: a fixed tree pays where its ÷ best chain interval lies
 wholly above 1.0; the defaults choose well where they run tree rounds only
 where some tree pays and stay within 0.9 of the best fixed method otherwise.
@@ -128,6 +136,76 @@ def render(rows: List[dict], header: dict) -> str:
     return "\n".join(out)
 
 
+QWEN3_06B = {"hidden": 1024, "layers": 28, "heads": 16, "kv_heads": 8, "head_dim": 128,
+             "intermediate": 3072, "vocab": 151936}
+
+
+def _read_parameters(q: dict) -> int:
+    """The weights one pass reads: every layer and the output head."""
+    h, hd = q["hidden"], q["head_dim"]
+    layer = 2 * h * q["heads"] * hd + 2 * h * q["kv_heads"] * hd + 3 * h * q["intermediate"]
+    return q["layers"] * layer + q["vocab"] * h
+
+
+def expected_tokens(a: float, k: int, rescued: float) -> float:
+    tokens, survive = 1.0, 1.0
+    for _ in range(k):
+        tokens += survive * (a + (1.0 - a) * rescued)
+        survive *= a
+    return tokens
+
+
+def predict_macs(acceptance: float, sibling: float, context: int = 1024) -> dict:
+    """The roofline prediction (see the module docstring): per chip the best chain and tree."""
+    from .dflash_cost import CHIPS, MLX_4BIT, QWEN3_8B
+
+    bits = MLX_4BIT / 8
+    target, draft = _read_parameters(QWEN3_8B), _read_parameters(QWEN3_06B)
+    kv = QWEN3_8B["layers"] * 2 * QWEN3_8B["kv_heads"] * QWEN3_8B["head_dim"] * 2 * context
+    chips = []
+    for name, gbs, tflops, _ in CHIPS:
+        bandwidth, flops = gbs * 1e9, tflops * 1e12
+
+        def target_time(n):
+            return max((target * bits + kv) / bandwidth, 2 * target * n / flops)
+
+        step = max(draft * bits / bandwidth, 2 * draft / flops) / target_time(1)
+        shapes = {}
+        for w in (1, 2, 3):
+            rescued = 0.0 if w == 1 else 1.0 - (1.0 - sibling) ** (w - 1)
+            for k in range(1, 9):
+                cost = k * step + target_time(1 + k * w) / target_time(1)
+                shapes[(k, w)] = expected_tokens(acceptance, k, rescued) / cost
+        chain = max((s for s in shapes if s[1] == 1), key=shapes.get)
+        tree = max((s for s in shapes if s[1] > 1), key=shapes.get)
+        chips.append({"chip": name, "draft_step": round(step, 3),
+                      "verify_cost_9_17_25": [round(target_time(n) / target_time(1), 2)
+                                              for n in (9, 17, 25)],
+                      "best_chain": [chain[0], round(shapes[chain], 2)],
+                      "best_tree": [f"{tree[0]}x{tree[1]}", round(shapes[tree], 2)]})
+    return {"acceptance": acceptance, "sibling": sibling, "context": context, "chips": chips}
+
+
+def render_macs(models: List[dict], header: dict) -> str:
+    first = models[0]
+    out = ["# Token trees on Apple M-series: a MODEL PREDICTION, not a measurement", "",
+           f"`{header['command']}`  ",
+           "A roofline from peak figures (bench/studies/dflash_cost.py's chips): target "
+           "Qwen3-8B at MLX 4-bit, draft Qwen3-0.6B at MLX 4-bit, a context of "
+           f"{first['context']} tokens; per-draft acceptance {first['acceptance']}; one "
+           "sibling's chance beta as given; the policy's formula E(k, w) / (k d + V(1 + k w)) "
+           "in target steps, k <= 8, w <= 3.", "",
+           "| chip | beta | draft step d | verify cost V(9) / V(17) / V(25) | best chain "
+           "(k, speed-up) | best tree (DxW, speed-up) |", "|---|---:|---:|---|---|---|"]
+    for model in models:
+        for c in model["chips"]:
+            out.append(f"| {c['chip']} | {model['sibling']} | {c['draft_step']} | "
+                       f"{' / '.join(map(str, c['verify_cost_9_17_25']))} | "
+                       f"k = {c['best_chain'][0]}, {c['best_chain'][1]:.2f}x | "
+                       f"{c['best_tree'][0]}, {c['best_tree'][1]:.2f}x |")
+    return "\n".join(out) + "\n"
+
+
 def parse_shapes(parser, text: str) -> List[tuple]:
     try:
         shapes = [tuple(int(n) for n in s.split("x")) for s in text.split(",")]
@@ -147,7 +225,18 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="tree-vs-chain")
+    parser.add_argument("--predict-macs", action="store_true",
+                        help="write the M-series model prediction instead of timing")
+    parser.add_argument("--mac-acceptance", type=float, default=0.7)
+    parser.add_argument("--mac-sibling", default="0.1,0.3,0.5",
+                        help="comma-separated chances of one sibling, one table row each")
     args = parser.parse_args(argv)
+    if args.predict_macs:
+        header = study_header("tree_vs_chain", argv)
+        models = [predict_macs(args.mac_acceptance, float(b))
+                  for b in args.mac_sibling.split(",")]
+        write_results(args.out, header, models, render_macs(models, header))
+        return 0
     check_pairs(parser, args.pairs, PAIR_NAMES)
     try:
         temps = [float(t) for t in args.temps.split(",")]

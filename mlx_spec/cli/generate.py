@@ -27,7 +27,7 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup or suffix drafting.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
-@click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the draft model and prompt lookup, verified in one pass: DxW (e.g. 3x2: depth 3, width 2), off (chains), auto (the policy's choice: chains for now). Chains where the target's cache cannot verify a tree (sliding windows, recurrent state).")
+@click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the draft model and prompt lookup, verified in one pass: DxW (e.g. 3x2: depth 3, width 2), off (chains), auto (the policy's choice of the draft model's width, 1-3, from its model of the measured verify cost). Chains where the target's cache cannot verify a tree (sliding windows, recurrent state).")
 @mtp_options
 @click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
