@@ -30,13 +30,15 @@ The adaptive policy is one formula (docs/drafting.md, "The policy"). For source 
 A source that can propose token trees (a draft model; drafters/tree.py) also has a width w:
 a spine of k drafts with w - 1 sibling leaves beside each spine node, k w nodes verified:
 
-    E_s(k, w) = 1 + sum_{i<=k} prod_{j<i} a_s,j (a_s,i + (1 - a_s,i) b_s,w),   T_s(k) + (w - 1) k v
+    E_s(k, w) = 1 + sum_{i<=k} prod_{j<i} a_s,j (a_s,i + (1 - a_s,i) b_s,w),   T_s(k) + (w - 1) k v_s
 
 - b_s,w = 1 - (1 - beta_s)^(w - 1), the chance a sibling is kept where the spine's draft was
   rejected, from beta_s, one sibling's: decayed counts of siblings kept and tried in tree
   rounds, shrunk to SIBLING_PRIOR by SIBLING_PRIOR_ROUNDS; b_s,1 = 0 (a chain). A tree's
-  nodes beyond its depth cost v each (the calibration's verify curve, else the target's
-  prefill per token): T_s stays the line over depth, a tree round timed into it less those.
+  nodes beyond its depth cost v_s each: its tree rounds' seconds beyond the line at their
+  depth, per extra node, decayed and shrunk by PRIOR_COST_ROUNDS to v (the calibration's
+  verify curve, else the target's prefill per token); T_s stays the line over depth, a
+  tree round timed into it less its extra nodes.
   A tree one wider than the chosen shape is tried only while it could beat that shape and
   plain decoding with SIBLING_HOPE per sibling: where verifying k w nodes costs about k w
   single passes (a CPU), never. Trials come EXPLORE_EVERY rounds apart, the gap doubling
@@ -165,6 +167,7 @@ class SourceEstimate:
         self.max_width = 1  # the widest token tree it may propose (1: chains only)
         self.width = 1  # the width last chosen
         self.siblings = [0.0, 0.0]  # decayed siblings kept and siblings tried
+        self.nodes = [0.0, 0.0]  # decayed tree rounds and their extra nodes' seconds per node
         self.widen_every = EXPLORE_EVERY  # rounds between two trials of a wider tree
         self.widen_at = EXPLORE_EVERY // 2  # the round of the next one
         self.widening = False  # the round under way is such a trial
@@ -218,6 +221,17 @@ class SourceEstimate:
         one of them kept (counted as one tried), or all rejected."""
         self.siblings = [self.decay * self.siblings[0] + float(kept),
                          self.decay * self.siblings[1] + (1.0 if kept else width - 1.0)]
+
+    def node_seconds(self, prior: float) -> float:
+        """v_s: what one more verified node costs: its tree rounds' (each round's seconds less
+        the line's at its depth, per node beyond the depth), shrunk to `prior` by
+        PRIOR_COST_ROUNDS rounds."""
+        rounds, total = self.nodes
+        return (total + PRIOR_COST_ROUNDS * prior) / (rounds + PRIOR_COST_ROUNDS)
+
+    def count_nodes(self, extra: int, seconds: float, at_depth: float) -> None:
+        self.nodes = [self.decay * self.nodes[0] + 1.0,
+                      self.decay * self.nodes[1] + max(seconds - at_depth, 0.0) / extra]
 
     def add(self, k: int, seconds: float) -> None:
         self.fit = [self.decay * s + x for s, x in zip(self.fit, (1.0, k, k * k, seconds,
@@ -359,9 +373,12 @@ class AdaptivePolicy:
         step = 0.0 if estimate.free else self.step_seconds.get(name, UNKNOWN_STEP_SHARE * plain)
         return (plain + step, v) if estimate.block else (plain, v + step)
 
-    def _node_seconds(self) -> float:
+    def _node_seconds(self, estimate: Optional[SourceEstimate] = None) -> float:
         """v: what one more verified token costs (a tree's nodes beyond its depth): the
-        calibration's verify curve, else the target's prefill per token, else a guess."""
+        source's tree rounds' (`estimate`), shrunk to the calibration's verify curve, else
+        to the target's prefill per token, else to a guess."""
+        if estimate is not None:
+            return estimate.node_seconds(self._node_seconds())
         plain = self.plain_seconds or 0.0
         if self.prior is not None and len(self.prior.verify_seconds) > 1:
             points = sorted(self.prior.verify_seconds.items())
@@ -391,7 +408,7 @@ class AdaptivePolicy:
         if widths is None:
             widths = range(1, (estimate.max_width if acceptance is None else 1) + 1)
         best_k, best_rate, best_w = 0, -1.0, 1
-        v = self._node_seconds() if estimate.max_width > 1 else 0.0
+        v = self._node_seconds(estimate) if estimate.max_width > 1 else 0.0
         for w in widths:
             rescued = estimate.sibling_chance(w, optimistic)  # b_s,w
             tokens, survive = 1.0, 1.0
@@ -567,8 +584,13 @@ class AdaptivePolicy:
             elif tried:
                 estimate.widen_every = min(2 * estimate.widen_every, MAX_OFF_STEPS)
             estimate.widen_at = estimate.rounds + 1 + estimate.widen_every
+        if seconds is not None and nodes > k:  # a tree: its nodes beyond its depth cost v_s
+            line = self._prior_line(name, estimate)
+            at_depth = estimate.seconds(k, line) or 0.0
+            estimate.count_nodes(nodes - k, seconds, at_depth)
+            seconds = max(seconds - (nodes - k) * self._node_seconds(estimate), 1e-9)
         if seconds is not None:
-            estimate.add(k, max(seconds - max(nodes - k, 0) * self._node_seconds(), 1e-9))
+            estimate.add(k, seconds)
         estimate.rounds += 1
         estimate.since = 0
         if estimate.probing:
