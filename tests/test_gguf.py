@@ -379,3 +379,22 @@ def test_cli_refuses_a_bad_file_in_one_sentence(tmp_path):
     result = CliRunner().invoke(main, ["generate", "--model", str(fake), "--prompt", "x"])
     assert result.exit_code == 2
     assert "not a GGUF file" in result.output and "Traceback" not in result.output
+
+
+def test_the_cli_dequantizes_a_gguf_model_on_request(tmp_path):
+    """--dequantize reaches load for a GGUF file (its matrices stay floats), and is one
+    sentence, exit 2, where no model given is a GGUF file."""
+    from click.testing import CliRunner
+
+    from mlx_spec.cli import main
+    from mlx_spec.cli.models import load_model
+
+    model, _ = make_model("llama")
+    write_model(tmp_path / "m.gguf", model, "llama", qtype=Q.Q4_0)
+    kept, _ = load_model(str(tmp_path / "m.gguf"), "target")
+    floats, _ = load_model(str(tmp_path / "m.gguf"), "target", dequantize=True)
+    assert hasattr(kept.model.layers[0].self_attn.q_proj, "scales")
+    assert not hasattr(floats.model.layers[0].self_attn.q_proj, "scales")
+    result = CliRunner().invoke(main, ["generate", "--dequantize", "--prompt", "x"])
+    assert result.exit_code == 2
+    assert "--dequantize reads GGUF files" in result.output and "Traceback" not in result.output

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from .models import load_pair, resolve_models
-from .options import SEED
+from .options import SEED, dequantize_option
 
 DEFAULT_JSON = "mlx-spec-bench.json"
 
@@ -53,15 +53,20 @@ def _parse_sizes(text: str):
 @click.option("--rerender", "rerender_path", type=click.Path(exists=True, dir_okay=False), default=None, help="Measure nothing: re-derive the cost model's figures from a saved JSON and rewrite it, its report and plots.")
 @click.option("--tune", is_flag=True, help="Afterwards also run `mlx-spec tune` for the pair and store the calibration.")
 @click.option("--smoke", is_flag=True, hidden=True, help="Seconds on tiny test models (tests only).")
+@dequantize_option
 @click.option("--distributed", is_flag=True, help="Under mlx.launch: the target sharded across the ranks, plain vs speculative tokens/s, its verify cost and the communication per pass.")
 def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max_tokens,
-          repeats, num_draft_tokens, target_sizes, rerender_path, tune, smoke, distributed):
+          repeats, num_draft_tokens, target_sizes, rerender_path, tune, smoke, distributed,
+          dequantize):
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
     from ..bench.runner import BenchConfig, quick_config, run_bench, tiny_config
     from ..dflash import is_dflash_model
 
     _check_writable(rerender_path or json_path, report_path)
     if distributed:
+        if dequantize:
+            raise click.UsageError("--dequantize applies to one machine's models, not a "
+                                   "sharded target.")
         _distributed(model, draft_model, json_path, report_path, max_tokens, _progress())
         return
     if rerender_path:
@@ -78,7 +83,8 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
 
     say = _progress()
     say(f"loading {model} and {draft_model}")
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False, command="bench")
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False, command="bench",
+                                               dequantize=dequantize)
     if is_dflash_model(draft):
         say("the draft is a DFlash block drafter: its pass per round is measured instead of a "
             "draft step, and the report says which phases do not apply")

@@ -8,7 +8,7 @@ import click
 
 from .generate import tree_shape
 from .models import load_pair
-from .options import SEED, read_prompt
+from .options import SEED, dequantize_option, read_prompt
 
 
 @click.command()
@@ -26,8 +26,9 @@ from .options import SEED, read_prompt
 @click.option("--tree", default="off", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Check token trees of this shape from the draft model or prompt lookup: DxW (e.g. 2x3), or off (chains). The negative control runs chains.")
 @click.option("--negative-control", is_flag=True, help="Also run a deliberately broken rule, to show the check can fail.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
+@dequantize_option
 def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_draft_tokens,
-          prompt_lookup, suffix, tree, negative_control, seed):
+          prompt_lookup, suffix, tree, negative_control, seed, dequantize):
     """Statistically check that speculation leaves the output distribution unchanged.
 
     Samples the first two tokens SAMPLES times with speculation and compares them
@@ -39,7 +40,7 @@ def check(model, draft_model, prompt, samples, temp, top_p, top_k, min_p, num_dr
     from ..sampling import SamplingConfig
 
     prompt = read_prompt(prompt)
-    target_model, tokenizer, draft = load_pair(model, draft_model, False)
+    target_model, tokenizer, draft = load_pair(model, draft_model, False, dequantize=dequantize)
     if draft is None and not prompt_lookup and not suffix:
         raise click.UsageError("Give --draft-model, --prompt-lookup or --suffix: there is nothing "
                                "to check.")

@@ -33,7 +33,8 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram, suffix, suffix_file,
-             ignore_chat_template, color, calibration, quiet, tree, mtp, mtp_weights, sharding):
+             ignore_chat_template, color, calibration, quiet, tree, mtp, mtp_weights, sharding,
+             dequantize):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from ..generate import stream_generate
 
@@ -43,7 +44,11 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     if group is None and sharding != "auto":
         raise click.UsageError("--sharding only applies under mlx.launch with two or more ranks.")
     if group is None:
-        target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp)
+        target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp,
+                                                   dequantize=dequantize)
+    elif dequantize:
+        raise click.UsageError("--dequantize applies to one machine's models, not a sharded "
+                               "target.")
     else:
         target_model, tokenizer, draft = load_sharded(model, draft_model, no_draft or mtp,
                                                        group, sharding)

@@ -10,18 +10,35 @@ from __future__ import annotations
 import click
 
 
-def load_model(path, role):
-    """Load one model; a GGUF file's conversion is reported on stderr in one line."""
+def load_model(path, role, dequantize: bool = False):
+    """Load one model; a GGUF file's conversion is reported on stderr in one line.
+    `dequantize`: a GGUF file's quantized matrices stay floats (other models: no effect)."""
     from ..loading import gguf_report, load
 
     try:
-        model, tokenizer = load(path)
+        model, tokenizer = load(path, **({"dequantize": True} if dequantize and is_gguf(path)
+                                         else {}))
     except ValueError as exc:
         raise click.UsageError(f"Cannot load the {role} model: {exc}") from None
     report = gguf_report(model)
     if report is not None:
         click.echo(f"[{role}] {report.summary()}", err=True)
     return model, tokenizer
+
+
+def is_gguf(path) -> bool:
+    from ..gguf.reader import find_gguf
+
+    try:
+        return path is not None and find_gguf(str(path)) is not None
+    except ValueError:  # a directory of several GGUF files: loading says so
+        return False
+
+
+def check_dequantize(dequantize: bool, *paths) -> None:
+    """One sentence for --dequantize where no model given is a GGUF file."""
+    if dequantize and not any(is_gguf(p) for p in paths):
+        raise click.UsageError("--dequantize reads GGUF files, and neither model given is one.")
 
 
 def resolve_models(model, draft_model, no_draft):
@@ -39,7 +56,7 @@ def resolve_models(model, draft_model, no_draft):
     return model, (None if no_draft else draft_model)
 
 
-def load_pair(model, draft_model, no_draft, command=None):
+def load_pair(model, draft_model, no_draft, command=None, dequantize: bool = False):
     """Load the target (and the draft unless there is none); a draft of another tokenizer
     drafts across it (said on stderr), a draft that does not fit is refused, and so is an
     EAGLE-3 head where `command` (bench) cannot measure one yet.
@@ -52,7 +69,8 @@ def load_pair(model, draft_model, no_draft, command=None):
     from ..loading import check_pair
 
     model, draft_model = resolve_models(model, draft_model, no_draft)
-    target_model, tokenizer = load_model(model, "target")
+    check_dequantize(dequantize, model, draft_model)
+    target_model, tokenizer = load_model(model, "target", dequantize)
     if draft_model is None:
         return target_model, tokenizer, None
     if dflash_directory(draft_model) is not None:
@@ -64,7 +82,7 @@ def load_pair(model, draft_model, no_draft, command=None):
         return target_model, tokenizer, drafter
     if eagle3_directory(draft_model) is not None:
         return target_model, tokenizer, _eagle3_head(draft_model, target_model, command)
-    draft, draft_tokenizer = load_model(draft_model, "draft")
+    draft, draft_tokenizer = load_model(draft_model, "draft", dequantize)
     try:
         bridge = draft_bridge(target_model, draft, tokenizer, draft_tokenizer)
         if bridge is None:

@@ -49,10 +49,12 @@ def options(*decorators):
     return apply
 
 
+dequantize_option = click.option("--dequantize", is_flag=True, help="GGUF files: keep their quantized matrices as floats (float32 on the CPU) instead of MLX's quantized formats: larger, and faster where float matmuls go through BLAS (a Linux CPU with OpenBLAS); on a Mac's GPU quantized weights are faster.")
 model_options = options(
     click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair)."),
     click.option("--draft-model", "-d", default=None, help="Draft model: local directory or repo id sharing the target's tokenizer."),
     click.option("--no-draft", is_flag=True, help="No draft model: the target drafts only by prompt lookup (on by default); with --no-prompt-lookup too it decodes alone (the baseline)."),
+    dequantize_option,
 )
 sampling_options = options(
     click.option("--temp", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="Sampling temperature; 0 is greedy."),

@@ -58,7 +58,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
-          verbose):
+          verbose, dequantize):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -85,7 +85,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
         scopes = SuffixScopes(suffix_scope, path=suffix_file, **budget)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp)
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp,
+                                               dequantize=dequantize)
     if mtp:
         draft = load_mtp_head(target_model, mtp_weights)
     try:

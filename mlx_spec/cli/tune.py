@@ -7,6 +7,7 @@ import time
 import click
 
 from .models import load_pair
+from .options import dequantize_option
 
 
 @click.command()
@@ -17,7 +18,8 @@ from .models import load_pair
 @click.option("--forget", is_flag=True, help="Delete the stored calibration for the model.")
 @click.option("--mtp", is_flag=True, help="Also measure the target's own MTP layer (as generate --mtp drafts with it).")
 @click.option("--mtp-weights", default=None, help="With --mtp: where its weights are (as for generate).")
-def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
+@dequantize_option
+def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights, dequantize):
     """Measure this machine's decoding costs (in seconds) and store them for the adaptive policy."""
     from .. import calibration
     from ..bench.calibrate import calibrate
@@ -33,7 +35,8 @@ def tune(model, draft_model, no_draft, show, forget, mtp, mtp_weights):
 
     if not (show or forget):
         say("loading the models")
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget)
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or forget,
+                                               dequantize=dequantize)
     if forget:
         _forget_calibration(calibration, target_model)
     elif show:
