@@ -278,6 +278,27 @@ def test_a_memory_bound_batch_keeps_drafting_deep():
     assert ks[-1] == 6 and sum(k == 6 for k in ks[-50:]) >= 40, ks[-50:]
 
 
+@pytest.mark.parametrize("a,per_row", [(0.7, 0.004), (0.9, 0.001), (0.4, 0.002)])
+def test_the_batch_policy_reaches_the_best_k_of_its_model(a, per_row):
+    """B = 4 rows, a round costing 0.01 + per_row x B x (k + 1) seconds, each row keeping
+    E(a, k) tokens: over the last 150 of 300 rounds the policy makes at least 0.95 of the
+    best fixed k's tokens per second (k = 0 included), computed here (bar set before the
+    first run)."""
+    from mlx_spec.batch.policy import BatchPolicy
+    from mlx_spec.costmodel import expected_tokens_per_round as E
+
+    def seconds(k):
+        return 0.01 + per_row * 4 * (k + 1)
+
+    def tokens(k):
+        return 4 * (E(a, k) if k else 1.0)
+
+    policy = BatchPolicy(max_k=8)
+    ks = drive(policy, 4, seconds, tokens, 300)[150:]
+    got = sum(tokens(k) for k in ks) / sum(seconds(k) for k in ks)
+    assert got >= 0.95 * max(tokens(k) / seconds(k) for k in range(9)), (got, ks[-10:])
+
+
 def test_a_pinned_k_is_never_changed():
     from mlx_spec.batch.policy import BatchPolicy
 
