@@ -16,7 +16,8 @@ Each round runs k* = argmax over 0..max_k. Exploration is explicit and bounded: 
 seen for the first time runs FIRST_K (or the nearest size's k*) for TRIAL_ROUNDS rounds, then
 plain decoding for as many (two points of its line; the two are usually far apart); then
 every `every` rounds it tries k* - 1 or k* + 1 in turn for TRIAL_ROUNDS rounds, unless even
-with every draft kept (a = 1) that k could not beat k*; a trial that does not move k*
+with every draft kept (a = 1) that k could not beat k* there, or at a smaller batch size
+whose rounds ran both (more rows are only more compute-bound); a trial that does not move k*
 doubles `every` (EXPLORE_EVERY up to MAX_EXPLORE_EVERY), one that does resets it. A pinned
 k is never changed. Exactness never depends on k.
 """
@@ -65,6 +66,7 @@ class _Size:
     direction: int = -1
     trial: Optional[int] = None  # the k on trial, and how many of its rounds are left
     trial_left: int = 0
+    timed: set = field(default_factory=set)  # the ks its rounds ran
 
 
 class BatchPolicy:
@@ -123,6 +125,7 @@ class BatchPolicy:
             return
         size = self._size(batch)
         size.line.add(k, seconds)
+        size.timed.add(k)
         if k:
             self.accepted = self.decay * self.accepted + acceptance_from_tokens(tokens / batch, k)
             self.weight = self.decay * self.weight + 1.0
@@ -139,9 +142,18 @@ class BatchPolicy:
             size.every = EXPLORE_EVERY if moved else min(2 * size.every, MAX_EXPLORE_EVERY)
 
     def _hopeless(self, batch: int, k: int, chosen: int) -> bool:
-        """Whether k could not beat the chosen k even with every draft kept."""
-        best, hopeful = self.rate(batch, chosen), self.rate(batch, k, acceptance=1.0)
-        return best is not None and hopeful is not None and hopeful < best
+        """Whether k could not beat the chosen k even with every draft kept: at this batch
+        size, or at a smaller one whose rounds ran both (more rows only make the verify pass
+        more compute-bound, so one trial there settles it for every larger batch)."""
+        for b, size in self._sizes.items():
+            here = b == batch
+            if b > batch or not (here or {k, size.chosen} <= size.timed):
+                continue
+            best, hopeful = self.rate(b, size.chosen if not here else chosen), \
+                self.rate(b, k, acceptance=1.0)
+            if best is not None and hopeful is not None and hopeful < best:
+                return True
+        return False
 
     def _size(self, batch: int) -> _Size:
         """A batch size seen for the first time: the nearest measured one's line as its prior
