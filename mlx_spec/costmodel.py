@@ -30,6 +30,17 @@ def expected_tokens_per_round(acceptance: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def expected_tree_tokens(acceptance: float, k: int, rescued: float) -> float:
+    """Tokens a round emits from a spine of k drafts, each kept with `acceptance`, with
+    siblings beside each spine node that keep one token with chance `rescued` where the
+    spine's draft was rejected (the policy's E_s(k, w), one a for every depth)."""
+    tokens, survive = 1.0, 1.0
+    for _ in range(k):
+        tokens += survive * (acceptance + (1.0 - acceptance) * rescued)
+        survive *= acceptance
+    return tokens
+
+
 def iid_acceptance(accepted: int, rounds: int, full_rounds: int) -> float:
     """The per-draft acceptance a that best explains observed rounds (the i.i.d. MLE).
 

@@ -38,6 +38,7 @@ from typing import Dict, List
 from mlx_spec.bench.endtoend import interleave, run_target_alone
 from mlx_spec.bench.prompts import encode_prompts
 from mlx_spec.bench.timing import DEFAULT_WARMUP, ratio
+from mlx_spec.costmodel import expected_tree_tokens
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.sampling import SamplingConfig
 from ..zoo import PAIR_NAMES, build_zoo
@@ -147,14 +148,6 @@ def _read_parameters(q: dict) -> int:
     return q["layers"] * layer + q["vocab"] * h
 
 
-def expected_tokens(a: float, k: int, rescued: float) -> float:
-    tokens, survive = 1.0, 1.0
-    for _ in range(k):
-        tokens += survive * (a + (1.0 - a) * rescued)
-        survive *= a
-    return tokens
-
-
 def predict_macs(acceptance: float, sibling: float, context: int = 1024) -> dict:
     """The roofline prediction (see the module docstring): per chip the best chain and tree."""
     from .dflash_cost import CHIPS, MLX_4BIT, QWEN3_8B
@@ -175,7 +168,7 @@ def predict_macs(acceptance: float, sibling: float, context: int = 1024) -> dict
             rescued = 0.0 if w == 1 else 1.0 - (1.0 - sibling) ** (w - 1)
             for k in range(1, 9):
                 cost = k * step + target_time(1 + k * w) / target_time(1)
-                shapes[(k, w)] = expected_tokens(acceptance, k, rescued) / cost
+                shapes[(k, w)] = expected_tree_tokens(acceptance, k, rescued) / cost
         chain = max((s for s in shapes if s[1] == 1), key=shapes.get)
         tree = max((s for s in shapes if s[1] > 1), key=shapes.get)
         chips.append({"chip": name, "draft_step": round(step, 3),

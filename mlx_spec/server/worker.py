@@ -306,9 +306,10 @@ class GenerationWorker:
         pending, finish = [], None
         top = state.job.request.logprobs
         state.generated += out.tokens
-        state.recorder.prompt_done()
-        state.recorder.record(out)
         state.stats = out.stats
+        if out.stats is None:  # an engine that keeps none (the batch): the worker counts
+            state.recorder.prompt_done()
+            state.recorder.record(out)
         for i, token in enumerate(out.tokens):
             state.tokens.append(token)
             state.recorder.handed()
