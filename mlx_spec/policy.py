@@ -369,7 +369,7 @@ class AdaptivePolicy:
         plain = self.plain_seconds
         if not plain:
             return None
-        v = self._node_seconds()
+        v = min(self.verify_per_token or UNKNOWN_VERIFY_SHARE * plain, plain)
         step = 0.0 if estimate.free else self.step_seconds.get(name, UNKNOWN_STEP_SHARE * plain)
         return (plain + step, v) if estimate.block else (plain, v + step)
 

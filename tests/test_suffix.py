@@ -351,7 +351,8 @@ def test_a_repeated_answer_is_drafted_by_suffix_and_not_by_prompt_lookup(target_
 
     def accepted_by(**kwargs):
         total, drafted = 0, 0
-        for round_ in speculative_generate_step(PROMPT, target_model, max_tokens=40, **kwargs):
+        for round_ in speculative_generate_step(PROMPT, target_model, max_tokens=40,
+                                                num_draft_tokens=8, **kwargs):  # (not timed)
             total += round_.num_accepted
             drafted += round_.num_drafted
         return total, drafted
