@@ -222,16 +222,21 @@ def test_tune_measures_a_head_and_a_draft_of_another_tokenizer(kind, model_dirs,
 
 # --- mlx-spec bench -----------------------------------------------------------------------
 
-def test_bench_measures_a_draft_of_another_tokenizer_and_refuses_a_head(model_dirs, loaded,
-                                                                         tmp_path):
+def test_bench_measures_a_draft_of_another_tokenizer_and_an_eagle3_head(model_dirs, loaded,
+                                                                        tmp_path):
     """Every phase runs with a draft of another tokenizer but mlx-lm's speculative column (it
     would read the draft's ids as the target's), listed as skipped with the reason; an
-    EAGLE-3 head is one sentence in the API (the command line: test_eagle3)."""
+    EAGLE-3 head runs every phase but mlx-lm's column and the size scaling (listed), its
+    chained step as the draft step, its runs from the prompt at k and with the defaults, and
+    the saved result re-renders (the command line: test_eagle3)."""
     import json
 
     from click.testing import CliRunner
 
-    from mlx_spec.bench.runner import run_bench, tiny_config
+    from mlx_spec.bench.endtoend import MLX_SPEC, MLX_SPEC_DEFAULTS
+    from mlx_spec.bench.report import render_markdown
+    from mlx_spec.bench.runner import BenchResult, run_bench, tiny_config
+    from mlx_spec.bench.serialize import from_dict
     from mlx_spec.cli import main
 
     out = tmp_path / "bench.json"
@@ -244,5 +249,17 @@ def test_bench_measures_a_draft_of_another_tokenizer_and_refuses_a_head(model_di
     assert "target's tokenizer" in measured["skipped"]["mlx-lm speculative"]
     assert sum(p["drafted"] for p in measured["acceptance"]) > 0
     target, tokenizer, _, head = loaded
-    with pytest.raises(ValueError, match="The benchmark cannot measure an EAGLE-3 head yet"):
-        run_bench(target, head, tokenizer, tiny_config())
+    bench = run_bench(target, head, tokenizer, tiny_config(), models={"target": "t", "draft": "h"})
+    assert bench.head == "EAGLE-3 head" and bench.block_drafter is None
+    assert set(bench.skipped) == {"size scaling", "mlx-lm speculative"}
+    assert bench.draft.decode_s > 0 and bench.draft.verify_cost == {}
+    assert sum(p.drafted for p in bench.acceptance) > 0
+    for c in bench.end_to_end:  # at k and with the defaults, each drafting
+        assert c.methods[MLX_SPEC].tokens_per_s > 0 and c.methods[MLX_SPEC_DEFAULTS].tokens_per_s > 0
+        assert c.methods[MLX_SPEC].acceptance_rate is not None
+    assert bench.size_scaling == [] and all(p.draft_cost > 0 for p in bench.context_scaling)
+    assert set(bench.speedup_vs_k) == set(tiny_config().speedup_ks)
+    report = render_markdown(bench)
+    assert "draft (EAGLE-3 head)" in report and "End to end with the EAGLE-3 head" in report
+    again = from_dict(BenchResult, json.loads(json.dumps(bench.as_dict())))
+    assert again.head == bench.head and render_markdown(again) == report

@@ -616,10 +616,17 @@ def test_generate_and_check_take_a_head_directory(model_dirs, cli_head):
     assert checked.exit_code == 0, checked.output
 
 
-def test_the_bench_command_says_it_cannot_measure_a_head(model_dirs, cli_head):
-    result = cli("bench", "--model", model_dirs["target"], "--draft-model", cli_head)
-    assert result.exit_code != 0
-    assert "`mlx-spec bench` cannot measure an EAGLE-3 head yet" in result.output
+def test_the_bench_command_measures_a_head(model_dirs, cli_head, tmp_path):
+    import json
+
+    out = tmp_path / "bench.json"
+    result = cli("bench", "--model", model_dirs["target"], "--draft-model", cli_head, "--smoke",
+                 "--json", out, "--max-tokens", 6, "--repeats", 1, "--no-plots")
+    assert result.exit_code == 0, result.output
+    assert "the draft is an EAGLE-3 head" in result.output
+    measured = json.loads(out.read_text())
+    assert measured["head"] == "EAGLE-3 head" and measured["draft"]["decode_s"] > 0
+    assert sum(p["drafted"] for p in measured["acceptance"]) > 0
 
 
 def test_a_head_for_another_target_is_one_sentence_on_the_command_line(model_dirs, heads):

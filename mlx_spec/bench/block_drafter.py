@@ -4,33 +4,27 @@ A draft model pays k draft steps per round; a block drafter pays ONE pass over
 its block (the last token plus mask positions) whatever k, plus the catch-up
 of the rows the target kept last round. So instead of a per-token step this
 module measures that pass at every k the bench asks for (`drafter_passes`,
-also used by the dflash_cost study), times the drafter through mlx-spec's loop
-at a fixed k and with the defaults (`compare`), and redoes the context scaling
-with the drafter's pass after each context length. The cost model is
+also used by the dflash_cost study) and redoes the context scaling with the
+drafter's pass after each context length; its end-to-end runs go through the
+loop from the prompt (endtoend.compare_from_prompt). The cost model is
 `costmodel.predicted_block_speedup`; the verdict `recommend.block_verdict`.
-
-Runs are timed from the end of their first round (`time_after_prefill`): the
-drafter reads the target's taps of the prompt in the prefill, so a cache
-prefilled outside the loop would leave it blind.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Sequence, Tuple
 
 import mlx.core as mx
 
 from .. import costmodel
 from ..drafters import DFlash2Drafter, DFlashDrafter
-from ..generate import speculative_generate_step
 from ..memory import model_bytes
 from ..sampling import SamplingConfig
-from . import endtoend, scaling
-from .endtoend import MLX_SPEC, MLX_SPEC_DEFAULTS, Comparison, RunResult
+from . import scaling
 from .scaling import ContextPoint
-from .timing import DEFAULT_REPEATS, interleaved_medians, ratio, time_after_prefill
+from .timing import DEFAULT_REPEATS, interleaved_medians, ratio
 
 SIZE_SCALING_SKIPPED = (
     "a DFlash drafter has the target's width and reads its hidden states, embedding and output "
@@ -115,26 +109,6 @@ def measure_drafter(drafter, target_model, target_step_s: float, ks: Sequence[in
         pass_s={k: seconds[("round", k)] for k in ks},
         pass_cost={k: ratio(seconds[("round", k)], target_step_s) for k in ks},
         block_s={k: seconds[("block", k)] for k in ks})
-
-
-def run_block(target_model, drafter, ids, temp, k: Optional[int], max_tokens) -> RunResult:
-    """One generation through mlx-spec's loop (k None: the default policy), no prompt lookup,
-    timed after its first round (which carries the prefill and feeds the drafter the taps)."""
-    decoded = time_after_prefill(speculative_generate_step(
-        ids, target_model, drafter, max_tokens=max_tokens + 1, num_draft_tokens=k,
-        sampling=SamplingConfig(temp=temp), prompt_lookup=False))
-    return RunResult(decoded.seconds, decoded.tokens, decoded.drafted, decoded.accepted)
-
-
-def compare(target_model, drafter, prompts, k: int, temp: float, max_tokens: int,
-            *timing) -> Comparison:
-    """Target alone vs mlx-spec with the drafter at k vs with the defaults, interleaved;
-    `timing`: repeats, warmup, seed, progress, as endtoend.compare takes them."""
-    return endtoend.compare(target_model, drafter, prompts, k, temp, max_tokens, *timing,
-                            speculative={
-        MLX_SPEC: lambda ids: run_block(target_model, drafter, ids, temp, k, max_tokens),
-        MLX_SPEC_DEFAULTS: lambda ids: run_block(target_model, drafter, ids, temp, None,
-                                                 max_tokens)})
 
 
 def context_scaling(target_model, drafter, acceptance: float, k: int, lengths: Sequence[int],

@@ -95,8 +95,8 @@ def draft_step_seconds(draft_model) -> float:
                         timed=_AsVerified(draft_model, draft_step=True))[1]
 
 
-def _context_tokens(target_model) -> mx.array:
-    return mx.random.randint(0, vocab_size(target_model), (CONTEXT_LENGTH + 1,),
+def _context_tokens(target_model, context: int = CONTEXT_LENGTH) -> mx.array:
+    return mx.random.randint(0, vocab_size(target_model), (context + 1,),
                              key=mx.random.key(0)).astype(mx.uint32)
 
 
@@ -108,23 +108,26 @@ def mtp_step_seconds(target_model, head) -> float:
     return pair_step_seconds(head, tokens, trunk(tokens[None, :-1])[0])
 
 
-def eagle3_step_seconds(target_model, head) -> float:
-    """Seconds of one EAGLE-3 drafting step after a CONTEXT_LENGTH context (its cache trimmed
+def eagle3_step_seconds(target_model, head, context: int = CONTEXT_LENGTH,
+                        repeats: int = DRAFT_REPEATS) -> float:
+    """Seconds of one EAGLE-3 drafting step after a `context`-token context (its cache trimmed
     back): the head over its own output and the token it drafted, as a chained step."""
     pairs = Eagle3Pairs(head, target_model)
-    tokens = _context_tokens(target_model)
+    tokens = _context_tokens(target_model, max(context, 1))
     _, fused = pairs.capture(tokens[None, :-1], None)  # (1, T, H): the target's fused taps
-    return pair_step_seconds(pairs, tokens, fused[0])
+    return pair_step_seconds(pairs, tokens, fused[0], repeats)
 
 
-def pair_step_seconds(head, tokens: mx.array, hidden: mx.array) -> float:
+def pair_step_seconds(head, tokens: mx.array, hidden: mx.array,
+                      repeats: int = DRAFT_REPEATS) -> float:
     """Seconds of one chained step of a head that reads pairs (an MTP head, an EAGLE-3 head's
-    `Eagle3Pairs`), after the pairs (hidden (T, H), tokens[1:]); its cache trimmed back."""
+    `Eagle3Pairs`), after the pairs (hidden (T, H), tokens[1:]); its cache trimmed back: the
+    median of `repeats` after one untimed."""
     cache = head.make_cache()
     g = head(tokens[1:], hidden, cache[0])
     mx.eval(g, [c.state for c in cache])
     last, times = g[-1:], []
-    for _ in range(1 + DRAFT_REPEATS):
+    for _ in range(1 + repeats):
         start = time.perf_counter()
         g = head(tokens[-1:], last, cache[0])  # (1, H): depth 2's input, as a chained step
         y = sample(logprobs_from_logits(head.logits(g), GREEDY), GREEDY)

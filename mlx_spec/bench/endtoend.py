@@ -24,10 +24,10 @@ from ..generate import speculative_generate_step
 from ..memory import wired_limit
 from ..sampling import SamplingConfig
 from .prompts import Prompt
-from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, median, ratio
+from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, median, ratio, time_after_prefill
 
 TARGET, MLX_LM, MLX_SPEC = "target alone", "mlx-lm speculative", "mlx-spec"
-MLX_SPEC_DEFAULTS = "mlx-spec defaults"  # a block drafter's runs with the default policy
+MLX_SPEC_DEFAULTS = "mlx-spec defaults"  # a drafter on the target's states, default policy
 DEFAULT_E2E_TEMPS = (0.0, 1.0)
 
 
@@ -110,6 +110,18 @@ def run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens, accept=Non
     return RunResult(time.perf_counter() - start, min(n, max_tokens), drafted, accepted)
 
 
+def run_from_prompt(target_model, drafter, ids, temp, k: Optional[int],
+                    max_tokens) -> RunResult:
+    """One generation through mlx-spec's loop from the prompt (k None: the default policy), no
+    prompt lookup, timed after its first round: a drafter that reads the target's hidden
+    states (DFlash, EAGLE-3) is fed the prompt's in the prefill, so a cache prefilled outside
+    the loop would leave it blind."""
+    decoded = time_after_prefill(speculative_generate_step(
+        ids, target_model, drafter, max_tokens=max_tokens + 1, num_draft_tokens=k,
+        sampling=SamplingConfig(temp=temp), prompt_lookup=False))
+    return RunResult(decoded.seconds, decoded.tokens, decoded.drafted, decoded.accepted)
+
+
 def prompt_index(r: int, n_prompts: int) -> int:
     """The prompt of repeat r (warm-up repeats included)."""
     return r % n_prompts
@@ -155,7 +167,7 @@ def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens:
             repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
             progress=None, speculative=None, mlx_lm: bool = True) -> Comparison:
     """Target alone vs mlx-lm speculative vs mlx-spec at one (k, temp); `speculative`, when
-    given, {name: run(ids)} replaces the last two (a block drafter's: block_drafter.compare);
+    given, {name: run(ids)} replaces the last two (see compare_from_prompt);
     `mlx_lm` False leaves mlx-lm out (a draft of another tokenizer: its ids are not the
     target's)."""
     methods = {
@@ -170,6 +182,17 @@ def compare(target_model, draft_model, prompts, k: int, temp: float, max_tokens:
     with wired_limit(target_model, draft_model):
         results = interleave(methods, prompts, repeats, warmup, seed, progress)
     return comparison(temp, k, max_tokens, results)
+
+
+def compare_from_prompt(target_model, drafter, prompts, k: int, temp: float, max_tokens: int,
+                        *timing) -> Comparison:
+    """Target alone vs mlx-spec with a drafter on the target's states at k vs with the
+    defaults, interleaved (`run_from_prompt`; mlx-lm cannot run such a drafter); `timing`:
+    repeats, warmup, seed, progress, as `compare` takes them."""
+    return compare(target_model, drafter, prompts, k, temp, max_tokens, *timing, speculative={
+        MLX_SPEC: lambda ids: run_from_prompt(target_model, drafter, ids, temp, k, max_tokens),
+        MLX_SPEC_DEFAULTS: lambda ids: run_from_prompt(target_model, drafter, ids, temp, None,
+                                                       max_tokens)})
 
 
 def comparison(temp: float, k: int, max_tokens: int,
@@ -191,7 +214,7 @@ def speedup_vs_k(target_model, draft_model, prompts, ks: Sequence[int], temp: fl
                  max_tokens: int, repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
                  seed: int = 0, progress=None, run_spec=run_mlx_spec) -> Dict[int, float]:
     """Measured mlx-spec / target-alone tokens/s for every k, all interleaved; `run_spec` runs
-    mlx-spec once (block_drafter.run_block for a block drafter)."""
+    mlx-spec once (`run_from_prompt` for a drafter on the target's states)."""
     methods = {TARGET: lambda ids: run_target_alone(target_model, ids, temp, max_tokens)}
     for k in ks:
         methods[f"k={k}"] = (lambda ids, k=k: run_spec(target_model, draft_model, ids,

@@ -2,9 +2,10 @@
 
 `sections(result)` turns a `BenchResult` into titled tables once; `render_text`
 and `render_markdown` only lay them out. Headlines are ratios and medians;
-absolute times appear only inside tables. A DFlash block drafter's result
-gets its own tables where its figures differ (its pass per round, its runs
-with the defaults) and says which phases did not run and why.
+absolute times appear only inside tables. A drafter on the target's hidden
+states (a DFlash block drafter, an EAGLE-3 head) gets its own tables where its
+figures differ (a block drafter's pass per round; the runs at k and with the
+defaults, from the prompt) and says which phases did not run and why.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _pct(value) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _drafter_kind(r: BenchResult):
+    """The kind of a drafter on the target's hidden states (its runs start from the prompt:
+    a block drafter, an EAGLE-3 head), or None for a draft model."""
+    return r.block_drafter.kind if r.block_drafter is not None else r.head
+
+
 def _verdict_section(r: BenchResult) -> Section:
     notes = []
     for v in r.verdicts:
@@ -44,8 +51,8 @@ def _verdict_section(r: BenchResult) -> Section:
             notes.append(f"T={v.temp:g}: the measurement disagrees with the cost model; trust "
                          "the measured figure, and rerun with more --repeats on an idle machine.")
     for c in r.end_to_end:
-        if r.block_drafter is not None:
-            notes.append(f"Measured at T={c.temp:g}: mlx-spec with the {r.block_drafter.kind} "
+        if _drafter_kind(r) is not None:
+            notes.append(f"Measured at T={c.temp:g}: mlx-spec with the {_drafter_kind(r)} "
                          f"is {_x(c.ratios['mlx-spec / target alone'])} the target alone at "
                          f"k={c.k} and {_x(c.ratios.get('mlx-spec defaults / target alone'))} "
                          "with the defaults.")
@@ -63,8 +70,8 @@ def _machine_section(r: BenchResult) -> Section:
             ["BLAS", m.blas], ["MLX / mlx-lm", f"{m.mlx_version} / {m.mlx_lm_version}"],
             ["bandwidth (read / copy)", f"{b.read_gbs:.1f} / {b.copy_gbs:.1f} GB/s "
                                         f"({b.size_mb} MB array)"]]
-    rows += [[f"{role} model" if role != "draft" or r.block_drafter is None
-              else f"draft ({r.block_drafter.kind})", path] for role, path in r.models.items()]
+    rows += [[f"{role} model" if role != "draft" or _drafter_kind(r) is None
+              else f"draft ({_drafter_kind(r)})", path] for role, path in r.models.items()]
     return Section("Machine", ("", ""), rows)
 
 
@@ -102,7 +109,7 @@ def _block_drafter_sections(r: BenchResult) -> List[Section]:
 
 
 def _verify_section(r: BenchResult) -> Section:
-    models = list(filter(None, (r.target, r.draft)))
+    models = [c for c in (r.target, r.draft) if c is not None and c.verify_cost]
     rows = [[str(t)] + [f"{c.verify_cost.get(t, 0):.2f}" for c in models]
             for t in sorted(r.target.verify_cost)]
     notes = [f"{c.role}: compute-bound from T={c.compute_bound_at}" if c.compute_bound_at
@@ -121,7 +128,7 @@ def _acceptance_section(r: BenchResult) -> Section:
                    rows)
 
 
-def _block_end_to_end_section(r: BenchResult) -> Section:
+def _from_prompt_end_to_end_section(r: BenchResult) -> Section:
     rows = []
     for c in r.end_to_end:
         m = c.methods
@@ -135,18 +142,19 @@ def _block_end_to_end_section(r: BenchResult) -> Section:
                        _pct(m[MLX_SPEC_DEFAULTS].acceptance_rate),
                        _pct(token_match.acceptance_rate) if token_match else "-"])
     return Section(
-        f"End to end with the {r.block_drafter.kind}: decode tokens/s, median of "
+        f"End to end with the {_drafter_kind(r)}: decode tokens/s, median of "
         f"{r.config.repeats} interleaved repeats of {r.config.max_tokens} tokens",
         ("T", "k", "target", "mlx-spec at k", "mlx-spec defaults", "spec/target",
          "defaults/target", "acc. at k", "acc. defaults", "acc. token-match"), rows,
-        ["Defaults: the drafter's block and the adaptive policy, no prompt lookup. mlx-spec runs "
+        ["Defaults: the adaptive policy (up to a block drafter's block), no prompt lookup. "
+         "mlx-spec runs "
          "are timed after their first round (the prefill, which feeds the drafter the prompt's "
          "hidden states); acc. token-match is mlx-lm's rule inside mlx-spec's loop."])
 
 
 def _end_to_end_section(r: BenchResult) -> Section:
-    if r.block_drafter is not None:
-        return _block_end_to_end_section(r)
+    if _drafter_kind(r) is not None:
+        return _from_prompt_end_to_end_section(r)
     rows = []
     for c in r.end_to_end:
         m = c.methods
@@ -219,7 +227,7 @@ def _sources_section(r: BenchResult) -> List[Section]:
         ["method"] + kinds + ["all", "acceptance", "from lookup", "mean k"], rows,
         [f"Adaptive k vs the best fixed k ({race.best_fixed}): "
          f"{_x(race.adaptive_vs_best_fixed)} over the whole prompt set."]
-        + ([f"Every draft row here is the {r.block_drafter.kind}."] if r.block_drafter else []))]
+        + ([f"Every draft row here is the {_drafter_kind(r)}."] if _drafter_kind(r) else []))]
 
 
 def _skipped_section(r: BenchResult) -> List[Section]:

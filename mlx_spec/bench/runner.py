@@ -12,7 +12,9 @@ same phases: its pass per round instead of a draft step per token, its runs
 at k and with the defaults, its whole block added to the k sweeps; what does
 not apply to it is listed in `skipped` with the reason. A draft of another
 tokenizer (its tokenizer kept by `mlx_spec.load`) takes every phase but mlx-lm's
-speculative column; an EAGLE-3 head is refused in one sentence.
+speculative column. An EAGLE-3 head takes the draft model's path with its chained step as the
+draft step (`head_drafter`), its runs from the prompt as a block drafter's, and skips mlx-lm's
+column and the size scaling (listed in `skipped`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..eagle3 import is_eagle3_head
 from ..policy import DEFAULT_NUM_DRAFT_TOKENS
 from ..precision import prepare_drafter
 from . import acceptance as acc
-from . import block_drafter, endtoend, scaling, sources
+from . import block_drafter, endtoend, head_drafter, scaling, sources
 from .bandwidth import DEFAULT_BANDWIDTH_MB, Bandwidth, measure_bandwidth
 from .forward import DEFAULT_CONTEXT_LENGTH, DEFAULT_VERIFY_LENGTHS, ModelCost, measure_model
 from .machine import MachineInfo, machine_info
@@ -113,6 +115,7 @@ class BenchResult:
     notes: List[str] = field(default_factory=list)
     block_drafter: Optional[block_drafter.BlockDrafterCost] = None  # a DFlash drafter's pass
     skipped: Dict[str, str] = field(default_factory=dict)  # phase -> why it did not run
+    head: Optional[str] = None  # the kind of a head drafting step by step (EAGLE-3), or None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -124,16 +127,16 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     say = progress or (lambda message: None)
     start = time.perf_counter()
     prepare_drafter(draft_model, target_model)  # measured in the dtype generation drafts in
-    if is_eagle3_head(draft_model):
-        raise ValueError("The benchmark cannot measure an EAGLE-3 head yet; time it with "
-                         "generate --verbose or serve, and calibrate it with tune.")
-    block = is_dflash_model(draft_model)
-    foreign = not block and draft_bridge(target_model, draft_model, tokenizer) is not None
+    block, head = is_dflash_model(draft_model), is_eagle3_head(draft_model)
+    from_prompt = block or head  # drafters on the target's states: their runs start from it
+    foreign = not from_prompt and draft_bridge(target_model, draft_model, tokenizer) is not None
     notes, skipped = [], {}
     if block:
         config, notes = block_config(config, draft_model.dflash_config.block_size)
         skipped = {"size scaling": block_drafter.SIZE_SCALING_SKIPPED,
                    "mlx-lm speculative": block_drafter.MLX_LM_SKIPPED}
+    if head:
+        skipped = dict(head_drafter.SKIPPED)
     if foreign:
         skipped = {"mlx-lm speculative": MLX_LM_FOREIGN}
     prompts = encode_prompts(tokenizer, config.prompts)
@@ -149,8 +152,11 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
         role: measure_model(role, model, bandwidth.read_gbs, config.verify_lengths,
                             config.context_length, repeats, seed)
         for role, model in (("target", target_model), ("draft", draft_model))
-        if role == "target" or not block
+        if role == "target" or not from_prompt
     }
+    if head:
+        costs["draft"] = head_drafter.head_cost(target_model, draft_model, bandwidth.read_gbs,
+                                                config.context_length, repeats)
     drafter = block_drafter.measure_drafter(
         draft_model, target_model, costs["target"].decode_s, sorted(verdict_ks(config) | {k}),
         config.context_length, repeats, seed) if block else None
@@ -158,8 +164,10 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     points = acc.measure_acceptance(target_model, draft_model, prompts, config.ks, config.temps,
                                     config.max_tokens, seed, config.token_match, say)
     say("[5/9] end to end: target alone vs "
-        + ("mlx-spec at k and with the defaults" if block else "mlx-lm speculative vs mlx-spec"))
-    compare = block_drafter.compare if block else partial(endtoend.compare, mlx_lm=not foreign)
+        + ("mlx-spec at k and with the defaults" if from_prompt
+           else "mlx-lm speculative vs mlx-spec"))
+    compare = endtoend.compare_from_prompt if from_prompt else partial(endtoend.compare,
+                                                                       mlx_lm=not foreign)
     comparisons = [
         compare(target_model, draft_model, prompts, k, temp, config.max_tokens,
                 repeats, config.warmup, seed, lambda m, t=temp: say(f"T={t}: {m}"))
@@ -168,7 +176,8 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     say("[6/9] measured speed-up vs k (T=0)")
     by_k = endtoend.speedup_vs_k(target_model, draft_model, prompts, config.speedup_ks, 0.0,
                                  config.max_tokens, repeats, config.warmup, seed, say,
-                                 block_drafter.run_block if block else endtoend.run_mlx_spec)
+                                 endtoend.run_from_prompt if from_prompt
+                                 else endtoend.run_mlx_spec)
     say("[7/9] cost model")
     verdicts = cost_model_verdicts(config, points, costs["target"], costs.get("draft"),
                                    comparisons, by_k, drafter)
@@ -177,6 +186,11 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     if block:
         context = block_drafter.context_scaling(target_model, draft_model, acceptance0, k,
                                                 config.context_lengths, repeats, seed, say)
+        sizes = []
+    elif head:
+        context = scaling.context_scaling(
+            target_model, draft_model, acceptance0, k, config.context_lengths, repeats, seed,
+            say, head_drafter.step_seconds(target_model, draft_model, repeats))
         sizes = []
     else:
         context = scaling.context_scaling(target_model, draft_model, acceptance0, k,
@@ -195,7 +209,7 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
         end_to_end=comparisons, speedup_vs_k=by_k, verdicts=verdicts,
         context_scaling=context, size_scaling=sizes, batch_scaling=batch, sources=race,
         elapsed_s=time.perf_counter() - start, notes=notes, block_drafter=drafter,
-        skipped=skipped,
+        skipped=skipped, head=head_drafter.KIND if head else None,
     )
 
 

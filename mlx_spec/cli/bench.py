@@ -61,6 +61,7 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
     """Measure bandwidth, verify cost, acceptance and speed-up; say whether speculation pays."""
     from ..bench.runner import BenchConfig, quick_config, run_bench, tiny_config
     from ..dflash import is_dflash_model
+    from ..eagle3 import is_eagle3_head
 
     _check_writable(rerender_path or json_path, report_path)
     if distributed:
@@ -83,11 +84,14 @@ def bench(model, draft_model, quick, json_path, report_path, no_plots, seed, max
 
     say = _progress()
     say(f"loading {model} and {draft_model}")
-    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False, command="bench",
+    target_model, tokenizer, draft = load_pair(model, draft_model, no_draft=False,
                                                dequantize=dequantize)
     if is_dflash_model(draft):
         say("the draft is a DFlash block drafter: its pass per round is measured instead of a "
             "draft step, and the report says which phases do not apply")
+    elif is_eagle3_head(draft):
+        say("the draft is an EAGLE-3 head: its chained step is measured as the draft step, and "
+            "the report says which phases do not apply")
     try:
         result = run_bench(target_model, draft, tokenizer, config,
                            models={"target": model, "draft": draft_model}, progress=say)

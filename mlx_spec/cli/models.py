@@ -56,10 +56,9 @@ def resolve_models(model, draft_model, no_draft):
     return model, (None if no_draft else draft_model)
 
 
-def load_pair(model, draft_model, no_draft, command=None, dequantize: bool = False):
+def load_pair(model, draft_model, no_draft, dequantize: bool = False):
     """Load the target (and the draft unless there is none); a draft of another tokenizer
-    drafts across it (said on stderr), a draft that does not fit is refused, and so is an
-    EAGLE-3 head where `command` (bench) cannot measure one yet.
+    drafts across it (said on stderr), a draft that does not fit is refused.
 
     A draft directory holding a DFlash drafter (config.json: DFlashDraftModel) or an EAGLE-3
     head (any of its three published layouts) loads as one, checked to fit the target."""
@@ -81,7 +80,7 @@ def load_pair(model, draft_model, no_draft, command=None, dequantize: bool = Fal
             raise click.UsageError(str(exc)) from None
         return target_model, tokenizer, drafter
     if eagle3_directory(draft_model) is not None:
-        return target_model, tokenizer, _eagle3_head(draft_model, target_model, command)
+        return target_model, tokenizer, _eagle3_head(draft_model, target_model)
     draft, draft_tokenizer = load_model(draft_model, "draft", dequantize)
     try:
         bridge = draft_bridge(target_model, draft, tokenizer, draft_tokenizer)
@@ -96,14 +95,10 @@ def load_pair(model, draft_model, no_draft, command=None, dequantize: bool = Fal
     return target_model, tokenizer, draft
 
 
-def _eagle3_head(path, target_model, command):
-    """The EAGLE-3 head in `path`, checked to fit the target; one sentence where `command`
-    (bench) cannot measure one yet."""
+def _eagle3_head(path, target_model):
+    """The EAGLE-3 head in `path`, checked to fit the target."""
     from ..eagle3 import check_fits, load_eagle3
 
-    if command is not None:
-        raise click.UsageError(f"`mlx-spec {command}` cannot measure an EAGLE-3 head yet; "
-                               "generate, check, tune and serve draft with one.")
     try:
         head = load_eagle3(path)
         check_fits(head, target_model)
