@@ -536,6 +536,21 @@ def test_tokens_after_a_mid_generation_rejection(control, small, monkeypatch):
     assert (p_value > ALPHA) != control, (statistic, dof, p_value)
 
 
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_batched_rows_after_a_rejection_are_distributed_as_the_target(residual, exact, small):
+    """Batched rows at T = 1 (BatchMTP with the head's pairs, batch/eagle3.py), other prompts
+    coming and going beside them: tokens 3 and 4 of PROMPT's rows, most after a rewound
+    rejection, against the target's exact distribution; resampling from p instead of the
+    residual (the negative control) must fail the same test."""
+    from batch_exactness import SAMPLES as ROWS
+    from batch_exactness import check_rows_after_a_rejection
+
+    target, path = small
+    check_rows_after_a_rejection(target, load_eagle3(str(path)), residual, exact,
+                                 min_rewound=ROWS // 4)
+
+
 # --- bad input ---------------------------------------------------------------------------
 
 def _edit_config(path, **changes):
