@@ -78,6 +78,19 @@ def predicted_speedup(acceptance: float, k: int, draft_cost: float,
     return expected_tokens_per_round(acceptance, k) / cost
 
 
+def predicted_tree_speedup(acceptance: float, k: int, width: int, rescued: float,
+                           draft_cost: float, verify_cost: Mapping[int, float]) -> float:
+    """Speed-up over plain decoding for a draft model's tree of depth k and `width` (a spine
+    of k drafts, width - 1 sibling leaves beside each spine node, `rescued` the chance they
+    keep a token where the spine's draft was rejected): E(k, w) over k draft steps (the
+    draft pays for the spine only) plus one verify pass over 1 + k w tokens. Width 1 is the
+    chain (`predicted_speedup`)."""
+    if k == 0:
+        return 1.0
+    cost = k * draft_cost + interpolate(verify_cost, 1 + k * width) / interpolate(verify_cost, 1)
+    return expected_tree_tokens(acceptance, k, rescued if width > 1 else 0.0) / cost
+
+
 def block_round_cost(pass_cost: float, k: int, verify_cost: Mapping[int, float]) -> float:
     """One block-drafter round in plain target steps: the drafter's pass drafting k (one pass,
     whatever k), then the target's verify over k + 1 tokens."""

@@ -18,7 +18,7 @@ from mlx_spec.loading import load
 EXPECTED_KEYS = {
     "config", "models", "machine", "bandwidth", "target", "draft", "acceptance", "end_to_end",
     "speedup_vs_k", "verdicts", "context_scaling", "size_scaling", "batch_scaling", "elapsed_s",
-    "sources",
+    "sources", "tree_race",
 }
 
 
@@ -58,6 +58,14 @@ def test_run_bench_measures_every_phase(tiny_result):
     assert len(r.context_scaling) == len(config.context_lengths)
     assert len(r.size_scaling) == len(config.target_sizes)
     assert [p.batch for p in r.batch_scaling.points] == sorted(config.batch_sizes)
+    k = config.num_draft_tokens  # the chain at k against trees k x 2, k x 3 and the defaults
+    shapes = {m.method: m for m in r.tree_race.results}
+    assert list(shapes) == [f"chain k={k}", f"tree {k}x2", f"tree {k}x3", "defaults"]
+    assert shapes[f"chain k={k}"].tree_share == 0.0
+    assert shapes[f"tree {k}x2"].tree_share > 0 and shapes[f"tree {k}x3"].tree_share > 0
+    assert all(m.speedup > 0 and m.tokens_per_pass >= 1.0 for m in shapes.values())
+    assert all(m.rescued is None for m in shapes.values())  # every spine draft was kept
+    assert all(m.predicted > 0 for m in r.tree_race.results[:-1])
 
 
 def test_result_serialises_and_renders(tiny_result):
@@ -162,3 +170,31 @@ def test_block_verdict_names_the_k_whose_own_acceptance_pays_best():
     slow = block_verdict(points, target, {3: 3.0, 7: 3.0}, 0.0, [3, 7])
     assert not slow.pays and slow.best_k == 0
     assert "pass is too slow" in slow.reason and "k=3" in slow.reason
+
+
+def test_the_tree_race_measures_rescues_and_predicts_each_shape():
+    """A draft that misses: tree rounds whose spine stopped short, some rescued by a sibling;
+    the prediction is the cost model's for each fixed shape (none for the defaults), and a
+    wider tree verifies more nodes for the same drafts (a flat verify curve makes it pay)."""
+    from mlx_spec import costmodel
+    from mlx_spec.bench import trees
+    from tiny import make_llama, perturbed
+
+    target = make_llama(seed=0)
+    draft = perturbed(target, noise=0.3)
+    prompts = [(None, [3, 1, 4, 1, 5, 9, 2, 6]), (None, [2, 7, 1, 8, 2, 8])]
+    race = trees.race(target, draft, prompts, 3, max_tokens=24, repeats=2, warmup=0)
+    shapes = {m.method: m for m in race.results}
+    wide = shapes["tree 3x3"]
+    assert wide.tree_share > 0 and wide.rescued is not None and 0 <= wide.rescued <= 1
+    flat = {1: 1.0, 16: 1.0}
+    predicted = {m.method: m.predicted for m in trees.predict(race, 0.5, 0.1, flat).results}
+    assert predicted["defaults"] is None
+    assert predicted["chain k=3"] == pytest.approx(
+        costmodel.predicted_speedup(0.5, 3, 0.1, flat))
+    assert predicted["tree 3x3"] == pytest.approx(costmodel.expected_tree_tokens(
+        0.5, 3, wide.rescued) / 1.3)
+    assert costmodel.predicted_tree_speedup(0.5, 3, 3, 0.4, 0.1, flat) > predicted["chain k=3"]
+    steep = {1: 1.0, 2: 2.0}  # a verified node costs a pass: the tree loses
+    assert costmodel.predicted_tree_speedup(0.5, 3, 3, 0.4, 0.1, steep) < \
+        costmodel.predicted_speedup(0.5, 3, 0.1, steep)

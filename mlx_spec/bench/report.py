@@ -230,6 +230,28 @@ def _sources_section(r: BenchResult) -> List[Section]:
         + ([f"Every draft row here is the {_drafter_kind(r)}."] if _drafter_kind(r) else []))]
 
 
+def _trees_section(r: BenchResult) -> List[Section]:
+    race = r.tree_race
+    if race is None:
+        return []
+    rows = [[m.method, _x(m.speedup), _x(m.predicted), f"{m.tokens_per_pass:.2f}",
+             _pct(m.tree_share), _pct(m.rescued)] for m in race.results]
+    chain = race.results[0]
+    best = max(race.results[1:-1], key=lambda m: m.speedup, default=None)
+    verdict = ("no tree beat the chain here" if best is None or best.speedup <= chain.speedup
+               else f"{best.method} beat the chain ({_x(best.speedup)} against "
+                    f"{_x(chain.speedup)})")
+    return [Section(
+        f"Token trees against the chain (draft model, T={race.temp:g}, {race.max_tokens} "
+        "tokens, speed-up over the target alone)",
+        ("method", "measured", "predicted", "tokens per pass", "tree passes", "rescued"), rows,
+        [f"A tree k x w verifies k w drafts in one pass (a spine of k, w - 1 siblings beside "
+         "each spine node); rescued: of its rounds whose spine stopped short, the share where "
+         "a sibling kept a token. Predicted: the cost model on this machine's verify curve, "
+         "E(k, w) / (k draft_cost + verify_cost(1 + k w)). Defaults: the policy chooses the "
+         f"width each round. Measured: {verdict}."])]
+
+
 def _skipped_section(r: BenchResult) -> List[Section]:
     if not (r.skipped or r.notes):
         return []
@@ -242,7 +264,7 @@ def sections(r: BenchResult) -> List[Section]:
     return [_verdict_section(r), *_skipped_section(r), _machine_section(r), _models_section(r),
             *_block_drafter_sections(r), _verify_section(r), _acceptance_section(r),
             _end_to_end_section(r), _speedup_section(r), *_scaling_sections(r),
-            *_sources_section(r)]
+            *_sources_section(r), *_trees_section(r)]
 
 
 def render_text(r: BenchResult) -> str:

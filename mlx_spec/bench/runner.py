@@ -4,7 +4,8 @@
     json.dumps(result.as_dict())
 
 Phases: machine, bandwidth, per-model cost, acceptance sweep, end-to-end
-comparison, speed-up vs k, cost-model verdict, scaling. `progress(message)`
+comparison, speed-up vs k, cost-model verdict, scaling, drafting sources, and
+for a draft model the chain against its token trees (`trees`). `progress(message)`
 is called as they go (the CLI prints it to stderr).
 
 A DFlash block drafter as the draft takes `block_drafter`'s path through the
@@ -31,7 +32,7 @@ from ..eagle3 import is_eagle3_head
 from ..policy import DEFAULT_NUM_DRAFT_TOKENS
 from ..precision import prepare_drafter
 from . import acceptance as acc
-from . import block_drafter, endtoend, head_drafter, scaling, sources
+from . import block_drafter, endtoend, head_drafter, scaling, sources, trees
 from .bandwidth import DEFAULT_BANDWIDTH_MB, Bandwidth, measure_bandwidth
 from .forward import DEFAULT_CONTEXT_LENGTH, DEFAULT_VERIFY_LENGTHS, ModelCost, measure_model
 from .machine import MachineInfo, machine_info
@@ -41,6 +42,8 @@ from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_SPEEDUP_KS = (1, 2, 3, 4, 6, 8)
+TREES_DRAFT_MODEL_ONLY = ("only a draft model of the target's tokenizer proposes token trees "
+                          "here; this draft's rounds stay chains")
 MLX_LM_FOREIGN = ("mlx-lm's speculative mode needs a draft of the target's tokenizer (it would "
                   "read the draft's ids as the target's): the mlx-lm column reads n/a")
 
@@ -116,6 +119,7 @@ class BenchResult:
     block_drafter: Optional[block_drafter.BlockDrafterCost] = None  # a DFlash drafter's pass
     skipped: Dict[str, str] = field(default_factory=dict)  # phase -> why it did not run
     head: Optional[str] = None  # the kind of a head drafting step by step (EAGLE-3), or None
+    tree_race: Optional[trees.TreeRace] = None  # the draft model's chain against its trees
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -142,11 +146,11 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     prompts = encode_prompts(tokenizer, config.prompts)
     k, seed, repeats = config.num_draft_tokens, config.seed, config.repeats
 
-    say("[1/9] machine")
+    say("[1/10] machine")
     machine = machine_info()
-    say("[2/9] memory bandwidth")
+    say("[2/10] memory bandwidth")
     bandwidth = measure_bandwidth(config.bandwidth_mb, repeats)
-    say("[3/9] per-model cost and verify-cost curve"
+    say("[3/10] per-model cost and verify-cost curve"
         + (" (the drafter: its pass per round at each k)" if block else ""))
     costs = {
         role: measure_model(role, model, bandwidth.read_gbs, config.verify_lengths,
@@ -160,10 +164,10 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     drafter = block_drafter.measure_drafter(
         draft_model, target_model, costs["target"].decode_s, sorted(verdict_ks(config) | {k}),
         config.context_length, repeats, seed) if block else None
-    say("[4/9] acceptance sweep")
+    say("[4/10] acceptance sweep")
     points = acc.measure_acceptance(target_model, draft_model, prompts, config.ks, config.temps,
                                     config.max_tokens, seed, config.token_match, say)
-    say("[5/9] end to end: target alone vs "
+    say("[5/10] end to end: target alone vs "
         + ("mlx-spec at k and with the defaults" if from_prompt
            else "mlx-lm speculative vs mlx-spec"))
     compare = endtoend.compare_from_prompt if from_prompt else partial(endtoend.compare,
@@ -173,15 +177,15 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
                 repeats, config.warmup, seed, lambda m, t=temp: say(f"T={t}: {m}"))
         for temp in config.e2e_temps
     ]
-    say("[6/9] measured speed-up vs k (T=0)")
+    say("[6/10] measured speed-up vs k (T=0)")
     by_k = endtoend.speedup_vs_k(target_model, draft_model, prompts, config.speedup_ks, 0.0,
                                  config.max_tokens, repeats, config.warmup, seed, say,
                                  endtoend.run_from_prompt if from_prompt
                                  else endtoend.run_mlx_spec)
-    say("[7/9] cost model")
+    say("[7/10] cost model")
     verdicts = cost_model_verdicts(config, points, costs["target"], costs.get("draft"),
                                    comparisons, by_k, drafter)
-    say("[8/9] scaling: context length, target size, batch size")
+    say("[8/10] scaling: context length, target size, batch size")
     acceptance0 = scaling_acceptance(config, points)
     if block:
         context = block_drafter.context_scaling(target_model, draft_model, acceptance0, k,
@@ -200,16 +204,29 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
                                      config.target_sizes, repeats, seed, say)
     batch = scaling.batch_scaling(target_model, k, config.context_length, config.batch_sizes,
                                   repeats, seed)
-    say("[9/9] drafting sources: plain, fixed k, adaptive, prompt lookup")
+    say("[9/10] drafting sources: plain, fixed k, adaptive, prompt lookup")
     race = sources.race(target_model, draft_model, prompts, config.sources_ks, 0.0,
                         config.max_tokens, repeats, config.warmup, seed, say)
+    race_trees = None
+    if from_prompt or foreign:
+        skipped["token trees"] = TREES_DRAFT_MODEL_ONLY
+    elif not trees.trees_verifiable(target_model):
+        skipped["token trees"] = trees.TREES_NOT_VERIFIABLE
+    else:
+        say(f"[10/10] token trees: the chain at k={k} against trees {k}x2 and {k}x3 and the "
+            "defaults (T=0)")
+        race_trees = trees.predict(
+            trees.race(target_model, draft_model, prompts, k, 0.0, config.max_tokens, repeats,
+                       config.warmup, seed, lambda m: say(f"trees: {m}")),
+            acceptance0, costs["draft"].decode_s / costs["target"].decode_s,
+            costs["target"].verify_cost)
     return BenchResult(
         config=config, models=dict(models or {}), machine=machine, bandwidth=bandwidth,
         target=costs["target"], draft=costs.get("draft"), acceptance=points,
         end_to_end=comparisons, speedup_vs_k=by_k, verdicts=verdicts,
         context_scaling=context, size_scaling=sizes, batch_scaling=batch, sources=race,
         elapsed_s=time.perf_counter() - start, notes=notes, block_drafter=drafter,
-        skipped=skipped, head=head_drafter.KIND if head else None,
+        skipped=skipped, head=head_drafter.KIND if head else None, tree_race=race_trees,
     )
 
 
@@ -282,4 +299,7 @@ def recompute_predictions(result: BenchResult) -> BenchResult:
                                      result.block_drafter),
         context_scaling=[predicted(p) for p in result.context_scaling],
         size_scaling=[predicted(p) for p in result.size_scaling],
+        tree_race=None if result.tree_race is None else trees.predict(
+            result.tree_race, a, result.draft.decode_s / result.target.decode_s,
+            result.target.verify_cost),
     )
