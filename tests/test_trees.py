@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlx_spec.cache import ModelCache
 from mlx_spec.exactness import chi2_survival, chi_square, exact_distribution
@@ -28,6 +28,7 @@ from mlx_spec.tree import (ancestor_mask, bfs_order, check_parents, children, de
                            paths, spine_and_siblings)
 from mlx_spec.tree_acceptance import tree_outcomes, walk
 from mlx_spec.tree_verify import keep_path, tree_attention, tree_capable
+from families import shared_family
 from tiny import make_llama, perturbed
 
 ALPHA = 1e-3
@@ -179,9 +180,10 @@ def test_trees_off_and_where_they_cannot_be_verified_keep_chains(models):
     assert not any(r.tree_nodes for r in rounds)
     _, rounds = _decode(target, models["draft"], prompt_lookup=False, num_draft_tokens=3)
     assert not any(r.tree_nodes for r in rounds)  # None: the policy's choice, chains for now
-    window = [RotatingKVCache(max_size=64) for _ in range(2 * len(target.layers))]
-    _, rounds = _decode(target, models["draft"], prompt_lookup=False, num_draft_tokens=3,
-                        tree=(3, 2), prompt_cache=window)  # a sliding window: chains
+    # Recurrent state (Gated DeltaNet) keeps chains; sliding windows verify trees
+    # (tests/test_trees_window.py).
+    _, rounds = _decode(shared_family("qwen3_5"), models["draft"], prompt_lookup=False,
+                        num_draft_tokens=3, tree=(3, 2))
     assert rounds and not any(r.tree_nodes for r in rounds)
 
 

@@ -8,6 +8,9 @@ behind the window, so any rewind of up to `reserve` tokens is host metadata
 only (the offset moves back), exactly as for a plain `KVCache`. Attention
 sees the same window as plain decoding: the mask hides what is older than
 `max_size - keep` tokens (the first `keep` tokens stay visible, as in mlx-lm).
+That rule is `visible` (any query and key positions) over `key_positions` (the
+position of each key a pass is shown, in buffer order), so a token tree's mask
+(tree_verify) is built from the same two.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ from mlx_lm.models.cache import RotatingKVCache, _BaseCache
 
 DEFAULT_RESERVE = 64  # rewind budget after a wrap: k + 1 of any round must fit
 STEP = 256  # buffer growth and compaction granularity
+
+
+def visible(query_pos: mx.array, key_pos: mx.array, window: Optional[int],
+            keep: int = 0) -> mx.array:
+    """(Q, K) bool: whether a query at absolute position query_pos[q] sees the key at
+    key_pos[k] under a sliding window of `window` tokens (itself included; None: no window)
+    whose first `keep` positions stay visible, as in mlx-lm's RotatingKVCache."""
+    q, k = query_pos[:, None], key_pos[None]  # (Q, 1), (1, K)
+    if window is None:
+        return k <= q
+    return (k <= q) & ((q - k < window) | (k < keep))
 
 
 class WindowKVCache(_BaseCache):
@@ -39,7 +53,8 @@ class WindowKVCache(_BaseCache):
     # -- layout: buffer[:keep] = positions [0, keep); buffer[keep:] = [start, offset)
 
     @property
-    def _used(self) -> int:
+    def used(self) -> int:
+        """Buffer entries in use (the layout above): the newest entry is row used - 1."""
         return self.keep + self.offset - self.start if self.offset > self.keep else self.offset
 
     def _start_after(self, num_new: int) -> int:
@@ -49,7 +64,7 @@ class WindowKVCache(_BaseCache):
         # Entries the next queries and any rewind of `reserve` tokens may still need.
         needed_from = max(self.keep, self.offset - (self.max_size - self.keep) + 1 - self.reserve)
         capacity = self.max_size + self.reserve + STEP
-        if self._used + num_new <= capacity or needed_from <= self.start:
+        if self.used + num_new <= capacity or needed_from <= self.start:
             return self.start
         return needed_from
 
@@ -60,7 +75,7 @@ class WindowKVCache(_BaseCache):
             self.keys, self.values = keys, values
             self.written = num_new
         else:
-            used = self._used
+            used = self.used
             if new_start > self.start:  # compact: drop what no query or rewind can need
                 drop = new_start - self.start
                 self.keys = mx.concatenate(
@@ -84,7 +99,7 @@ class WindowKVCache(_BaseCache):
         if self.offset <= self.keep:
             self.start = self.keep
         self.offset += num_new
-        used = self._used
+        used = self.used
         first = self._first_shown(num_new, used)
         return self.keys[..., first:used, :], self.values[..., first:used, :]
 
@@ -99,20 +114,36 @@ class WindowKVCache(_BaseCache):
         """Whether a pass is shown only the last max_size entries (see _first_shown)."""
         return num_queries == 1 and self.keep == 0
 
-    def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
-        """The mask for the next `N` queries over the keys update_and_fetch will return."""
-        window = min(window_size or self.max_size, self.max_size - self.keep)
+    def window(self, window_size: Optional[int] = None) -> int:
+        """How far back a query sees (itself included) past the kept prefix: the model's
+        `window_size` where it asks for one, never more than the cache holds."""
+        return min(window_size or self.max_size, self.max_size - self.keep)
+
+    def _shown(self, N: int):
+        """(kept entries, oldest position after them) of the keys the next `N` queries get."""
         end = self.offset + N
         num_kept = min(self.keep, end)
         start = self._start_after(N) if self.offset > self.keep else self.keep
         oldest = max(start, num_kept)  # oldest position after the kept prefix
         if self._window_only(N):  # only the last max_size entries are shown (_first_shown)
             oldest = max(oldest, end - self.max_size)
+        return num_kept, oldest
+
+    def key_positions(self, N: int) -> mx.array:
+        """(K,) the absolute position of each key update_and_fetch will return to the next
+        `N` queries, in buffer order: the kept prefix, then the oldest shown up to offset + N
+        (the N new entries last)."""
+        num_kept, oldest = self._shown(N)
+        return mx.concatenate([mx.arange(num_kept), mx.arange(oldest, self.offset + N)])
+
+    def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
+        """The mask for the next `N` queries over the keys update_and_fetch will return."""
+        window = self.window(window_size)
+        _, oldest = self._shown(N)
         if N == 1 and not return_array and oldest >= self.offset - window + 1:
             return None  # one query that sees every key
-        key_pos = mx.concatenate([mx.arange(num_kept), mx.arange(oldest, end)])[None]
-        query_pos = mx.arange(self.offset, end)[:, None]  # (N, 1)
-        return (key_pos <= query_pos) & ((query_pos - key_pos < window) | (key_pos < self.keep))
+        query_pos = mx.arange(self.offset, self.offset + N)
+        return visible(query_pos, self.key_positions(N), window, self.keep)  # (N, K)
 
     def is_trimmable(self) -> bool:
         return True
@@ -129,7 +160,7 @@ class WindowKVCache(_BaseCache):
 
     def untrim(self, n: int) -> None:
         """Take back a trim of `n` tokens whose entries were not overwritten since."""
-        if self._used + n > self.written:
+        if self.used + n > self.written:
             raise ValueError("Cannot take back a trim over entries that were overwritten.")
         self.offset += n
 
@@ -141,7 +172,7 @@ class WindowKVCache(_BaseCache):
 
     @property
     def state(self):
-        used = self._used
+        used = self.used
         return self.keys[..., :used, :], self.values[..., :used, :]
 
     @property
@@ -190,7 +221,7 @@ class WindowKVCache(_BaseCache):
             keys, values = keys[..., :held, :], values[..., :held, :]
         else:
             first = self.offset - (held - self.keep)  # the oldest position after the kept ones
-            used = self._used
+            used = self.used
             skip = first - self.start  # entries older than the window in the buffer
             parts_k = [keys[..., : self.keep, :]] if self.keep else []
             parts_v = [values[..., : self.keep, :]] if self.keep else []
