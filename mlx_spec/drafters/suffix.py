@@ -8,7 +8,9 @@ from them. The proposal's length is capped by the match: at most
 LENGTH_PER_MATCHED_TOKEN tokens per matched token (a one-token match is a weak
 signal, a 40-token one a strong one), and by the policy's k, which follows the
 source's observed acceptance. A proposal is a point mass (one-hot q), so the
-exact acceptance rule applies unchanged at any temperature.
+exact acceptance rule applies unchanged at any temperature. `lookup_paths` gives
+up to `width` distinct continuations of the match, the first `lookup`'s: the
+paths of a token tree (drafters/tree.py).
 
 `default_suffix_index()` is the process's shared index that `suffix=True`
 drafts from: in one app every call sees every earlier call. The server keeps
@@ -87,13 +89,19 @@ class SuffixDrafter(TextSearchDrafter):
             weakref.finalize(self, self.index.release, self._own)
 
     def lookup(self, history: List[int], k: int) -> List[int]:
+        paths = self.lookup_paths(history, k, 1)
+        return paths[0] if paths else []
+
+    def lookup_paths(self, history: List[int], k: int, width: int) -> List[List[int]]:
+        """Up to `width` distinct continuations of the history's longest matched suffix, each
+        up to k tokens (capped by the match): `lookup`'s first (SuffixIndex.follow_paths)."""
         self._join(history)
         match = self.index.longest(history)
         self.last_match = match.length
         if match.length < self.min_match:
             return []
         k = min(k, math.ceil(LENGTH_PER_MATCHED_TOKEN * match.length))
-        return self.index.follow(match, history, k, self.min_share)
+        return self.index.follow_paths(match, history, k, width, self.min_share)
 
     def can_propose(self, history: List[int]) -> bool:
         self._join(history)

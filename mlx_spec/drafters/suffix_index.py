@@ -14,6 +14,11 @@ for a context (the current request's tokens):
   at least `min_share` of the matched occurrences agree with the whole path.
   An occurrence in the context itself that runs into its end continues with the
   proposal (a loop in the output repeats with its period, as prompt lookup's).
+- `follow_paths(match, context, k, width)`: up to `width` distinct continuations
+  for a token tree (drafters/tree.py): `follow`'s first; then, where some of
+  the occurrences (at least `min_share` of the matched ones) left a path with
+  another token, that group followed on by the same rule, the largest group
+  first (a tie: the latest occurrence). `follow` is its first path.
 
 How it is fast: every token is filed under the n-grams ending at it of two
 lengths, 1 and ANCHOR (4): a match of ANCHOR tokens or more is among the latest
@@ -188,41 +193,74 @@ class SuffixIndex:
     def follow(self, match: Match, context: Sequence[int], k: int,
                min_share: float = DEFAULT_MIN_SHARE) -> List[int]:
         """Up to k tokens: the most frequent continuation of `match` (see the module docstring)."""
+        paths = self.follow_paths(match, context, k, 1, min_share)
+        return paths[0] if paths else []
+
+    def follow_paths(self, match: Match, context: Sequence[int], k: int, width: int,
+                     min_share: float = DEFAULT_MIN_SHARE) -> List[List[int]]:
+        """Up to `width` distinct continuations of `match`, each up to k tokens: the most
+        frequent first (`follow`'s), then, most occurrences first (a tie: the latest), each
+        group of occurrences that left a path where they disagreed with it, followed from
+        there by the same rule (see the module docstring). No path is a prefix of another."""
         with self._lock:
-            alive = [(self._tokens_of(p), p & _MASK) for p in match.positions]
-            alive = [(tokens, end) for tokens, end in alive if tokens is not None]
+            alive = [(self._tokens_of(p), p & _MASK, rank)  # rank: later is more recent
+                     for rank, p in enumerate(match.positions)]
+            alive = [(tokens, end, rank) for tokens, end, rank in alive if tokens is not None]
             needed = min_share * len(alive)
-            proposal: List[int] = []
-            for j in range(k):
-                if len(alive) == 1 and needed <= 1:  # one occurrence left: copy what follows it
-                    tokens, end = alive[0]
-                    proposal.extend(tokens[end + j:end + k])
-                    while len(proposal) < k:
-                        token = self._token_at(tokens, end + len(proposal), context, proposal)
-                        if token is None:
-                            break
-                        proposal.append(token)
+            branches: list = []  # (occurrences, latest, path so far, its occurrences)
+            paths: List[List[int]] = []
+            path = self._follow_from(alive, [], context, k, needed, branches if width > 1 else None)
+            while path:
+                paths.append(path)
+                if len(paths) == width or not branches:
                     break
-                counts: Dict[int, int] = {}
-                latest: Dict[int, int] = {}
-                nexts = []
-                for i, (tokens, end) in enumerate(alive):
-                    token = self._token_at(tokens, end + j, context, proposal)
-                    nexts.append(token)
-                    if token is not None:
-                        counts[token] = counts.get(token, 0) + 1
-                        latest[token] = i
-                if not counts:
-                    break
-                token = max(counts, key=lambda t: (counts[t], latest[t]))
-                if counts[token] < needed:
-                    break
-                proposal.append(token)
-                alive = [a for a, t in zip(alive, nexts) if t == token]
+                best = max(range(len(branches)), key=lambda b: branches[b][:2])
+                _, _, prefix, group = branches.pop(best)
+                path = self._follow_from(group, prefix, context, k, needed, branches)
             self._touch(match.positions)
-            return proposal
+            return paths
 
     # --- inside ---
+    def _follow_from(self, alive, prefix: List[int], context, k: int, needed: float,
+                     branches: Optional[list]) -> List[int]:
+        """`prefix` extended up to k tokens by the most frequent next token of the occurrences
+        still `alive` ((tokens, end, rank): each agrees with the prefix), while at least
+        `needed` agree; each other token at least `needed` continue with is added to
+        `branches` (None: not wanted)."""
+        proposal = list(prefix)
+        for j in range(len(proposal), k):
+            if len(alive) == 1 and needed <= 1:  # one occurrence left: copy what follows it
+                tokens, end, _ = alive[0]
+                proposal.extend(tokens[end + j:end + k])
+                while len(proposal) < k:
+                    token = self._token_at(tokens, end + len(proposal), context, proposal)
+                    if token is None:
+                        break
+                    proposal.append(token)
+                break
+            counts: Dict[int, int] = {}
+            latest: Dict[int, int] = {}
+            nexts = []
+            for tokens, end, rank in alive:
+                token = self._token_at(tokens, end + j, context, proposal)
+                nexts.append(token)
+                if token is not None:
+                    counts[token] = counts.get(token, 0) + 1
+                    latest[token] = rank
+            if not counts:
+                break
+            token = max(counts, key=lambda t: (counts[t], latest[t]))
+            if counts[token] < needed:
+                break
+            if branches is not None:
+                for other, count in counts.items():
+                    if other != token and count >= needed:
+                        branches.append((count, latest[other], proposal + [other],
+                                         [a for a, t in zip(alive, nexts) if t == other]))
+            proposal.append(token)
+            alive = [a for a, t in zip(alive, nexts) if t == token]
+        return proposal
+
     @staticmethod
     def _token_at(tokens, i: int, context, proposal: List[int]) -> Optional[int]:
         if i < len(tokens):

@@ -12,6 +12,10 @@
   up to `width - 1` other earlier occurrences of the last n-gram (latest first)
   whose continuations differ add theirs; shared prefixes merge (a trie), so
   siblings are distinct tokens, each a point mass (one-hot q).
+- suffix drafting (`SuffixDrafter`): the continuations of the longest matched
+  suffix's occurrences, grouped where they disagree (SuffixIndex.follow_paths):
+  its own, the most frequent, first, then up to `width - 1` others, the largest
+  group first; a trie of point masses, as prompt lookup's.
 
 A proposal's `spine` is the path its base drafter proposed as a chain: the
 base is committed with how far the accepted path followed it.
@@ -20,6 +24,9 @@ With `tree=None` (the default) the policy chooses the width of a draft model's
 tree each round (`TreeDrafter.width`, set by the loop from
 `policy.tree_width`): width 1 proposes the base's own chain, a wider one a
 spine with siblings, where the policy's model predicts it pays (policy.py).
+Prompt lookup and suffix drafting then propose chains: the policy's model of a
+tree is the draft model's shape (w - 1 siblings beside every spine node), not a
+text search's, whose branches stand only where earlier text disagreed.
 """
 
 from __future__ import annotations
@@ -29,10 +36,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from ..tree import from_paths, spine_and_siblings
+from ..tree import children, from_paths, spine_and_siblings
 from ..tree_verify import tree_capable
 from .draft_model import DraftModelDrafter
 from .prompt_lookup import PromptLookupDrafter, _continue
+from .suffix import SuffixDrafter
 
 
 @dataclass
@@ -62,12 +70,12 @@ MAX_CHOSEN_WIDTH = 3  # the widest tree the policy may choose (Macs measured bes
 
 
 def with_trees(drafters, tree, target, sampling, verifiable: bool = True) -> list:
-    """`drafters` with the draft model and prompt lookup proposing trees of `tree`'s
-    (depth, width), where the target's cache can verify one (tree_verify.tree_capable),
+    """`drafters` with the draft model, prompt lookup and suffix drafting proposing trees of
+    `tree`'s (depth, width), where the target's cache can verify one (tree_verify.tree_capable),
     the rule is the library's own (`verifiable`: no custom accept, logits processors or
     sharded target) and so is the sampler. None: the draft model's width is the policy's
     choice each round (up to MAX_CHOSEN_WIDTH; 1, its chain, unless the policy says a
-    tree pays); False keeps the drafters as they are."""
+    tree pays), the text searches propose chains; False keeps the drafters as they are."""
     if tree is False or not verifiable or sampling.sampler is not None \
             or not tree_capable(target):
         return list(drafters)
@@ -79,7 +87,8 @@ def with_trees(drafters, tree, target, sampling, verifiable: bool = True) -> lis
 
 
 def _tree_source(drafter) -> bool:
-    return isinstance(drafter, PromptLookupDrafter) or type(drafter) is DraftModelDrafter
+    return isinstance(drafter, (PromptLookupDrafter, SuffixDrafter)) \
+        or type(drafter) is DraftModelDrafter
 
 
 class TreeDrafter:
@@ -97,6 +106,8 @@ class TreeDrafter:
         self._proposal: Optional[TreeProposal] = None
         if isinstance(base, PromptLookupDrafter):
             self._tree = self._lookup_tree
+        elif isinstance(base, SuffixDrafter):
+            self._tree = self._suffix_tree
         elif _tree_source(base):
             base.keep_logprobs = True  # its per-step log q, for the siblings
             self._tree = self._draft_tree
@@ -152,17 +163,25 @@ class TreeDrafter:
         first = self.base.lookup(history, k)
         if not first:
             return None
-        token_paths = [first] + _other_matches(self.base._text, self.base.ngram_sizes,
-                                               len(first), self.width - 1, first)
+        return self._point_mass_tree([first] + _other_matches(
+            self.base._text, self.base.ngram_sizes, len(first), self.width - 1, first))
+
+    def _suffix_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
+        token_paths = self.base.lookup_paths(history, k, self.width)
+        return self._point_mass_tree(token_paths) if token_paths else None
+
+    def _point_mass_tree(self, token_paths: List[List[int]]) -> TreeProposal:
+        """The trie of `token_paths` (the first the base's own proposal: the spine), each
+        node a point mass (one-hot q): siblings are distinct tokens."""
         parents, tokens = from_paths(token_paths)
-        drafted = mx.array(tokens[1:], mx.uint32)
+        drafted = mx.array(tokens[1:], mx.uint32)  # (N-1,)
         probs = None
         if not self.base.greedy:
             vocab = self.base.target_vocab_size
             probs = (mx.arange(vocab)[None] == drafted[:, None]).astype(mx.float32)  # (N-1, V)
-        spine = _path_nodes(parents, tokens, first)
+        spine = _path_nodes(parents, tokens, token_paths[0])
         return TreeProposal(drafted, probs, parents, spine, self.source, self,
-                            width=len(token_paths))
+                            width=max(len(kids) for kids in children(parents)))
 
 
 def _other_matches(text: List[int], ngram_sizes, length: int, count: int,
