@@ -117,6 +117,7 @@ def tree_round(decoder: Decoder, proposal) -> Round:
     decoder.target.anchor()
     with round_attention(), tree_attention(decoder.target.trimmable, parents):
         target_logits = decoder.target.forward(verify_input)  # (N, V)
+    hidden = decoder.target.hidden  # (N, H) when a head drafts: each node's, its path's alone
     target_logprobs = logprobs_from_logits(target_logits, decoder.sampling)  # (N, V)
     path, token, drafted = _judge_tree(decoder, proposal, target_logits, target_logprobs)
     n, token = _stop_at(decoder.stop_tokens, [drafted[i - 1] for i in path], len(path), token)
@@ -124,8 +125,10 @@ def tree_round(decoder: Decoder, proposal) -> Round:
     keep_path(decoder.target, [0] + path)
     proposal.drafter.commit(path)
     tokens = [drafted[i - 1] for i in path] + [token]
-    decoder.history.extend(tokens)
     rows = mx.array([0] + path)
+    if hidden is not None:  # the root's and the accepted nodes' states, as a chain's
+        _follow(decoder, tokens, hidden[rows])
+    decoder.history.extend(tokens)
     depth = max(depths(parents))
     return Round(tokens, int(depth), n, proposal.source,
                  _reported(target_logits[rows], target_logprobs[rows], decoder.sampling),

@@ -30,6 +30,8 @@ from .protocol import Proposal
 class HeadChainDrafter:
     source: str
     follows_target = True  # the loop hands it the target's hidden states (`follow`)
+    keep_logprobs = False  # True: each proposal's per-step log q in kept_logprobs (a tree's)
+    kept_logprobs: Optional[mx.array] = None  # (k, V) of the last proposal, lazy
 
     def __init__(self, head, sampling: SamplingConfig):
         self.head = head
@@ -75,10 +77,12 @@ class HeadChainDrafter:
             self.catch_up()
         if self._last is None:  # nothing seen yet (a one-token prompt): a plain step first
             return None
-        g, draft_tokens, draft_probs = self._last, [], []
+        g, draft_tokens, draft_probs, kept = self._last, [], [], []
         for i in range(k):
             draft_logprobs = logprobs_from_logits(self.head.logits(g), self.sampling)  # (V,)
             y = sample(draft_logprobs, self.sampling)[None]  # (1,) a target id
+            if self.keep_logprobs:  # (a token tree's siblings: drafters/tree.py)
+                kept.append(draft_logprobs)
             if not self.sampling.greedy:
                 draft_probs.append(mx.exp(draft_logprobs))
             draft_tokens.append(y)
@@ -86,6 +90,7 @@ class HeadChainDrafter:
                 g = self.head(self.inputs(y), g[None], self.cache[0])[0]
             mx.async_eval(y, *draft_probs[-1:])
         self._chained = k - 1
+        self.kept_logprobs = mx.stack(kept) if kept else None  # (k, V)
         probs = mx.stack(draft_probs) if draft_probs else None  # (k, V)
         return Proposal(mx.concatenate(draft_tokens), probs, self.source, self)
 

@@ -8,6 +8,11 @@
   distribution at the spine node's parent): at T = 0 its next-best tokens, at
   T > 0 i.i.d. samples from q (with replacement, as the spine token itself).
   depth * width nodes for the draft cost of one chain.
+- a head drafting from the target's hidden states (`HeadChainDrafter`: an MTP
+  head, an EAGLE-3 head): the same shape, its chained drafts the spine and the
+  siblings from the q of each chained step; after a tree round the loop hands it
+  the target's states at the root and the accepted nodes (each node's is its
+  path's decoded alone), so it continues from the accepted path.
 - prompt lookup (`PromptLookupDrafter`): its own proposal is the first path, and
   up to `width - 1` other earlier occurrences of the last n-gram (latest first)
   whose continuations differ add theirs; shared prefixes merge (a trie), so
@@ -21,11 +26,11 @@ A proposal's `spine` is the path its base drafter proposed as a chain: the
 base is committed with how far the accepted path followed it.
 
 With `tree=None` (the default) the policy chooses the width of a draft model's
-tree each round (`TreeDrafter.width`, set by the loop from
+(or a head's) tree each round (`TreeDrafter.width`, set by the loop from
 `policy.tree_width`): width 1 proposes the base's own chain, a wider one a
 spine with siblings, where the policy's model predicts it pays (policy.py).
 Prompt lookup and suffix drafting then propose chains: the policy's model of a
-tree is the draft model's shape (w - 1 siblings beside every spine node), not a
+tree is the spine-and-siblings shape (w - 1 siblings beside every spine node), not a
 text search's, whose branches stand only where earlier text disagreed.
 """
 
@@ -39,6 +44,7 @@ import mlx.core as mx
 from ..tree import children, from_paths, spine_and_siblings
 from ..tree_verify import tree_capable
 from .draft_model import DraftModelDrafter
+from .head_chain import HeadChainDrafter
 from .prompt_lookup import PromptLookupDrafter, _continue
 from .suffix import SuffixDrafter
 
@@ -70,25 +76,31 @@ MAX_CHOSEN_WIDTH = 3  # the widest tree the policy may choose (Macs measured bes
 
 
 def with_trees(drafters, tree, target, sampling, verifiable: bool = True) -> list:
-    """`drafters` with the draft model, prompt lookup and suffix drafting proposing trees of
+    """`drafters` with the draft model, the heads, prompt lookup and suffix drafting proposing
+    trees of
     `tree`'s (depth, width), where the target's cache can verify one (tree_verify.tree_capable),
     the rule is the library's own (`verifiable`: no custom accept, logits processors or
-    sharded target) and so is the sampler. None: the draft model's width is the policy's
-    choice each round (up to MAX_CHOSEN_WIDTH; 1, its chain, unless the policy says a
+    sharded target) and so is the sampler. None: a draft model's or a head's width is the
+    policy's choice each round (up to MAX_CHOSEN_WIDTH; 1, its chain, unless the policy says a
     tree pays), the text searches propose chains; False keeps the drafters as they are."""
     if tree is False or not verifiable or sampling.sampler is not None \
             or not tree_capable(target):
         return list(drafters)
     if tree is None:
         return [TreeDrafter(d, None, MAX_CHOSEN_WIDTH, chosen=True)
-                if type(d) is DraftModelDrafter else d for d in drafters]
+                if _spine_source(d) else d for d in drafters]
     depth, width = tree
     return [TreeDrafter(d, depth, width) if _tree_source(d) else d for d in drafters]
 
 
 def _tree_source(drafter) -> bool:
-    return isinstance(drafter, (PromptLookupDrafter, SuffixDrafter)) \
-        or type(drafter) is DraftModelDrafter
+    return isinstance(drafter, (PromptLookupDrafter, SuffixDrafter)) or _spine_source(drafter)
+
+
+def _spine_source(drafter) -> bool:
+    """A drafter whose chain has a q at every step, so siblings can stand beside it: a draft
+    model of the target's tokenizer, or a head chaining its own outputs."""
+    return type(drafter) is DraftModelDrafter or isinstance(drafter, HeadChainDrafter)
 
 
 class TreeDrafter:
