@@ -52,6 +52,7 @@ class Round:
     # drafter's own chain; num_accepted beyond it: a sibling was kept), for the policy
     tree_width: int = 0
     spine_kept: Optional[int] = None
+    spine_length: Optional[int] = None  # the spine's drafts (a text search's may be shorter)
 
 
 @dataclass
@@ -133,7 +134,7 @@ def tree_round(decoder: Decoder, proposal) -> Round:
     return Round(tokens, int(depth), n, proposal.source,
                  _reported(target_logits[rows], target_logprobs[rows], decoder.sampling),
                  tree_nodes=len(parents) - 1, tree_width=proposal.width,
-                 spine_kept=proposal.along_spine(path))
+                 spine_kept=proposal.along_spine(path), spine_length=len(proposal.spine))
 
 
 def _judge_tree(decoder: Decoder, proposal, target_logits, target_logprobs):

@@ -27,7 +27,8 @@ The adaptive policy is one formula (docs/drafting.md, "The policy"). For source 
   in their block); a calibration's until one is timed. With neither, the first TRIAL_STEPS
   tokens are plain.
 
-A source that can propose token trees (a draft model; drafters/tree.py) also has a width w:
+A source that can propose token trees (a draft model, an MTP, EAGLE-3 or DFlash drafter;
+drafters/tree.py) also has a width w:
 a spine of k drafts with w - 1 sibling leaves beside each spine node, k w nodes verified:
 
     E_s(k, w) = 1 + sum_{i<=k} prod_{j<i} a_s,j (a_s,i + (1 - a_s,i) b_s,w),   T_s(k) + (w - 1) k v_s
@@ -566,14 +567,16 @@ class AdaptivePolicy:
             elif estimate.since >= CATCH_UP_TOKENS:
                 seconds = None  # a catch-up of unknown cost: not its length's time
         spine = getattr(round_, "spine_kept", None)  # a tree round: the spine's drafts kept
+        drafted = round_.num_drafted if spine is None else (  # ... of its own drafts
+            getattr(round_, "spine_length", None) or round_.num_drafted)
         kept = round_.num_accepted if spine is None else spine
-        rejections = float(kept < round_.num_drafted)
+        rejections = float(kept < drafted)
         chances = getattr(round_, "chances", None) if spine is None else None
         if chances:
             kept, rejections = expected_kept(chances)
         estimate.count(kept, rejections, survivals(
-            round_.num_drafted, round_.num_accepted if spine is None else spine, chances))
-        tried = spine is not None and spine < round_.num_drafted  # siblings were looked at
+            drafted, round_.num_accepted if spine is None else spine, chances))
+        tried = spine is not None and spine < drafted  # siblings were looked at
         rescued = tried and round_.num_accepted > spine
         if tried and estimate.max_width > 1:
             estimate.count_siblings(round_.tree_width, rescued)

@@ -251,7 +251,9 @@ def test_bench_measures_a_draft_of_another_tokenizer_and_an_eagle3_head(model_di
     target, tokenizer, _, head = loaded
     bench = run_bench(target, head, tokenizer, tiny_config(), models={"target": "t", "draft": "h"})
     assert bench.head == "EAGLE-3 head" and bench.block_drafter is None
-    assert set(bench.skipped) == {"size scaling", "mlx-lm speculative", "token trees"}
+    assert set(bench.skipped) == {"size scaling", "mlx-lm speculative"}
+    trees = {m.method: m for m in bench.tree_race.results}  # the head's trees raced too
+    assert trees["tree 2x2"].tree_share > 0 and trees["chain k=2"].tree_share == 0
     assert bench.draft.decode_s > 0 and bench.draft.verify_cost == {}
     assert sum(p.drafted for p in bench.acceptance) > 0
     for c in bench.end_to_end:  # at k and with the defaults, each drafting

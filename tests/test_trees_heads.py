@@ -1,8 +1,9 @@
-"""Token trees from the heads that draft from the target's hidden states (issue 66): an EAGLE-3
-head and an MTP head propose a spine of k chained drafts with siblings from the same q (their
-next-best tokens at T = 0, i.i.d. draws at T > 0), as the draft model does; after a tree
-round the head is handed the target's states at the root and the accepted nodes (each node's
-state is its path's decoded alone), so its next proposal continues from the accepted path.
+"""Token trees from the drafters that draft from the target's hidden states (issue 66): an
+EAGLE-3 head and an MTP head propose a spine of k chained drafts with siblings from the same q
+(their next-best tokens at T = 0, i.i.d. draws at T > 0), as the draft model does, and a DFlash
+drafter its block's drafts with siblings from each row's own q; after a tree round the drafter
+is handed the target's states at the root and the accepted nodes (each node's state is its
+path's decoded alone), so its next proposal continues from the accepted path.
 
 - greedy parity over 100+ tokens with trees of several shapes: the target's own text, tree
   rounds ran, and a sibling (not the spine) was kept at least once;
@@ -18,6 +19,7 @@ from families import plain_greedy
 from test_eagle3 import (DEFAULT_IDS, LAYERS, ORIGINAL, SPECULATORS, exact_third_and_fourth,
                          good_head_tensors, head_tensors, near_bigram, write_head)
 from test_mtp import make_target, mtp_params, write_original
+from dflash_tiny import make_dflash
 from tiny import make_llama
 
 from mlx_spec.eagle3 import load_eagle3
@@ -142,15 +144,10 @@ def random_head(tmp_path_factory):
     return target, load_eagle3(str(path))
 
 
-def test_after_tree_rounds_the_head_drafts_what_it_drafts_from_scratch(random_head, monkeypatch):
-    """Every spine an EAGLE-3 head proposes in a run of 3 x 3 trees equals the chain a fresh
-    head proposes after reading the target's taps of the whole history at once: after each
-    tree round the head was handed the accepted path's states, not the first rows' (greedy
-    parity cannot show this: only what the head drafts does)."""
-    from mlx_spec.assemble import eagle3_capture
+def spied_rounds(target, head, monkeypatch, prompt=PROMPT, n=60, **options):
+    """The rounds of a run, and (history, spine) of every proposal the EAGLE-3 head made."""
     from mlx_spec.drafters.eagle3 import Eagle3Drafter
 
-    target, head = random_head
     seen, propose = [], Eagle3Drafter.propose
 
     def spy(self, history, k):
@@ -160,15 +157,117 @@ def test_after_tree_rounds_the_head_drafts_what_it_drafts_from_scratch(random_he
         return proposal
 
     monkeypatch.setattr(Eagle3Drafter, "propose", spy)
-    rounds = rounds_of(target, head, PROMPT, 60, num_draft_tokens=3, tree=(3, 3))
+    rounds = list(speculative_generate_step(prompt, target, head, max_tokens=n,
+                                            calibration=None, **options))
     monkeypatch.undo()
-    off_the_first_rows = [r for r in rounds if r.tree_nodes and (
-        r.num_accepted > r.spine_kept or r.num_accepted >= 2)]  # its path is not rows 1, 2, ..
-    assert off_the_first_rows, [(r.num_accepted, r.spine_kept) for r in rounds]
+    return rounds, seen
+
+
+def check_from_scratch(target, head, seen):
+    """Each proposal equals a fresh head's after the taps of the whole history at once."""
+    from mlx_spec.assemble import eagle3_capture
+    from mlx_spec.drafters.eagle3 import Eagle3Drafter
+
     capture = eagle3_capture(target, head)
-    greedy = SamplingConfig()
     for history, spine in seen[1:]:
-        fresh = Eagle3Drafter(head, target, greedy)
+        fresh = Eagle3Drafter(head, target, SamplingConfig())
         _, taps = capture(mx.array([history[:-1]], mx.uint32), None)
         fresh.follow(history[1:], taps)
         assert fresh.propose(history, len(spine)).tokens.tolist() == spine, len(history)
+
+
+def test_after_tree_rounds_the_head_drafts_what_it_drafts_from_scratch(random_head, monkeypatch):
+    """Every spine an EAGLE-3 head proposes in a run of 3 x 3 trees equals the chain a fresh
+    head proposes after reading the target's taps of the whole history at once: after each
+    tree round the head was handed the accepted path's states, not the first rows' (greedy
+    parity cannot show this: only what the head drafts does)."""
+    target, head = random_head
+    rounds, seen = spied_rounds(target, head, monkeypatch, num_draft_tokens=3, tree=(3, 3),
+                                prompt_lookup=False)
+    off_the_first_rows = [r for r in rounds if r.tree_nodes and (
+        r.num_accepted > r.spine_kept or r.num_accepted >= 2)]  # its path is not rows 1, 2, ..
+    assert off_the_first_rows, [(r.num_accepted, r.spine_kept) for r in rounds]
+    check_from_scratch(target, head, seen)
+
+
+def test_a_head_behind_lookup_trees_is_handed_their_accepted_paths(random_head, monkeypatch):
+    """Prompt lookup in front proposes 3 x 2 trees on a prompt that repeats; the head behind
+    it, not asked in those rounds, must still be handed each accepted path's states."""
+    target, head = random_head
+    prompt = PROMPT * 3
+    rounds, seen = spied_rounds(target, head, monkeypatch, prompt=prompt, num_draft_tokens=3,
+                                tree=(3, 2), prompt_lookup=True)
+    assert any(r.source == "lookup" and r.tree_nodes for r in rounds)
+    assert [t for r in rounds for t in r.tokens] == plain_greedy(target, prompt, 60)
+    check_from_scratch(target, head, seen)
+
+
+class Alternating:
+    """k = 3, and the width of every source that can tree alternating 1, 2, 1, 2, ...: the
+    policy's side of tree=None, chain rounds and tree rounds interleaved."""
+
+    def __init__(self):
+        self.allowed, self.tree_rounds, self.asked = {}, 0, 0
+
+    def proposal_length(self, source):
+        return 3
+
+    def plain_steps(self):
+        return 1
+
+    def observe(self, round_, seconds):
+        self.tree_rounds += round_.tree_nodes > 0
+
+    def describe(self):
+        return {"policy": "alternating"}
+
+    def allow_trees(self, source, max_width):
+        self.allowed[source] = max_width
+
+    def tree_width(self, source):
+        self.asked += 1
+        return 1 + self.asked % 2
+
+
+def test_with_tree_none_the_policy_s_width_makes_head_trees(random_head, monkeypatch):
+    target, head = random_head
+    policy = Alternating()
+    rounds, seen = spied_rounds(target, head, monkeypatch, num_draft_tokens=None, policy=policy,
+                                prompt_lookup=False)
+    assert policy.allowed == {"eagle3": 3}
+    assert 0 < policy.tree_rounds < len(rounds)  # chains and trees both ran
+    assert [t for r in rounds for t in r.tokens] == plain_greedy(target, PROMPT, 60)
+    check_from_scratch(target, head, seen)
+
+
+# --- DFlash --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(3, 2), (4, 3)])
+def test_dflash_trees_keep_the_target_s_greedy_text(tmp_path, shape):
+    target = make_llama(layers=4, seed=0)
+    drafter = make_dflash(tmp_path / "d", 48, [1, 2], block_size=6, seed=5)
+    check_greedy(target, drafter, shape)
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["exact", "naive-rule"])
+def test_dflash_trees_give_the_first_two_tokens_at_t1(tmp_path, control, monkeypatch):
+    """A target over 8 tokens and a random DFlash drafter, 2 x 3 trees."""
+    if control:
+        naive(monkeypatch)
+    target = make_llama(vocab_size=8, layers=4, seed=0)
+    drafter = make_dflash(tmp_path / "d", 48, [1, 2], block_size=6, mask_token_id=7)
+    result = check_exactness(target, drafter, [1, 2, 3, 4, 5, 6, 7], SamplingConfig(temp=1.0),
+                             samples=SAMPLES, num_draft_tokens=2, alpha=ALPHA, seed=0,
+                             tree=(2, 3))
+    print(f"dflash trees t1,t2 control={control}: p={result.p_value:.3g}")
+    assert result.passed != control, result
+
+
+def test_dflash2_keeps_chains(tmp_path):
+    """Its selector draws each row given the draft before it: no siblings from one q."""
+    from dflash_tiny import make_dflash2
+
+    target = make_llama(layers=4, seed=0)
+    drafter = make_dflash2(tmp_path / "d", 48, [1, 2], block_size=6)
+    rounds = rounds_of(target, drafter, PROMPT, 20, num_draft_tokens=3, tree=(3, 2))
+    assert not any(r.tree_nodes for r in rounds) and any(r.num_drafted for r in rounds)

@@ -110,15 +110,16 @@ def run_mlx_spec(target_model, draft_model, ids, temp, k, max_tokens, accept=Non
     return RunResult(time.perf_counter() - start, min(n, max_tokens), drafted, accepted)
 
 
-def run_from_prompt(target_model, drafter, ids, temp, k: Optional[int],
-                    max_tokens) -> RunResult:
+def run_from_prompt(target_model, drafter, ids, temp, k: Optional[int], max_tokens,
+                    each: Optional[Callable] = None, **options) -> RunResult:
     """One generation through mlx-spec's loop from the prompt (k None: the default policy), no
     prompt lookup, timed after its first round: a drafter that reads the target's hidden
     states (DFlash, EAGLE-3) is fed the prompt's in the prefill, so a cache prefilled outside
-    the loop would leave it blind."""
+    the loop would leave it blind. `each(round)` sees every round (time_after_prefill's);
+    `options` go to speculative_generate_step (e.g. tree=)."""
     decoded = time_after_prefill(speculative_generate_step(
         ids, target_model, drafter, max_tokens=max_tokens + 1, num_draft_tokens=k,
-        sampling=SamplingConfig(temp=temp), prompt_lookup=False))
+        sampling=SamplingConfig(temp=temp), prompt_lookup=False, **options), each)
     return RunResult(decoded.seconds, decoded.tokens, decoded.drafted, decoded.accepted)
 
 

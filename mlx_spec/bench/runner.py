@@ -5,7 +5,7 @@
 
 Phases: machine, bandwidth, per-model cost, acceptance sweep, end-to-end
 comparison, speed-up vs k, cost-model verdict, scaling, drafting sources, and
-for a draft model the chain against its token trees (`trees`). `progress(message)`
+for a draft model or an EAGLE-3 head the chain against its token trees (`trees`). `progress(message)`
 is called as they go (the CLI prints it to stderr).
 
 A DFlash block drafter as the draft takes `block_drafter`'s path through the
@@ -42,8 +42,9 @@ from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_SPEEDUP_KS = (1, 2, 3, 4, 6, 8)
-TREES_DRAFT_MODEL_ONLY = ("only a draft model of the target's tokenizer proposes token trees "
-                          "here; this draft's rounds stay chains")
+TREES_NOT_RACED = ("the bench races the trees of a draft model of the target's tokenizer and of "
+                   "an EAGLE-3 head; a draft of another tokenizer drafts chains, and a DFlash "
+                   "drafter's trees (DFlash2's: chains) run in generate and check --tree")
 MLX_LM_FOREIGN = ("mlx-lm's speculative mode needs a draft of the target's tokenizer (it would "
                   "read the draft's ids as the target's): the mlx-lm column reads n/a")
 
@@ -208,8 +209,8 @@ def run_bench(target_model, draft_model, tokenizer, config: BenchConfig = BenchC
     race = sources.race(target_model, draft_model, prompts, config.sources_ks, 0.0,
                         config.max_tokens, repeats, config.warmup, seed, say)
     race_trees = None
-    if from_prompt or foreign:
-        skipped["token trees"] = TREES_DRAFT_MODEL_ONLY
+    if block or foreign:
+        skipped["token trees"] = TREES_NOT_RACED
     elif not trees.trees_verifiable(target_model):
         skipped["token trees"] = trees.TREES_NOT_VERIFIABLE
     else:

@@ -17,8 +17,9 @@ the draft's step and the target's verify curve (`costmodel.predicted_tree_speedu
 
 so a tree pays where the verify curve is flat enough that k (w - 1) more nodes cost less than
 the tokens the siblings rescue: on an Apple-silicon GPU, not on a CPU with a reference BLAS.
-Only a draft model proposes trees here, on a target whose cache can verify one
-(`tree_verify.tree_capable`); otherwise `trees_skipped` says why.
+It runs for a draft model of the target's tokenizer and for an EAGLE-3 head (its step the draft
+step), on a target whose cache can verify a tree (`tree_verify.tree_capable`); otherwise the
+result's `skipped["token trees"]` says why.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .. import costmodel
 from ..cache import ModelCache, make_cache
-from ..generate import speculative_generate_step
 from ..memory import wired_limit
-from ..sampling import SamplingConfig
 from ..tree_verify import tree_capable
-from .endtoend import TARGET, RunResult, interleave, run_target_alone
-from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, ratio, time_after_prefill
+from .endtoend import TARGET, RunResult, interleave, run_from_prompt, run_target_alone
+from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP, ratio
 
 WIDTHS = (2, 3)  # the tree widths raced against the chain (Macs measured best at 1-3)
 DEFAULTS = "defaults"
@@ -78,31 +77,29 @@ def race(target_model, draft_model, prompts, k: int, temp: float = 0.0, max_toke
          repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
          progress: Optional[Callable[[str], None]] = None,
          widths: Sequence[int] = WIDTHS) -> TreeRace:
-    """The chain at k, trees k x w and the defaults against the target alone, interleaved."""
+    """The chain at k, trees k x w and the defaults against the target alone, interleaved (the
+    counts, as the timings, leave the warm-up runs out)."""
     counts: Dict[str, list] = {}  # method -> [passes, tokens, tree passes, stopped, rescued]
 
-    def run(name: str, **options):
-        counts[name] = [0, 0, 0, 0, 0]
+    def run(name: str, k_run: Optional[int], **options):
+        counts[name], calls = [0, 0, 0, 0, 0], [0]
 
         def one(ids) -> RunResult:
-            timed = []
-
-            def each(round_):
-                timed.append(round_)
-
-            decoded = time_after_prefill(speculative_generate_step(
-                ids, target_model, draft_model, max_tokens=max_tokens + 1,
-                sampling=SamplingConfig(temp=temp), prompt_lookup=False, **options), each)
-            tally(counts[name], timed[1:])  # the first round carries the prefill, untimed
-            return RunResult(decoded.seconds, decoded.tokens, decoded.drafted, decoded.accepted)
+            timed: list = []
+            result = run_from_prompt(target_model, draft_model, ids, temp, k_run, max_tokens,
+                                     timed.append, **options)
+            calls[0] += 1
+            if calls[0] > warmup:
+                tally(counts[name], timed[1:])  # the first round carries the prefill, untimed
+            return result
 
         return one
 
     methods = {TARGET: lambda ids: run_target_alone(target_model, ids, temp, max_tokens),
-               chain_name(k): run(chain_name(k), num_draft_tokens=k, tree=False)}
+               chain_name(k): run(chain_name(k), k, tree=False)}
     for w in widths:
-        methods[tree_name(k, w)] = run(tree_name(k, w), num_draft_tokens=k, tree=(k, w))
-    methods[DEFAULTS] = run(DEFAULTS)
+        methods[tree_name(k, w)] = run(tree_name(k, w), k, tree=(k, w))
+    methods[DEFAULTS] = run(DEFAULTS, None)
     with wired_limit(target_model, draft_model):
         results = interleave(methods, prompts, repeats, warmup, seed, progress)
     plain = results[TARGET].tokens_per_s
@@ -122,7 +119,7 @@ def tally(count: list, rounds) -> None:
         if round_.tree_nodes:
             count[2] += 1
             spine = round_.spine_kept
-            if spine is not None and spine < round_.num_drafted:
+            if spine is not None and spine < (round_.spine_length or round_.num_drafted):
                 count[3] += 1
                 count[4] += round_.num_accepted > spine
 

@@ -23,7 +23,7 @@ from .options import SEED, dequantize_option, read_prompt
 @click.option("--num-draft-tokens", "-k", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--prompt-lookup", is_flag=True, help="Check n-gram drafting instead of (or before) the draft model.")
 @click.option("--suffix", is_flag=True, help="Check suffix drafting (each sample drafts from the earlier samples' text) instead of (or before) the draft model.")
-@click.option("--tree", default="off", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Check token trees of this shape from the draft model or prompt lookup: DxW (e.g. 2x3), or off (chains). The negative control runs chains.")
+@click.option("--tree", default="off", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Check token trees of this shape from the drafters that have them (the draft model, a head, a DFlash drafter, prompt lookup, suffix drafting): DxW (e.g. 2x3), or off (chains). The negative control runs chains.")
 @click.option("--negative-control", is_flag=True, help="Also run a deliberately broken rule, to show the check can fail.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @dequantize_option

@@ -74,6 +74,8 @@ class DFlashContext:
 class DFlashDrafter:
     source = "dflash"
     follows_target = True  # the loop hands it the target's tapped hidden states (`follow`)
+    keep_logprobs = False  # True: each proposal's per-row log q in kept_logprobs (a tree's)
+    kept_logprobs: Optional[mx.array] = None  # (k, V) of the last proposal, lazy
 
     def __init__(self, drafter: DFlashModel, target_model, sampling: SamplingConfig,
                  start: int = 0, context: Optional[DFlashContext] = None):
@@ -212,6 +214,7 @@ class DFlashDrafter:
         row, each independent of the others."""
         draft_logprobs = logprobs_from_logits(self.head(rows), self.sampling)  # (k, V)
         tokens = sample(draft_logprobs, self.sampling)  # (k,)
+        self.kept_logprobs = draft_logprobs if self.keep_logprobs else None  # (siblings' q)
         return tokens, None if self.sampling.greedy else mx.exp(draft_logprobs)
 
     def commit(self, num_accepted: int) -> None:

@@ -13,6 +13,11 @@
   siblings from the q of each chained step; after a tree round the loop hands it
   the target's states at the root and the accepted nodes (each node's is its
   path's decoded alone), so it continues from the accepted path.
+- a DFlash block drafter (`DFlashDrafter`): the same shape, its block's drafts
+  the spine and each row's siblings from that row's own q (its rows are drawn
+  independently of each other, so a sibling is as good a draw as the spine's).
+  A DFlash2 drafter's rows are its selector's walk, each row's q given the draft
+  before it: it proposes chains.
 - prompt lookup (`PromptLookupDrafter`): its own proposal is the first path, and
   up to `width - 1` other earlier occurrences of the last n-gram (latest first)
   whose continuations differ add theirs; shared prefixes merge (a trie), so
@@ -43,6 +48,7 @@ import mlx.core as mx
 
 from ..tree import children, from_paths, spine_and_siblings
 from ..tree_verify import tree_capable
+from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter
 from .head_chain import HeadChainDrafter
 from .prompt_lookup import PromptLookupDrafter, _continue
@@ -99,8 +105,10 @@ def _tree_source(drafter) -> bool:
 
 def _spine_source(drafter) -> bool:
     """A drafter whose chain has a q at every step, so siblings can stand beside it: a draft
-    model of the target's tokenizer, or a head chaining its own outputs."""
-    return type(drafter) is DraftModelDrafter or isinstance(drafter, HeadChainDrafter)
+    model of the target's tokenizer, a head chaining its own outputs, a DFlash drafter (not
+    DFlash2: its selector's walk)."""
+    return type(drafter) in (DraftModelDrafter, DFlashDrafter) \
+        or isinstance(drafter, HeadChainDrafter)
 
 
 class TreeDrafter:
