@@ -48,8 +48,8 @@ a spine of k drafts with w - 1 sibling leaves beside each spine node, k w nodes 
 Each round source s drafts k* = argmax_k rate_s(k) when rate_s(k*) t_plain >= 1 - OFF_MARGIN.
 Otherwise it sits out an off period (FIRST_OFF_STEPS tokens, doubling while it keeps losing,
 up to MAX_OFF_STEPS), then drafts PROBE_ROUNDS probe rounds. Exploration is explicit and
-bounded: a source drafts one round before any verdict, and a paid source (first round or
-probe) only when what it would save over the next PROBE_HORIZON tokens, at the better of its
+bounded: a host search drafts one round before any verdict, a paid source PROBE_ROUNDS
+rounds, as a probe does, and a paid source (first round or probe) only when what it would save over the next PROBE_HORIZON tokens, at the better of its
 estimate and its prior, outweighs the round's predicted loss plus its catch-up (a draft
 model fed the tokens it missed); every EXPLORE_EVERY-th round tries k* +- a quarter, so the
 line's slope stays measured; from the second off period on, a probe waits while the probes'
@@ -162,7 +162,10 @@ class SourceEstimate:
         self.looked = False  # a prompt look set its acceptance
         self.off_left = 0  # tokens still to decode without it
         self.off_steps = FIRST_OFF_STEPS  # its next off period
-        self.probing = 0  # probe rounds still to draft before the next verdict
+        # probe rounds still to draft before the next verdict: a paid source's first try is
+        # a probe's (its first draft after a prompt is often its hardest; one k = 1 round is
+        # a coin flip); a host search's first round is its verdict
+        self.probing = 0 if free else PROBE_ROUNDS
         self.switched_off = 0
         self.since = 0  # tokens decoded without it since its last round
         self.max_width = 1  # the widest token tree it may propose (1: chains only)

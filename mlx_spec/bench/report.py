@@ -242,8 +242,8 @@ def _trees_section(r: BenchResult) -> List[Section]:
                else f"{best.method} beat the chain ({_x(best.speedup)} against "
                     f"{_x(chain.speedup)})")
     return [Section(
-        f"Token trees against the chain (draft model, T={race.temp:g}, {race.max_tokens} "
-        "tokens, speed-up over the target alone)",
+        f"Token trees against the chain ({_drafter_kind(r) or 'draft model'}, T={race.temp:g}, "
+        f"{race.max_tokens} tokens, speed-up over the target alone)",
         ("method", "measured", "predicted", "tokens per pass", "tree passes", "rescued"), rows,
         [f"A tree k x w verifies k w drafts in one pass (a spine of k, w - 1 siblings beside "
          "each spine node); rescued: of its rounds whose spine stopped short, the share where "
