@@ -536,6 +536,23 @@ def test_tokens_after_a_mid_generation_rejection(control, small, monkeypatch):
     assert (p_value > ALPHA) != control, (statistic, dof, p_value)
 
 
+def test_the_loop_times_the_head_s_chained_step_for_the_policy(good_head, bigram):
+    """Without a calibration the policy's cost of an EAGLE-3 draft is one timed chained step
+    of the head (head_chain.step_seconds), not a guess; the step leaves the head as it was."""
+    from mlx_spec.policy import AdaptivePolicy
+
+    class Seen(AdaptivePolicy):
+        def observe_draft_step(self, source, seconds):
+            steps.append((source, seconds))
+            super().observe_draft_step(source, seconds)
+
+    steps = []
+    tokens, _, _ = generate(bigram, load_eagle3(str(good_head)), PROMPT, 40,
+                            policy=Seen(), prompt_lookup=False)
+    assert tokens == plain_greedy(bigram, PROMPT, 40)
+    assert [s for s, _ in steps] == ["eagle3"] and 0 < steps[0][1] < 1.0
+
+
 @pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
                          ids=["exact-rule", "negative-control"])
 def test_batched_rows_after_a_rejection_are_distributed_as_the_target(residual, exact, small):

@@ -12,11 +12,13 @@ not the target's; `commit` trims them all (host metadata), and the accepted posi
 back through `follow` with the target's hidden states, as vLLM and mlx-vlm do.
 
 A head says how a token enters it (`inputs`: its id, or its embedding) and how the target's
-states do (`states`: as they are, or fused); the rest is here.
+states do (`states`: as they are, or fused); the rest is here, with the timing of one chained
+step the policy reads as the head's cost per draft (`step_seconds`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import List, Optional
 
 import mlx.core as mx
@@ -93,6 +95,22 @@ class HeadChainDrafter:
         self.kept_logprobs = mx.stack(kept) if kept else None  # (k, V)
         probs = mx.stack(draft_probs) if draft_probs else None  # (k, V)
         return Proposal(mx.concatenate(draft_tokens), probs, self.source, self)
+
+    def step_seconds(self, token: int, repeats: int = 2) -> Optional[float]:
+        """Seconds of one chained step (the head on its last output and `token`, then its
+        logits), undone each time; the fastest of `repeats`: what each draft after the first
+        costs, known before any round (host syncs of its own). None before any pair was fed."""
+        if self._last is None:
+            return None
+        fastest = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            g = self.head(self.inputs(mx.array([token], mx.uint32)), self._last[None],
+                          self.cache[0])
+            mx.eval(self.head.logits(g[0]))
+            fastest = min(fastest, time.perf_counter() - start)
+            rewind(self.cache, 1)
+        return fastest
 
     def commit(self, num_accepted: int) -> None:
         """Drop the chained steps' entries; the kept positions return through `follow`."""

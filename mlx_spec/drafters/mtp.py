@@ -3,18 +3,16 @@
 The MTP layer sees pairs (h_i, x_{i+1}), the target's hidden state at position i and the
 token after it, and each further draft its own output with the token just drafted: the chain
 of head_chain.py (queued pairs fed in one pass, chained drafts, `commit` trimming their cache
-entries). Here the layer takes token ids, keeps its outputs at the prefill's pairs for the
-prompt look, and times one chained step for the policy.
+entries). Here the layer takes token ids and keeps its outputs at the prefill's pairs for the
+prompt look.
 """
 
 from __future__ import annotations
 
-import time
 from typing import List, Optional
 
 import mlx.core as mx
 
-from ..cache import rewind
 from ..prompt_look import Tail
 from ..sampling import SamplingConfig
 from .head_chain import HeadChainDrafter
@@ -23,7 +21,7 @@ from .protocol import Proposal
 
 class MTPDrafter(HeadChainDrafter):
     """The chain of head_chain.py, the head taking token ids; it also keeps the outputs of the
-    prefill's pairs for the prompt look, and times a chained step."""
+    prefill's pairs for the prompt look."""
 
     source = "mtp"
 
@@ -43,21 +41,6 @@ class MTPDrafter(HeadChainDrafter):
         if fed is None or fed.shape[0] < 2:
             return None
         return Tail.through(fed[:-1], self.head.logits, rows)
-
-    def step_seconds(self, token: int, repeats: int = 2) -> Optional[float]:
-        """Seconds of one chained step (the layer on its last output and `token`, then its
-        logits), undone each time; the fastest of `repeats`: what each draft after the first
-        costs, known before any round (host syncs of its own). None before any pair was fed."""
-        if self._last is None:
-            return None
-        fastest = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            g = self.head(mx.array([token], mx.uint32), self._last[None], self.cache[0])
-            mx.eval(self.head.logits(g[0]))
-            fastest = min(fastest, time.perf_counter() - start)
-            rewind(self.cache, 1)
-        return fastest
 
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
         proposal = super().propose(history, k)
