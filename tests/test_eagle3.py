@@ -424,7 +424,7 @@ def test_greedy_with_lookup_in_front_and_the_adaptive_policy(heads, llama):
     assert tokens == plain_greedy(llama, prompt, 60)
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5"])
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5", "gpt_oss", "nemotron_h"])
 def test_greedy_parity_on_other_families(family, tmp_path):
     target = make_family(family, vocab_size=64)
     tensors = head_tensors(target, 40, seed=3)
