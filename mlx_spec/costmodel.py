@@ -74,8 +74,16 @@ def predicted_speedup(acceptance: float, k: int, draft_cost: float,
     """Speed-up over plain decoding for k drafts per round (k = 0 is plain: 1.0)."""
     if k == 0:
         return 1.0
-    cost = k * draft_cost + interpolate(verify_cost, k + 1) / interpolate(verify_cost, 1)
-    return expected_tokens_per_round(acceptance, k) / cost
+    return expected_tokens_per_round(acceptance, k) / round_cost(k, draft_cost, k + 1,
+                                                                 verify_cost)
+
+
+def round_cost(draft_steps: int, draft_cost: float, verified: int,
+               verify_cost: Mapping[int, float]) -> float:
+    """A round in plain target steps: `draft_steps` draft steps, then one verify pass over
+    `verified` tokens (relative to a pass over one)."""
+    return draft_steps * draft_cost + interpolate(verify_cost, verified) / interpolate(
+        verify_cost, 1)
 
 
 def predicted_tree_speedup(acceptance: float, k: int, width: int, rescued: float,
@@ -87,14 +95,14 @@ def predicted_tree_speedup(acceptance: float, k: int, width: int, rescued: float
     chain (`predicted_speedup`)."""
     if k == 0:
         return 1.0
-    cost = k * draft_cost + interpolate(verify_cost, 1 + k * width) / interpolate(verify_cost, 1)
-    return expected_tree_tokens(acceptance, k, rescued if width > 1 else 0.0) / cost
+    return expected_tree_tokens(acceptance, k, rescued if width > 1 else 0.0) / round_cost(
+        k, draft_cost, 1 + k * width, verify_cost)
 
 
 def block_round_cost(pass_cost: float, k: int, verify_cost: Mapping[int, float]) -> float:
     """One block-drafter round in plain target steps: the drafter's pass drafting k (one pass,
     whatever k), then the target's verify over k + 1 tokens."""
-    return pass_cost + interpolate(verify_cost, k + 1) / interpolate(verify_cost, 1)
+    return pass_cost + round_cost(0, 0.0, k + 1, verify_cost)
 
 
 def predicted_block_speedup(acceptance: float, k: int, pass_cost: Mapping[int, float],

@@ -24,7 +24,7 @@ result's `skipped["token trees"]` says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .. import costmodel
@@ -129,8 +129,6 @@ def predict(race_: TreeRace, acceptance: float, draft_cost: float,
     """The race with each fixed shape's predicted speed-up on this machine: the measured
     per-draft acceptance, draft step and verify curve, and the shape's own measured b_w
     (a chain: none; a tree whose spine never stopped short: none, b_w = 0)."""
-    from dataclasses import replace
-
     def predicted(m: TreeMethod) -> Optional[float]:
         if m.width == 0:
             return None  # the defaults' shape changes round by round

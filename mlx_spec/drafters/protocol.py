@@ -22,15 +22,18 @@ class Proposal:
         return self.tokens.shape[0]
 
 
+def point_masses(tokens: mx.array, vocab_size: int) -> mx.array:
+    """q of deterministic drafts (k,): one-hot on each, (k, V) float32."""
+    return (mx.arange(vocab_size)[None] == tokens[:, None]).astype(mx.float32)
+
+
 def point_mass_proposal(found: List[int], vocab_size: int, greedy: bool, source: str,
                         drafter) -> Proposal:
     """A deterministic drafter's proposal (prompt lookup, suffix drafting): q is one-hot on
     each proposed token, so the exact acceptance rule applies unchanged."""
     tokens = mx.array(found, mx.uint32)  # (k,)
-    probs = None
-    if not greedy:
-        probs = (mx.arange(vocab_size)[None] == tokens[:, None]).astype(mx.float32)  # (k, V)
-    return Proposal(tokens, probs, source, drafter)
+    return Proposal(tokens, None if greedy else point_masses(tokens, vocab_size), source,
+                    drafter)
 
 
 class TextSearchDrafter:

@@ -52,6 +52,7 @@ from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter
 from .head_chain import HeadChainDrafter
 from .prompt_lookup import PromptLookupDrafter, _continue
+from .protocol import point_masses
 from .suffix import SuffixDrafter
 
 
@@ -82,12 +83,11 @@ MAX_CHOSEN_WIDTH = 3  # the widest tree the policy may choose (Macs measured bes
 
 
 def with_trees(drafters, tree, target, sampling, verifiable: bool = True) -> list:
-    """`drafters` with the draft model, the heads, prompt lookup and suffix drafting proposing
-    trees of
-    `tree`'s (depth, width), where the target's cache can verify one (tree_verify.tree_capable),
-    the rule is the library's own (`verifiable`: no custom accept, logits processors or
-    sharded target) and so is the sampler. None: a draft model's or a head's width is the
-    policy's choice each round (up to MAX_CHOSEN_WIDTH; 1, its chain, unless the policy says a
+    """`drafters` with the spine sources (`_spine_source`), prompt lookup and suffix drafting
+    proposing trees of `tree`'s (depth, width), where the target's cache can verify one
+    (tree_verify.tree_capable), the rule is the library's own (`verifiable`: no custom accept,
+    logits processors or sharded target) and so is the sampler. None: a spine source's width
+    is the policy's choice each round (up to MAX_CHOSEN_WIDTH; 1, its chain, unless the policy says a
     tree pays), the text searches propose chains; False keeps the drafters as they are."""
     if tree is False or not verifiable or sampling.sampler is not None \
             or not tree_capable(target):
@@ -195,10 +195,7 @@ class TreeDrafter:
         node a point mass (one-hot q): siblings are distinct tokens."""
         parents, tokens = from_paths(token_paths)
         drafted = mx.array(tokens[1:], mx.uint32)  # (N-1,)
-        probs = None
-        if not self.base.greedy:
-            vocab = self.base.target_vocab_size
-            probs = (mx.arange(vocab)[None] == drafted[:, None]).astype(mx.float32)  # (N-1, V)
+        probs = None if self.base.greedy else point_masses(drafted, self.base.target_vocab_size)
         spine = _path_nodes(parents, tokens, token_paths[0])
         return TreeProposal(drafted, probs, parents, spine, self.source, self,
                             width=max(len(kids) for kids in children(parents)))
