@@ -111,29 +111,40 @@ def test_eagle3_trees_give_the_first_two_tokens_at_t1(small, control, monkeypatc
 def test_eagle3_trees_give_tokens_3_and_4_after_rejections(small, control, monkeypatch):
     """Tokens 3 and 4 at T = 1 with 2 x 2 trees: most samples rejected part of a tree in a
     round before token 3, so tokens 3 and 4 come from the head fed the accepted path."""
+    check_later_pairs(*small, [3, 1, 4], LATER_SAMPLES, (2, 2), control, monkeypatch)
+
+
+def check_later_pairs(target, draft, prompt, samples, shape, control, monkeypatch, seed=1):
+    """Tokens 3 and 4 at T = 1 over `samples` runs of `shape` trees are the target's (the
+    chi-square passes), or with `control` (the naive rule) they are not; asserts tree rounds
+    ran and over a quarter of the samples rejected part of a tree in a round before token 3."""
     if control:
         naive(monkeypatch)
-    target, head = small
-    prompt, sampling = [3, 1, 4], SamplingConfig(temp=1.0)
-    mx.random.seed(1)
+    statistic, dof, p_value = later_pairs(target, draft, prompt, samples, shape, seed)
+    print(f"{draft.__class__.__name__} trees {shape} t3,t4 control={control}: "
+          f"chi2={statistic:.1f} dof={dof} p={p_value:.3g}")
+    assert (p_value > ALPHA) != control, (statistic, dof, p_value)
+
+
+def later_pairs(target, draft, prompt, samples, shape, seed=1):
+    """Chi-square (statistic, dof, p) of tokens 3 and 4 at T = 1 against the target alone."""
+    sampling = SamplingConfig(temp=1.0)
+    mx.random.seed(seed)
     counts, rejected, trees = {}, 0, 0
-    for _ in range(LATER_SAMPLES):
+    for _ in range(samples):
         out, early = [], False
-        for round_ in speculative_generate_step(prompt, target, head, max_tokens=4,
-                                                num_draft_tokens=2, sampling=sampling,
+        for round_ in speculative_generate_step(prompt, target, draft, max_tokens=4,
+                                                num_draft_tokens=shape[0], sampling=sampling,
                                                 prompt_lookup=False, calibration=None,
-                                                tree=(2, 2)):
+                                                tree=shape):
             trees += round_.tree_nodes > 0
             if round_.num_accepted < round_.num_drafted and len(out) + len(round_.tokens) < 3:
                 early = True
             out += round_.tokens
         rejected += early
         counts[(out[2], out[3])] = counts.get((out[2], out[3]), 0) + 1
-    assert trees > LATER_SAMPLES and rejected > LATER_SAMPLES // 4, (trees, rejected)
-    statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(target, prompt, sampling))
-    print(f"eagle3 trees t3,t4 control={control}: chi2={statistic:.1f} dof={dof} "
-          f"p={p_value:.3g} rejected early={rejected}")
-    assert (p_value > ALPHA) != control, (statistic, dof, p_value)
+    assert trees > samples and rejected > samples // 4, (trees, rejected)
+    return chi_square(counts, exact_third_and_fourth(target, prompt, sampling))
 
 
 @pytest.fixture(scope="module")
@@ -263,12 +274,3 @@ def test_dflash_trees_give_the_first_two_tokens_at_t1(tmp_path, control, monkeyp
     print(f"dflash trees t1,t2 control={control}: p={result.p_value:.3g}")
     assert result.passed != control, result
 
-
-def test_dflash2_keeps_chains(tmp_path):
-    """Its selector draws each row given the draft before it: no siblings from one q."""
-    from dflash_tiny import make_dflash2
-
-    target = make_llama(layers=4, seed=0)
-    drafter = make_dflash2(tmp_path / "d", 48, [1, 2], block_size=6)
-    rounds = rounds_of(target, drafter, PROMPT, 20, num_draft_tokens=3, tree=(3, 2))
-    assert not any(r.tree_nodes for r in rounds) and any(r.num_drafted for r in rounds)

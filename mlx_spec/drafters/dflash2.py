@@ -11,6 +11,13 @@ score. Temperature T > 0: row i's draft is drawn from softmax(score / T)
 over its candidates, given the draft before it; q_i is that distribution,
 zero outside the candidates, so the acceptance rule's q(x) and residual
 max(0, p - q) over the whole vocabulary stay exact.
+
+For a token tree (drafters/tree.py) the walk is the spine, and `draw` keeps
+each row's selector distribution given the spine's draft before it
+(`kept_logprobs`): siblings beside spine row i are drawn from that q_i (or,
+greedy, are its next-best candidates), so they share the spine token's parent
+and its distribution. They are leaves: their own continuation would need the
+selector's scores given the sibling.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ..dflash.config import DFlash2Parts
 from ..dflash.dflash2 import draft_logits, selector_scores
@@ -46,21 +54,38 @@ class DFlash2Drafter(DFlashDrafter):
         if anchored is None or self.sampling.greedy:
             return None
         hidden, anchors = anchored
+        return mx.exp(self.selector_logprobs(hidden, self.logits(hidden), anchors,
+                                             self.sampling.temp))
+
+    def selector_logprobs(self, hidden: mx.array, logits: mx.array, previous: mx.array,
+                          temp: float) -> mx.array:
+        """log q (r, V), lazy: for normed rows hidden (r, H) with logits (r, V), each after
+        its token `previous` (r,), the selector's distribution softmax(score / temp) over the
+        row's candidates, -inf outside them (the walk's q for a row drawn after that token)."""
         selector = self.drafter.candidate_selector
-        logits = self.logits(hidden)  # (r, V)
-        candidates, unary = selector.candidates(logits)
+        candidates, unary = selector.candidates(logits)  # (r, K)
         scores = selector_scores(selector, candidates, unary, selector.hidden_projection(hidden),
-                                 anchors)  # (r, K)
-        q = mx.softmax(scores * (1.0 / self.sampling.temp), axis=-1)
-        return mx.put_along_axis(mx.zeros(logits.shape, mx.float32), candidates, q, axis=-1)
+                                 previous)  # (r, K)
+        logq = nn.log_softmax(scores * (1.0 / temp), axis=-1)
+        outside = mx.full(logits.shape, -mx.inf, mx.float32)
+        return mx.put_along_axis(outside, candidates, logq, axis=-1)
 
     def draw(self, rows: mx.array, anchor: int):
-        """The selector's drafts from rows 1..k (k, H) and q (k, V), or None when greedy."""
+        """The selector's drafts from rows 1..k (k, H) and q (k, V), or None when greedy.
+        `keep_logprobs` (a tree's): kept_logprobs (k, V) is log q_i, row i's distribution
+        given the draft before it; greedy, the same at temperature 1 (its ranking is the
+        scores', the draft first)."""
         logits = self.logits(rows)  # (k, V)
         temp = 0.0 if self.sampling.greedy else self.sampling.temp
         tokens, q = self.drafter.candidate_selector.walk(
             rows[None], logits[None], mx.array([anchor], mx.uint32), [temp], [rows.shape[0]])
-        return tokens[0], q[0]
+        tokens, q = tokens[0], q[0]  # (k,), (k, V) or None
+        self.kept_logprobs = None
+        if self.keep_logprobs:  # (a token tree's siblings: drafters/tree.py)
+            previous = mx.concatenate([mx.array([anchor], mx.uint32), tokens[:-1]])  # (k,)
+            self.kept_logprobs = mx.log(q) if q is not None else \
+                self.selector_logprobs(rows, logits, previous, 1.0)
+        return tokens, q
 
 
 def logit_scale(parts: DFlash2Parts, target_model) -> Tuple[float, Optional[float]]:

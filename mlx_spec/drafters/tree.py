@@ -16,8 +16,14 @@
 - a DFlash block drafter (`DFlashDrafter`): the same shape, its block's drafts
   the spine and each row's siblings from that row's own q (its rows are drawn
   independently of each other, so a sibling is as good a draw as the spine's).
-  A DFlash2 drafter's rows are its selector's walk, each row's q given the draft
-  before it: it proposes chains.
+- a DFlash2 drafter (`DFlash2Drafter`): the same shape, its selector's walk the
+  spine; row i's siblings come from q_i, the selector's distribution over row
+  i's candidates given the spine's draft at depth i - 1 (the spine token's own
+  q): at T = 0 the next-best candidates by score (past the candidates, when
+  the width exceeds the selector's top-k, tokens of score -inf: never wrong,
+  seldom useful), at T > 0 i.i.d. draws from q_i with replacement, so a node's
+  children are independent draws from one q, as tree_acceptance's rule needs.
+  They are leaves: continuing a sibling would need the selector's scores given it.
 - prompt lookup (`PromptLookupDrafter`): its own proposal is the first path, and
   up to `width - 1` other earlier occurrences of the last n-gram (latest first)
   whose continuations differ add theirs; shared prefixes merge (a trie), so
@@ -49,6 +55,7 @@ import mlx.core as mx
 from ..tree import children, from_paths, spine_and_siblings
 from ..tree_verify import tree_capable
 from .dflash import DFlashDrafter
+from .dflash2 import DFlash2Drafter
 from .draft_model import DraftModelDrafter
 from .head_chain import HeadChainDrafter
 from .prompt_lookup import PromptLookupDrafter, _continue
@@ -105,9 +112,9 @@ def _tree_source(drafter) -> bool:
 
 def _spine_source(drafter) -> bool:
     """A drafter whose chain has a q at every step, so siblings can stand beside it: a draft
-    model of the target's tokenizer, a head chaining its own outputs, a DFlash drafter (not
-    DFlash2: its selector's walk)."""
-    return type(drafter) in (DraftModelDrafter, DFlashDrafter) \
+    model of the target's tokenizer, a head chaining its own outputs, a DFlash or DFlash2
+    drafter (each row's q given the spine before it)."""
+    return type(drafter) in (DraftModelDrafter, DFlashDrafter, DFlash2Drafter) \
         or isinstance(drafter, HeadChainDrafter)
 
 
