@@ -173,13 +173,12 @@ def speculative_generate_step(
     way. A reused `prompt_cache` holds the target's layers, then the draft's.
 
     `tree`: a `(depth, width)` pair proposes token trees of that shape from the draft
-    model, an MTP, EAGLE-3 or DFlash drafter, prompt lookup and suffix drafting, verified in
+    model, an MTP, EAGLE-3, DFlash or DFlash2 drafter, prompt lookup and suffix drafting, verified in
     one pass each (docs/drafting.md, "Token trees"); False keeps chains; None lets the policy
     choose the width of the draft model's (or a head's, or a DFlash drafter's) trees each
     round (1, the chain, up to 3: docs/drafting.md, "The policy"). Chains also where a tree
     cannot be verified (recurrent state or chunked caches, logits processors, a custom
-    `accept` or sampler, a sharded target) and from a DFlash2 drafter or a draft of another
-    tokenizer.
+    `accept` or sampler, a sharded target) and from a draft of another tokenizer.
     """
     check_arguments(**locals())  # every parameter, by name
     check_sampling(sampling)

@@ -44,7 +44,7 @@ DEFAULT_MAX_TOKENS = 128
 DEFAULT_SPEEDUP_KS = (1, 2, 3, 4, 6, 8)
 TREES_NOT_RACED = ("the bench races the trees of a draft model of the target's tokenizer and of "
                    "an EAGLE-3 head; a draft of another tokenizer drafts chains, and a DFlash "
-                   "drafter's trees (DFlash2's: chains) run in generate and check --tree")
+                   "or DFlash2 drafter's trees run in generate and check --tree")
 MLX_LM_FOREIGN = ("mlx-lm's speculative mode needs a draft of the target's tokenizer (it would "
                   "read the draft's ids as the target's): the mlx-lm column reads n/a")
 
