@@ -503,17 +503,21 @@ def test_real_pair_greedy_parity():
     assert 0.1 < stats.vocab_overlap < 0.25 and stats.rounds > 0
 
 
-def test_batched_generation_refuses_a_draft_of_another_tokenizer(pairs):
+def test_batched_generation_drafts_with_the_tokenizer_load_kept(pairs):
+    """batch_generate reads the draft's tokenizer where `load` kept it, as generate does
+    (tests/test_batch_cross_tokenizer.py has the batch's own tests)."""
     from mlx_spec import batch_generate
     from mlx_spec.loading import TOKENIZER_ATTR
 
     target_tok, draft_tok, target_model, _ = pairs["merges"]
     draft_model = make_llama(vocab_size=vocab_len(draft_tok), seed=7, hidden=32, layers=1)
     object.__setattr__(draft_model, TOKENIZER_ATTR, draft_tok)  # as mlx_spec.load keeps it
-    with pytest.raises(ValueError, match="Batched generation drafts only with a draft of the "
-                                         "target's tokenizer"):
-        batch_generate(target_model, target_tok, ["hello", "world"], draft_model=draft_model,
-                       max_tokens=4)
+    prompts = [target_tok.encode(p) for p in ("hello", "world")]
+    result = batch_generate(target_model, target_tok, prompts, draft_model=draft_model,
+                            max_tokens=8, num_draft_tokens=2, prompt_lookup=False)
+    assert result.token_ids == [target_alone(target_model, p, 8) for p in prompts]
+    assert result.stats["cross_rules"] and result.stats["vocab_overlap"] < 1
     object.__setattr__(draft_model, TOKENIZER_ATTR, target_tok)  # the same vocabulary: drafts
-    assert len(batch_generate(target_model, target_tok, ["hello"], draft_model=draft_model,
-                              max_tokens=4).texts) == 1
+    result = batch_generate(target_model, target_tok, ["hello"], draft_model=draft_model,
+                            max_tokens=4)
+    assert len(result.texts) == 1 and "cross_rules" not in result.stats

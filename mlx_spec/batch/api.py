@@ -8,7 +8,9 @@
 
 Every prompt is one row of a `BatchEngine`; all rows decode together and each
 row's text is the one it would get alone (greedy: token for token; sampled:
-from the same distribution, its own random stream). Rows beyond
+from the same distribution, its own random stream). A draft of another tokenizer
+(`draft_tokenizer=`, or the one `mlx_spec.load` kept) drafts for every row across the two
+vocabularies, each row with a drafter of its own (cross.py). Rows beyond
 `max_batch_size` wait and join as others finish (continuous batching).
 """
 
@@ -45,11 +47,13 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    mtp_weights: Optional[str] = None,
                    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
-                   verbose: bool = False, tree=None) -> BatchResponse:
+                   verbose: bool = False, tree=None, draft_tokenizer=None) -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
     loaded model, a loaded DFlash drafter or EAGLE-3 head, or "mtp": the target's own MTP head, from
     `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
     (0: plain batched decoding), None lets the batch policy choose it. `seed` gives row i the seed `seed + i`.
+    A draft model of another vocabulary drafts across it when its tokenizer is known:
+    `draft_tokenizer`, else the one `mlx_spec.load` read with it (docs/drafting.md).
     Rows draft chains: `tree` takes None or False only."""
     if tree not in (None, False):
         raise ValueError("batch_generate drafts chains only: token trees (tree=) run one "
@@ -67,22 +71,26 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         raise ValueError(f"num_draft_tokens must be an int >= 0 or None, got {num_draft_tokens!r}.")
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
-    check_batchable(model, draft_model, tokenizer)
+    check_batchable(model, draft_model, tokenizer, draft_tokenizer)
     if is_draft_model(draft_model):
+        from ..assemble import draft_bridge
         from ..loading import check_pair
 
-        check_pair(model, draft_model, tokenizer)
+        if draft_bridge(model, draft_model, tokenizer, draft_tokenizer) is None:  # one vocabulary
+            check_pair(model, draft_model, tokenizer)
     sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ids = [_token_ids(tokenizer, p, i) for i, p in enumerate(prompts)]
     engine = BatchEngine(model, draft_model, num_draft_tokens=num_draft_tokens,
                          max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,
-                         stop_tokens=tokenizer.eos_token_ids, mtp_weights=mtp_weights)
+                         stop_tokens=tokenizer.eos_token_ids, mtp_weights=mtp_weights,
+                         tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
     requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup)
                 for i, (p, b) in enumerate(zip(ids, budgets))]
     start = time.perf_counter()
     waiting, uids = list(reversed(range(len(requests)))), {}
     tokens = [[] for _ in requests]
     reasons = [""] * len(requests)
+    cross_rules = {}  # a draft of another tokenizer: rule -> [rounds, drafted, accepted]
     while waiting or engine.busy:
         while waiting and len(engine.rows) + len(engine.joining) < max_batch_size:
             i = waiting.pop()
@@ -90,6 +98,10 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         for out in engine.step():
             i = uids[out.uid]
             tokens[i] += out.tokens
+            if out.cross_rule is not None:
+                counts = cross_rules.setdefault(out.cross_rule, [0, 0, 0])
+                for j, n in enumerate((1, out.num_drafted, out.num_accepted)):
+                    counts[j] += n
             if out.finish_reason is not None:
                 reasons[i] = out.finish_reason
                 if verbose:
@@ -101,6 +113,9 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     total = sum(len(row) for row in tokens)
     stats = {"tokens": total, "seconds": seconds, "tokens_per_s": total / seconds if seconds else 0.0,
              "rounds_by_k": dict(sorted(engine.rounds.items())), "policy": engine.policy.describe()}
+    if engine.vocab_overlap is not None:  # as GenerationStats: rule -> (rounds, drafted, accepted)
+        stats.update(vocab_overlap=engine.vocab_overlap,
+                     cross_rules={rule: tuple(c) for rule, c in sorted(cross_rules.items())})
     if verbose:
         print(f"\n[batch_generate] {total} tokens in {seconds:.2f} s "
               f"({stats['tokens_per_s']:.1f} tok/s); rounds by k: {stats['rounds_by_k']}")

@@ -13,7 +13,8 @@ prefilled joins the batch (several short ones join in one step). Then one
 round for every row: proposals (prompt lookup per row, then for all rows that
 have none the draft model (one batched pass per draft position), the target's
 MTP head or an EAGLE-3 head, or a DFlash block drafter (one pass for every row's block, reading
-the taps the verify pass captured)), the batched verify (verify.py), per-row
+the taps the verify pass captured)); a draft of another tokenizer drafts for each row on its
+own, row after row (cross.py), as a host search. Then the batched verify (verify.py), per-row
 acceptance and rewind (kv.py). A row that ends (a stop token, its budget,
 `cancel`) leaves the batch at once; with `keep_cache` its cache is handed
 back holding exactly its prompt and output, for the prompt-cache store.
@@ -45,6 +46,7 @@ from ..precision import prepare_drafter
 from ..sampling import model_logprobs
 from ..session import CONTEXT, held_context
 from ..mtp import load_mtp, split_target
+from .cross import cross_draft
 from .dflash import BatchDFlash
 from .eagle3 import batch_eagle3
 from .drafts import BatchDraft
@@ -68,18 +70,15 @@ class Joining:
         self.done = done  # prompt tokens the caches hold
 
 
-def check_batchable(target_model, draft_model=None, tokenizer=None) -> None:
-    """ValueError, in one sentence, unless these models can decode in a batch (with the
-    target's `tokenizer`: and a draft model shares it, when `load` kept the draft's)."""
-    if tokenizer is not None and is_draft_model(draft_model):
-        from ..drafters.vocab_bridge import vocabularies_differ
-        from ..loading import tokenizer_of
+def check_batchable(target_model, draft_model=None, tokenizer=None,
+                    draft_tokenizer=None) -> None:
+    """ValueError, in one sentence, unless these models can decode in a batch (a draft of
+    another tokenizer than the target's `tokenizer` too: its own, `draft_tokenizer`, or the one
+    `load` kept, needs the target's)."""
+    if is_draft_model(draft_model):
+        from ..assemble import draft_bridge
 
-        draft_tokenizer = tokenizer_of(draft_model)
-        if draft_tokenizer is not None and vocabularies_differ(tokenizer, draft_tokenizer):
-            raise ValueError("Batched generation drafts only with a draft of the target's "
-                             "tokenizer; decode a pair of two tokenizers with generate or "
-                             "stream_generate.")
+        draft_bridge(target_model, draft_model, tokenizer, draft_tokenizer)  # (its refusal only)
     if draft_model == "mtp":
         draft_model = None  # the target's own head: the target's check is the one
     elif isinstance(draft_model, str):
@@ -106,9 +105,14 @@ class BatchEngine:
     def __init__(self, target_model, draft_model=None, *, num_draft_tokens: Optional[int] = None,
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
-                 accept=ACCEPT, mtp_weights: Optional[str] = None):
-        check_batchable(target_model, draft_model)
+                 accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
+                 draft_tokenizer=None):
+        check_batchable(target_model, draft_model, tokenizer, draft_tokenizer)
         prepare_drafter(draft_model, target_model)  # float32 on the CPU backend (precision.py)
+        self.cross = None  # a draft of another tokenizer than `tokenizer`: one drafter a row
+        if is_draft_model(draft_model):
+            draft_model, self.cross = cross_draft(target_model, draft_model, tokenizer,
+                                                  draft_tokenizer)
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)
@@ -153,6 +157,11 @@ class BatchEngine:
         return bool(self.rows or self.joining)
 
     @property
+    def vocab_overlap(self) -> Optional[float]:
+        """A draft of another tokenizer: the fraction of the target's tokens it shares."""
+        return self.cross.overlap if self.cross is not None else None
+
+    @property
     def room(self) -> int:
         """How many more rows it takes now: any number (the server's admission limits them)."""
         return sys.maxsize
@@ -173,7 +182,7 @@ class BatchEngine:
         if not 0 <= cached < len(request.prompt):
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
-                       self.model_drafter is not None)  # a draft model, MTP head or DFlash
+                       self.model_drafter is not None or self.cross is not None)
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (
@@ -183,6 +192,8 @@ class BatchEngine:
                              "recurrent state): one the batch made (RowOutput.cache), or "
                              "mlx_spec.batch.kv.row_cache(model)'s.")
         draft_layers = cache[n_target:] if self.draft is not None else None
+        if self.cross is not None and request.num_draft_tokens != 0:  # its own drafter
+            self.cross.join(row, cache[n_target:] or None)
         if self.dflash is not None:  # with the context a reused cache kept, if any
             head_layers = self.dflash.held_row_cache(row, held_context(cache), cached)
         else:
@@ -262,6 +273,8 @@ class BatchEngine:
                 states += arrays(j.draft_layers)
             mx.eval(states)
             j.done += len(chunk)
+            if j.row.cross is not None:  # its draft reads the same text, in its own vocabulary
+                j.row.cross.prefill(prompt[:j.done], budget)
         if j.done < len(prompt) - 1:
             return len(chunk)
         self.joining.popleft()
@@ -339,12 +352,16 @@ class BatchEngine:
         row.history.extend(tokens)
         row.emitted += len(tokens)
         logprobs = model_logprobs(verdict.logits[:len(tokens)]) if row.request.logprobs else None
+        crossed = proposal is not None and row.cross is not None and proposal.drafter is row.cross
         return RowOutput(row.uid, tokens, finish, len(verdict.drafted), accepted,
-                         proposal.source if proposal is not None else "target", logprobs)
+                         proposal.source if proposal is not None else "target", logprobs,
+                         cross_rule=row.cross.cross_rule if crossed else None)
 
     def _row_cache(self, i: int) -> list:
         """Row i's caches as one-row lists holding exactly its history (target, then draft;
-        a DFlash drafter's context rides on the first layer, as session.py leaves it).
+        a DFlash drafter's context rides on the first layer, as session.py leaves it; a draft of
+        another tokenizer's layers hold the draft ids marked on their first, as its drafter
+        leaves them for a reused cache).
 
         The row's entries are copied out now (cheap, and nothing then holds on to the batch's
         buffers); the forward that feeds the tokens the caches have not seen (the target's
@@ -352,7 +369,8 @@ class BatchEngine:
         the cache (a reused prompt cache: the next turn's prefill), or never."""
         row = self.rows[i]
         target = self.target.extract(i)
-        draft = self.draft.cache.extract(i) if self.draft is not None else []
+        draft = self.draft.cache.extract(i) if self.draft is not None else (
+            row.cross.layers if row.cross is not None else [])  # (its ids ride on the first)
         context = self.dflash.cache.extract(i) if self.dflash is not None else []
         mx.eval(arrays(target + draft + context))
         last = mx.array(row.history[-1:], mx.uint32)[None]

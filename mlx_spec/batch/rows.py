@@ -56,6 +56,8 @@ class Row:
     # it has read any (as the MTP head's)
     dflash_pending: list = field(default_factory=list)
     dflash_ready: bool = False
+    # A draft of another tokenizer: the row's own drafter (batch/cross.py), also its last search
+    cross: object = None
 
     @property
     def room(self) -> int:
@@ -119,3 +121,4 @@ class RowOutput:
     logprobs: Optional[mx.array] = None  # (len(tokens), V) the target's own, lazy; if asked
     cache: Optional[list] = None  # at the end, with keep_cache: target layers + draft layers
     stats: object = None  # the request's GenerationStats so far, where the engine keeps them
+    cross_rule: Optional[str] = None  # a draft of another tokenizer: "string" or "intersection"

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -71,7 +71,8 @@ class CrossTokenizerDrafter:
 
     def __init__(self, draft_model, bridge: VocabBridge, sampling: SamplingConfig,
                  target_vocab_size: int, draft_vocab_size: int, cache=None,
-                 rule: Optional[str] = None, context: Optional[List[int]] = None):
+                 rule: Optional[str] = None, context: Optional[List[int]] = None,
+                 next_key: Optional[Callable[[], mx.array]] = None):
         rule = rule or DEFAULT_RULE
         if rule not in RULES + ("auto",):
             raise ValueError(f'rule must be "auto", "string" or "intersection", got {rule!r}.')
@@ -85,6 +86,7 @@ class CrossTokenizerDrafter:
         self.sampling = sampling
         self.target_vocab_size = target_vocab_size
         self.rule = rule
+        self.next_key = next_key  # a sampled draw's random key (a batch row's); None: MLX's global
         self.text = DraftText(bridge)
         self.context = list(context or [])  # target tokens before the call's (a reused cache)
         self.fed: List[int] = []  # the draft ids the draft cache holds
@@ -195,11 +197,17 @@ class CrossTokenizerDrafter:
                     logits = mx.where(self._shared, logits, -mx.inf)
                 logq = logits if self.sampling.greedy else \
                     logprobs_from_logits(logits, self.sampling)  # (V_d,) the same transform as p
-                tokens.append(sample(logq, self.sampling)[None])  # (1,)
+                tokens.append(self._sample(logq))  # (1,)
                 logprobs.append(logq)
                 mx.async_eval(tokens[-1])
         self.fed += [None] * (steps - 1)  # fed, values known after the sync; see _settle
         return tokens, logprobs, raw
+
+    def _sample(self, logq: mx.array) -> mx.array:
+        """One draft (1,) from log q (V_d,): with the caller's key when it gave `next_key`."""
+        if self.next_key is None or self.sampling.greedy:
+            return sample(logq, self.sampling)[None]
+        return mx.random.categorical(logq, key=self.next_key()).astype(mx.uint32)[None]
 
     def _intersection(self, logits: mx.array, k: int) -> Proposal:
         tokens, logprobs, raw = self._draft(logits, k, shared_only=True)

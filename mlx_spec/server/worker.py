@@ -180,7 +180,7 @@ class GenerationWorker:
         return BatchEngine(self.target_model, self.draft_model,
                            max_draft_tokens=self.options.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
-                           mtp_weights=self.options.mtp_weights)
+                           mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer)
 
     def start(self) -> None:
         self._thread.start()
@@ -292,7 +292,8 @@ class GenerationWorker:
         self._running[uid] = Running(job, uid, cached, self.tokenizer.detokenizer,
                                      StopMatcher(job.request.stop), [], [],
                                      StatsRecorder(len(job.prompt_ids), None,
-                                                   rule_name(request.sampling)))
+                                                   rule_name(request.sampling),
+                                                   getattr(self.engine, "vocab_overlap", None)))
 
     def _drop_cancelled(self) -> None:
         for state in [s for s in self._running.values() if s.job.cancelled]:
@@ -383,7 +384,8 @@ class GenerationWorker:
 
 def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
     """Whether these models (and options) can be served batched, else one request at a time:
-    a draft of another tokenizer than `tokenizer`, or token trees (`tree`), run one at a time."""
+    token trees (`tree`) run one at a time; a draft of another tokenizer than `tokenizer` is
+    batched (a drafter of its own for each row)."""
     try:
         check_batched(target_model, draft_model, tokenizer, tree)
     except ValueError:
