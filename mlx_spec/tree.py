@@ -94,6 +94,15 @@ def from_paths(token_paths: Sequence[Sequence[int]]) -> Tuple[Tuple[int, ...], L
             [tokens[old] for old in order])
 
 
+def along(path: Sequence[int], spine: Sequence[int]) -> int:
+    """How many of `path`'s first nodes are `spine`'s first ones (the base drafter's own
+    drafts an accepted path kept)."""
+    n = 0
+    while n < len(path) and n < len(spine) and path[n] == spine[n]:
+        n += 1
+    return n
+
+
 def spine_and_siblings(depth: int, width: int) -> Tuple[int, ...]:
     """The draft model's tree shape: a chain of `depth` nodes (the spine) and at each depth
     `width - 1` sibling leaves beside the spine node, flattened spine node first at each

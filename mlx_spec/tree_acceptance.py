@@ -46,7 +46,7 @@ def child_table(parents: Sequence[int]) -> np.ndarray:
 
 
 def tree_outcomes(parents: Sequence[int], draft_tokens, draft_probs, target_logprobs,
-                  residual: bool = True) -> Tuple[mx.array, mx.array]:
+                  residual: bool = True, key=None) -> Tuple[mx.array, mx.array]:
     """(accepted child slot (N,), token (N,)), lazy: at every node the slot of the child
     the rule accepts (its width W when none is) and the token drawn from the last residual
     (only read when no child is accepted, or at a leaf).
@@ -55,7 +55,9 @@ def tree_outcomes(parents: Sequence[int], draft_tokens, draft_probs, target_logp
     `residual=False` is the NAIVE rule (the statistical tests' negative control): each
     child is accepted with min(1, p(x)/q(x)) against the node's unchanged p, and a node
     whose children are all rejected draws from max(0, p - q) of its last child only.
+    `key`: the draws' own random key (a batch row's), else MLX's global generator.
     """
+    uniform_key, token_key = mx.random.split(key) if key is not None else (None, None)
     table = child_table(parents)  # (N, W)
     n, width = table.shape
     p = mx.exp(target_logprobs)  # (N, V)
@@ -64,7 +66,7 @@ def tree_outcomes(parents: Sequence[int], draft_tokens, draft_probs, target_logp
     q = mx.concatenate([mx.zeros((1, p.shape[-1]), p.dtype), draft_probs.astype(p.dtype)])
     rows = mx.arange(n)
     slot = mx.full((n,), width, mx.int32)  # no child accepted yet
-    u = mx.random.uniform(shape=(n, width))
+    u = mx.random.uniform(shape=(n, width), key=uniform_key)
     draw = p  # what a node whose children are all rejected draws from
     for j in range(width):
         valid = mx.array(table[:, j] >= 0)  # (N,)
@@ -79,7 +81,7 @@ def tree_outcomes(parents: Sequence[int], draft_tokens, draft_probs, target_logp
             p = draw = mx.where((open_ & ~accept)[:, None], left, p)
         else:  # p stays; the draw is the last child's own residual
             draw = mx.where(valid[:, None], left, draw)
-    token = mx.random.categorical(mx.log(draw), axis=-1).astype(mx.uint32)  # (N,)
+    token = mx.random.categorical(mx.log(draw), axis=-1, key=token_key).astype(mx.uint32)  # (N,)
     return slot, token
 
 

@@ -85,24 +85,39 @@ def tree_mask(layer, ancestors: mx.array, steps: mx.array,
 def tree_attention(layers, parents: Sequence[int]):
     """Inside the block, a forward of len(parents) tokens is a forward of that tree (see
     the module docstring): masks from `layers` (attention leaves), positions by depth."""
-    n = len(parents)
     ancestors = mx.array(ancestor_mask(parents))  # (N, N)
     steps = mx.array(depths(parents), mx.int32)  # (N,)
+    with tree_forward(layers, steps[None],
+                      lambda layer, window: tree_mask(layer, ancestors, steps, window)):
+        yield
 
-    def make_mask(layer, num, window_size=None, return_array=False):  # always an array
+
+@contextmanager
+def tree_forward(layers, steps: mx.array, mask):
+    """Inside the block, a forward of B rows of N tokens is a forward of B trees (one
+    sequence's: B = 1; a batch's: batch/trees.py): every attention layer in `layers` answers
+    `mask(layer, window_size)` for its mask, and `mx.fast.rope` rotates node i of row b by the
+    row's offset + steps[b, i] (steps (B, N): the nodes' depths; the B N nodes go through
+    RoPE's batch axis, where MLX takes one offset per row)."""
+    rows, n = steps.shape
+
+    def make_mask(layer, num, return_array=False, window_size=None, **kwargs):  # an array
         if num != n:
             raise RuntimeError(f"a tree forward of {n} nodes was fed {num} tokens.")
-        return tree_mask(layer, ancestors, steps, window_size)
+        return mask(layer, window_size)
 
     for layer in layers:
         layer.make_mask = lambda *args, _layer=layer, **kwargs: make_mask(_layer, *args, **kwargs)
     fused = mx.fast.rope
 
     def rope(x, dims, *, offset, **kwargs):
-        if x.ndim != 4 or x.shape[0] != 1 or x.shape[2] != n:
+        if x.ndim != 4 or x.shape[0] != rows or x.shape[2] != n:
             return fused(x, dims, offset=offset, **kwargs)
-        rows = x.transpose(2, 1, 0, 3)  # (N, H, 1, D): one node a row, its own offset
-        return fused(rows, dims, offset=offset + steps, **kwargs).transpose(2, 1, 0, 3)
+        heads, d = x.shape[1], x.shape[3]
+        nodes = x.transpose(0, 2, 1, 3).reshape(rows * n, heads, 1, d)  # one node a row
+        offsets = (mx.broadcast_to(mx.array(offset), (rows,))[:, None] + steps).reshape(-1)
+        out = fused(nodes, dims, offset=offsets, **kwargs)
+        return out.reshape(rows, n, heads, d).transpose(0, 2, 1, 3)
 
     mx.fast.rope = rope
     try:

@@ -3,8 +3,8 @@
 Both workers on a tiny chat target (conftest's "chat" directory): the one-at-a-time worker
 serves all three kinds, a second turn reusing the stored prompt cache; the batched worker
 serves an EAGLE-3 head (and a draft of another tokenizer: test_batch_cross_tokenizer.py) and
-sends token trees to the one-at-a-time worker (`can_batch`), refusing them in one sentence if
-built for them anyway. Greedy answers equal the target alone's text. References are computed
+a draft model's token trees (each row its own), and sends trees from other sources to the
+one-at-a-time worker (`can_batch`), refusing them in one sentence if built for them anyway. Greedy answers equal the target alone's text. References are computed
 while the servers are idle.
 """
 
@@ -106,16 +106,32 @@ def test_the_batched_worker_serves_an_eagle3_head(models):
     assert sum(a["speculation"]["drafted"] for a in answers) > 0
 
 
-def test_trees_are_served_one_request_at_a_time(models):
+def test_the_batched_worker_serves_a_draft_model_s_trees_and_others_one_at_a_time(models):
     target, tokenizer, drafts = models
     foreign, _ = drafts["cross"]
+    head, _ = drafts["eagle3"]
     draft, tree_options = drafts["tree"]
     assert can_batch(target, foreign, tokenizer)  # a draft of another tokenizer batches
-    assert not can_batch(target, draft, tokenizer, tree=(3, 2))
+    assert can_batch(target, draft, tokenizer, tree=(3, 2))  # each row its own tree
     assert can_batch(target, draft, tokenizer) and can_batch(target, draft, tokenizer, None)
-    with pytest.raises(ValueError, match="Batched serving drafts chains only; serve token "
-                                         "trees one request at a time"):
-        batched_worker(target, tokenizer, draft, tree_options)
+    for other in (head, foreign, None):  # their trees: one request at a time
+        assert not can_batch(target, other, tokenizer, tree=(3, 2))
+    with pytest.raises(ValueError, match="Batched serving drafts token trees from a draft "
+                                         "model of the target's tokenizer only"):
+        batched_worker(target, tokenizer, head, tree_options)
+    prompts = ["def fibonacci(n):", "return", "    if n < 2:\n"]
+    expected = [generate(target, tokenizer, p, max_tokens=MAX_TOKENS) for p in prompts]
+    worker = batched_worker(target, tokenizer, draft, tree_options)
+    url, stop = serve(worker)
+    try:
+        answers = [complete(url, p, num_draft_tokens=3) for p in prompts]
+    finally:
+        stop()
+    assert [a["choices"][0]["text"] for a in answers] == expected
+    spec = [a["speculation"] for a in answers]
+    assert sum(s.get("tree_rounds", 0) for s in spec) > 0
+    assert all(s["tree_nodes"] % 2 == 0 and s["tree_nodes"] > s["tree_rounds"]  # width 2
+               for s in spec if s.get("tree_rounds"))
 
 
 def test_the_serve_command_takes_a_head_and_a_tree(model_dirs, models, tmp_path):

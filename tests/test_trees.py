@@ -319,13 +319,6 @@ def test_the_command_line_takes_a_tree_shape_and_the_stats_count_tree_rounds(mod
     assert "Token trees: " in stats.summary()
 
 
-def test_batches_refuse_a_tree_in_one_sentence(models):
-    from mlx_spec.batch.api import batch_generate
-
-    with pytest.raises(ValueError, match="chains only"):
-        batch_generate(models["plain"], None, [[1, 2, 3]], tree=(2, 2))
-
-
 # Tokens 3-4 after rejections: a target over 8 tokens, whose exact distribution of (t3, t4)
 # sums over every (t1, t2); a related draft, so that a round often keeps a sibling (a
 # compacted cache) or rejects mid-tree before tokens 3-4 are drawn.

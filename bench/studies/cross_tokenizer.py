@@ -119,7 +119,8 @@ def markdown(header, rows) -> str:
              f"Command: `{header['command']}`  ", f"Machine: {header['machine']}  ",
              f"Vocabulary overlap: {header['overlap']:.1%} of Gemma's tokens have a SmolLM2 "
              f"twin ({header['shared']} tokens); {header['tokens']} tokens a call, "
-             f"{header['repeats']} repeats over {header['prompts']} prompts\n",
+             f"{header['repeats']} repeats over {header['prompts']} prompts; weights "
+             f"{'dequantized to float32' if header.get('dequantized') else 'as loaded'}\n",
              "| T | method | tokens/s | x target | acceptance | string: rounds, kept/drafted | "
              "intersection: rounds, kept/drafted |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -144,6 +145,8 @@ def main(argv=None):
                         help=f"how many of the {len(QUESTIONS)} questions")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write bench/results/OUT.json and .md")
+    parser.add_argument("--dequantize", action="store_true",
+                        help="load both files dequantized to float32 (products through the BLAS)")
     args = parser.parse_args(argv)
     temps = parse_temps(parser, args.temps)
     if min(args.tokens, args.k, args.repeats, args.prompts) < 1 or args.warmup < 0:
@@ -157,8 +160,9 @@ def main(argv=None):
     def say(message):
         print(f"[{time.perf_counter() - started:6.1f}s] {message}", flush=True)
 
-    target, target_tokenizer = load(str(real_model(TARGET_FILE)))
-    draft, _ = load(str(real_model(DRAFT_FILE)))
+    weights = {"dequantize": True, "dtype": "float32"} if args.dequantize else {}
+    target, target_tokenizer = load(str(real_model(TARGET_FILE)), **weights)
+    draft, _ = load(str(real_model(DRAFT_FILE)), **weights)
     bridge = draft_bridge(target, draft)
     prompts = [(f"q{i}", target_tokenizer.encode(gemma_chat(q)))
                for i, q in enumerate(QUESTIONS[:args.prompts])]
@@ -168,7 +172,8 @@ def main(argv=None):
         rows += measure(target, draft, prompts, temp, args.tokens, args.k, args.repeats,
                         args.warmup, args.seed, say)
     header = study_header("cross_tokenizer", argv, overlap=bridge.overlap, shared=bridge.shared,
-                          tokens=args.tokens, repeats=args.repeats, prompts=args.prompts)
+                          tokens=args.tokens, repeats=args.repeats, prompts=args.prompts,
+                          dequantized=args.dequantize)
     text = markdown(header, rows)
     if args.out:
         write_results(args.out, header, rows, text)

@@ -54,10 +54,9 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     (0: plain batched decoding), None lets the batch policy choose it. `seed` gives row i the seed `seed + i`.
     A draft model of another vocabulary drafts across it when its tokenizer is known:
     `draft_tokenizer`, else the one `mlx_spec.load` read with it (docs/drafting.md).
-    Rows draft chains: `tree` takes None or False only."""
-    if tree not in (None, False):
-        raise ValueError("batch_generate drafts chains only: token trees (tree=) run one "
-                         "sequence at a time, with generate or stream_generate.")
+    `tree=(depth, width)`: the draft model's rows propose token trees of that shape, each row
+    its own, verified in the round's one pass (batch/trees.py); None or False: chains."""
+    check_arguments(tree=tree)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
     budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
@@ -83,7 +82,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     engine = BatchEngine(model, draft_model, num_draft_tokens=num_draft_tokens,
                          max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,
                          stop_tokens=tokenizer.eos_token_ids, mtp_weights=mtp_weights,
-                         tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
+                         tokenizer=tokenizer, draft_tokenizer=draft_tokenizer, tree=tree)
     requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup)
                 for i, (p, b) in enumerate(zip(ids, budgets))]
     start = time.perf_counter()
@@ -91,6 +90,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     tokens = [[] for _ in requests]
     reasons = [""] * len(requests)
     cross_rules = {}  # a draft of another tokenizer: rule -> [rounds, drafted, accepted]
+    trees = [0, 0]  # token trees: rounds, nodes verified (a round of a row)
     while waiting or engine.busy:
         while waiting and len(engine.rows) + len(engine.joining) < max_batch_size:
             i = waiting.pop()
@@ -98,6 +98,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         for out in engine.step():
             i = uids[out.uid]
             tokens[i] += out.tokens
+            trees = [trees[0] + bool(out.tree_nodes), trees[1] + out.tree_nodes]
             if out.cross_rule is not None:
                 counts = cross_rules.setdefault(out.cross_rule, [0, 0, 0])
                 for j, n in enumerate((1, out.num_drafted, out.num_accepted)):
@@ -113,6 +114,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     total = sum(len(row) for row in tokens)
     stats = {"tokens": total, "seconds": seconds, "tokens_per_s": total / seconds if seconds else 0.0,
              "rounds_by_k": dict(sorted(engine.rounds.items())), "policy": engine.policy.describe()}
+    if trees[0]:  # as GenerationStats
+        stats.update(tree_rounds=trees[0], tree_nodes=trees[1])
     if engine.vocab_overlap is not None:  # as GenerationStats: rule -> (rounds, drafted, accepted)
         stats.update(vocab_overlap=engine.vocab_overlap,
                      cross_rules={rule: tuple(c) for rule, c in sorted(cross_rules.items())})

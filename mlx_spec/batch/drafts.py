@@ -32,6 +32,8 @@ class BatchDraft:
         self.target_vocab_size = target_vocab_size
         self.fed = 0  # positions the last proposal fed after the pending ones (k - 1)
         self.trunk, self.head = split_target(draft_model)  # head(trunk(x)) == draft_model(x)
+        self.keep_logits = False  # True: each proposal's per-step logits in kept_logits
+        self.kept_logits: Optional[mx.array] = None  # (B, k, V_d) of the last proposal, lazy
 
     def ready(self, row: Row) -> bool:
         return True  # its cache holds the prompt from the start
@@ -55,14 +57,17 @@ class BatchDraft:
                 hidden = self.trunk(x, cache=layers)  # (B, P, H)
                 logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
             self.cache.align([len(p) for p in pending])
-            tokens, probs = [], [[] for _ in rows]
+            tokens, probs, kept = [], [[] for _ in rows], []
             for i in range(k):
+                if self.keep_logits:  # (a token tree's siblings: batch/trees.py)
+                    kept.append(logits)
                 y = draw_rows(rows, logits, probs, [i < n for n in drawn])  # (B,)
                 mx.async_eval(y)
                 tokens.append(y)
                 if i + 1 < k:
                     logits = self.model(y[:, None], cache=layers)[:, -1]
         self.fed = k - 1
+        self.kept_logits = mx.stack(kept, axis=1) if kept else None
         q = [mx.stack(p) if p else None for p in probs]
         pad = self.target_vocab_size - logits.shape[-1]
         if pad > 0:  # a draft vocabulary padded shorter than the target's

@@ -35,6 +35,7 @@ from typing import Deque, Dict, List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
+from ..arguments import check_arguments
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
@@ -54,6 +55,7 @@ from .kv import BatchCache, arrays, batchable, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
+from .trees import draft_trees, keep_paths, verify_trees
 from .verify import ACCEPT, RowProposal, emitted_tokens, verify
 
 
@@ -106,7 +108,8 @@ class BatchEngine:
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
-                 draft_tokenizer=None):
+                 draft_tokenizer=None, tree=None):
+        check_arguments(tree=tree)
         check_batchable(target_model, draft_model, tokenizer, draft_tokenizer)
         prepare_drafter(draft_model, target_model)  # float32 on the CPU backend (precision.py)
         self.cross = None  # a draft of another tokenizer than `tokenizer`: one drafter a row
@@ -138,6 +141,12 @@ class BatchEngine:
         self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
         self.head = self.pairs or self.dflash  # a drafter with one-row caches beside the target's
         self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
+        # Token trees of this (depth, width) from the draft model (batch/trees.py), where the
+        # target's cache can verify them (no recurrent state); otherwise every row drafts chains.
+        self.tree = tuple(tree) if tree and self.draft is not None and not any(
+            isinstance(layer, ArraysCache) for layer in make_prompt_cache(target_model)) else None
+        if self.tree is not None:
+            self.draft.keep_logits = self.tree[1] > 1
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
         # source, with its automatic off switch) chooses, as `generate` does.
@@ -292,13 +301,19 @@ class BatchEngine:
         `lengths`: the drafts each source is asked for (0: not asked)."""
         rows = self.rows
         proposals, ran = self._propose(lengths)
-        verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
+        if any(p is not None and p.parents is not None for p in proposals):  # token trees
+            verdicts, fed = verify_trees(self.target, rows, proposals)  # the round's one sync
+        else:
+            verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
         emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
         kept = [len(tokens) for tokens, _ in emitted]
-        self.target.keep(max(len(v.drafted) for v in verdicts) + 1, kept)
-        if self.draft is not None:
-            from_draft = [n - 1 if p is not None and p.source == "draft" else 0
-                          for n, p in zip(kept, proposals)]
+        if verdicts[0].rows is not None:  # each row's accepted path, gathered
+            keep_paths(self.target, fed, [v.rows for v in verdicts], kept)
+        else:
+            self.target.keep(max(len(v.drafted) for v in verdicts) + 1, kept)
+        if self.draft is not None:  # its own drafts kept (a tree's: along its spine)
+            from_draft = [min(n - 1, p.spine_kept(v)) if p is not None and p.source == "draft"
+                          else 0 for n, p, v in zip(kept, proposals, verdicts)]
             self.draft.settle(rows, ran, from_draft, [tokens for tokens, _ in emitted])
         if self.pairs is not None:
             self.pairs.settle(rows, ran, self.target.hidden, [tokens for tokens, _ in emitted])
@@ -334,9 +349,17 @@ class BatchEngine:
                  for row, p in zip(rows, proposals)]
         if model is self.dflash:  # never past its block (a row's pinned k may ask more)
             wants = [min(n, model.max_draft_tokens) for n in wants]
+        trees = self.tree is not None and not any(row.request.logits_processors for row in rows)
+        if trees:  # (a row's processors are applied on a chain's positions: chains then)
+            wants = [min(n, self.tree[0]) for n in wants]
         if max(wants) == 0:
             return proposals, False
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
+        if trees and self.tree[1] > 1:
+            for i, tree in enumerate(draft_trees(rows, wants, tokens, probs, model.kept_logits,
+                                                 self.tree[1])):
+                proposals[i] = tree or proposals[i]
+            return proposals, True
         for i, n in enumerate(wants):
             if n:
                 proposals[i] = RowProposal(tokens[i, :n], None if probs[i] is None
@@ -353,9 +376,11 @@ class BatchEngine:
         row.emitted += len(tokens)
         logprobs = model_logprobs(verdict.logits[:len(tokens)]) if row.request.logprobs else None
         crossed = proposal is not None and row.cross is not None and proposal.drafter is row.cross
-        return RowOutput(row.uid, tokens, finish, len(verdict.drafted), accepted,
+        tree = proposal is not None and proposal.parents is not None
+        return RowOutput(row.uid, tokens, finish, verdict.num_drafted, accepted,
                          proposal.source if proposal is not None else "target", logprobs,
-                         cross_rule=row.cross.cross_rule if crossed else None)
+                         cross_rule=row.cross.cross_rule if crossed else None,
+                         tree_nodes=len(proposal.parents) - 1 if tree else 0)
 
     def _row_cache(self, i: int) -> list:
         """Row i's caches as one-row lists holding exactly its history (target, then draft;

@@ -122,3 +122,4 @@ class RowOutput:
     cache: Optional[list] = None  # at the end, with keep_cache: target layers + draft layers
     stats: object = None  # the request's GenerationStats so far, where the engine keeps them
     cross_rule: Optional[str] = None  # a draft of another tokenizer: "string" or "intersection"
+    tree_nodes: int = 0  # a token tree's round: the nodes verified (num_drafted: its depth)

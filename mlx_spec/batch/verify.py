@@ -21,6 +21,7 @@ from ..attention import round_attention
 from ..judge import prefix_match, read_verdict, stop_cut, verdict_parts, verdict_size
 from ..loop import processed
 from ..sampling import logprobs_from_logits
+from ..tree import along
 from .kv import BatchCache
 from .rows import Row
 
@@ -31,6 +32,13 @@ class RowProposal:
     probs: Optional[mx.array]  # (n, V) q for a sampled row, None for a greedy one
     source: str  # "draft", "lookup" or "suffix"
     drafter: object = None  # a host search (lookup, suffix), told how much was kept
+    parents: Optional[tuple] = None  # a token tree's (batch/trees.py); None: a chain
+    spine: tuple = ()  # ... the nodes of the draft model's own chain in it
+
+    def spine_kept(self, verdict: "Verdict") -> int:
+        """How many of the draft model's own drafts the verdict kept (a tree: the accepted
+        path's first nodes that are its spine's)."""
+        return verdict.accepted if verdict.rows is None else along(verdict.rows[1:], self.spine)
 
 
 @dataclass
@@ -41,6 +49,13 @@ class Verdict:
     accepted: int
     token: int
     logits: mx.array  # (n + 1, V) the target's, after the row's processors, lazy
+    rows: Optional[List[int]] = None  # a tree round: the nodes kept (the root, then the path)
+    depth: Optional[int] = None  # ... and the tree's depth
+
+    @property
+    def num_drafted(self) -> int:
+        """The chain's drafts, or the tree's depth (what the policy's chain accounting reads)."""
+        return len(self.drafted) if self.depth is None else self.depth
 
 
 ACCEPT = keyed_rule(residual=True)

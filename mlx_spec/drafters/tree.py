@@ -52,7 +52,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from ..tree import children, from_paths, spine_and_siblings
+from ..tree import along, children, from_paths, spine_and_siblings
 from ..tree_verify import tree_capable
 from .dflash import DFlashDrafter
 from .dflash2 import DFlash2Drafter
@@ -80,10 +80,7 @@ class TreeProposal:
 
     def along_spine(self, path: Sequence[int]) -> int:
         """How many of the accepted `path`'s nodes are the spine's first ones."""
-        n = 0
-        while n < len(path) and n < len(self.spine) and path[n] == self.spine[n]:
-            n += 1
-        return n
+        return along(path, self.spine)
 
 
 MAX_CHOSEN_WIDTH = 3  # the widest tree the policy may choose (Macs measured best at 1-3)

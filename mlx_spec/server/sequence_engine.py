@@ -4,8 +4,9 @@ The worker (worker.py) drives an engine: `insert` a row, `step` until it ends,
 `cancel` it. The batch engine (mlx_spec.batch) decodes every row at once; this
 one decodes them one after another, in arrival order, through
 `stream_generate` (the single-sequence loop, loop.py): what the batch engine
-cannot take runs here (other cache kinds such as rotating or quantized ones, a
-draft of another tokenizer, token trees, `--no-batching`). `room` is 1 while
+cannot take runs here (other cache kinds such as rotating or quantized ones,
+token trees from sources other than a draft model of the target's tokenizer,
+`--no-batching`). `room` is 1 while
 nothing runs, so the worker hands it the next row only then, and takes that
 row's prompt cache from the store only then (after the row before it stored
 its own).

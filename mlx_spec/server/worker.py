@@ -38,8 +38,9 @@ from typing import Callable, Deque, Dict, List, Optional
 import mlx.core as mx
 
 from ..acceptance import rule_name
+from ..assemble import draft_bridge
 from ..batch import BatchEngine, RowRequest
-from ..batch.engine import check_batchable
+from ..batch.engine import check_batchable, is_draft_model
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
 from ..stats import GenerationStats, StatsRecorder
@@ -180,7 +181,8 @@ class GenerationWorker:
         return BatchEngine(self.target_model, self.draft_model,
                            max_draft_tokens=self.options.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
-                           mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer)
+                           mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer,
+                           tree=self.options.tree)
 
     def start(self) -> None:
         self._thread.start()
@@ -384,8 +386,9 @@ class GenerationWorker:
 
 def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
     """Whether these models (and options) can be served batched, else one request at a time:
-    token trees (`tree`) run one at a time; a draft of another tokenizer than `tokenizer` is
-    batched (a drafter of its own for each row)."""
+    forced token trees (`tree`) batch from a draft model of the target's tokenizer (each row
+    its own tree) and run one at a time from every other source; a draft of another tokenizer
+    than `tokenizer` is batched (a drafter of its own for each row)."""
     try:
         check_batched(target_model, draft_model, tokenizer, tree)
     except ValueError:
@@ -395,10 +398,12 @@ def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
 
 def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
     """ValueError, in one sentence, unless the batch engine serves these."""
-    if tree:
-        raise ValueError("Batched serving drafts chains only; serve token trees one request "
-                         "at a time (mlx-spec serve --no-batching).")
     check_batchable(target_model, draft_model, tokenizer)
+    if tree and not (is_draft_model(draft_model)
+                     and draft_bridge(target_model, draft_model, tokenizer) is None):
+        raise ValueError("Batched serving drafts token trees from a draft model of the target's "
+                         "tokenizer only; serve trees from other sources one request at a time "
+                         "(mlx-spec serve --no-batching).")
 
 
 def is_mtp(draft_model) -> bool:

@@ -1,0 +1,151 @@
+"""Token trees in a batch (mlx_spec/batch/trees.py): every row verifies its own tree.
+
+- Greedy: ragged batches drafting trees of several shapes, on a plain and a sliding-window
+  target (Gemma-3's), with prompt lookup's chains beside them: every row equals the target's
+  own greedy decoding, token for token, and the rounds really verified trees that kept
+  siblings (so the test fails if trees fall back to chains).
+- After a tree round each row's cache holds exactly its accepted path: the next round's
+  logits equal the target's over the row's text decoded alone.
+- T = 1: chi-square of tokens 3 and 4 of one prompt's rows in a refilled batch drafting 2x3
+  trees, most rows having rewound a rejection before token 3; the naive tree rule (each
+  candidate accepted on its own with min(1, p/q)) must fail the same test.
+"""
+
+import mlx.core as mx
+import pytest
+
+from batch_exactness import check_rows_after_a_rejection
+from families import make_family, plain_greedy
+from test_batch import ragged_prompts, run
+from tiny import make_llama, perturbed
+
+from mlx_spec.batch import BatchEngine, RowRequest
+
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_llama(seed=0)
+    return target, perturbed(target, 0.3, 1)  # a poor draft: rejections, so siblings matter
+
+
+def _tree_outputs(engine, requests, monkeypatch=None):
+    """Every row's tokens, and the rounds' (tree nodes, drafted depth, accepted) per output;
+    with `monkeypatch`, also how many rows' accepted paths went through a sibling."""
+    siblings = []
+    if monkeypatch is not None:
+        import mlx_spec.batch.engine as engine_module
+
+        keep = engine_module.keep_paths
+        width = engine.tree[1]
+
+        def recorded(target, fed, kept_rows, kept):
+            siblings.extend(any((node - 1) % width for node in rows[1:]) for rows in kept_rows)
+            keep(target, fed, kept_rows, kept)
+        monkeypatch.setattr(engine_module, "keep_paths", recorded)
+    uids = [engine.insert(r) for r in requests]
+    out, rounds = {u: [] for u in uids}, []
+    while engine.busy:
+        for o in engine.step():
+            out[o.uid] += o.tokens
+            rounds.append((o.tree_nodes, o.num_drafted, o.num_accepted))
+    return [out[u] for u in uids], rounds, sum(siblings)
+
+
+@pytest.mark.parametrize("shape,k", [((3, 2), 3), ((4, 3), 4), ((2, 2), None)])
+def test_greedy_tree_rows_keep_the_target_s_text(pair, shape, k, monkeypatch):
+    target, draft = pair
+    prompts = ragged_prompts(5, seed=3)
+    engine = BatchEngine(target, draft, num_draft_tokens=k, tree=shape)
+    requests = [RowRequest(p, MAX_TOKENS, prompt_lookup=i % 2 == 0)
+                for i, p in enumerate(prompts)]
+    got, rounds, through_siblings = _tree_outputs(engine, requests, monkeypatch)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, MAX_TOKENS)
+    trees = [r for r in rounds if r[0]]
+    assert len(trees) > (20 if k else 5)  # (the batch policy may sit the draft out)
+    assert all(nodes == depth * shape[1] for nodes, depth, _ in trees)
+    assert through_siblings >= (3 if k else 1)  # kept paths through a sibling: a gathered cache
+
+
+def test_a_sliding_window_target_verifies_trees_in_a_batch():
+    target = make_family("gemma3_text", window=4)
+    draft = perturbed(make_llama(seed=0), 0.3, 1)  # any draft of the same 64-token vocabulary
+    prompts = ragged_prompts(4, seed=5)
+    engine = BatchEngine(target, draft, num_draft_tokens=3, tree=(3, 2))
+    got, rounds, _ = _tree_outputs(engine, [RowRequest(p, 24) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, 24)
+    assert sum(1 for r in rounds if r[0]) > 10
+
+
+def test_a_tree_round_leaves_each_row_s_cache_as_its_text_decoded_alone(pair):
+    target, draft = pair
+    prompts = ragged_prompts(3, seed=7)
+    engine = BatchEngine(target, draft, num_draft_tokens=3, tree=(3, 3))
+    for p in prompts:
+        engine.insert(RowRequest(p, 100))
+    texts = {}
+    for _ in range(6):
+        for o in engine.step():
+            texts.setdefault(o.uid, []).extend(o.tokens)
+    rows = engine.rows
+    logits = engine.target.forward(mx.array([[row.history[-1]] for row in rows]))[:, -1]
+    for i, row in enumerate(rows):
+        alone = target(mx.array(row.history)[None])[0, -1]
+        assert mx.allclose(logits[i], alone, atol=1e-4).item()
+
+
+def test_rows_with_trees_and_chains_mix_and_other_sources_keep_chains(pair):
+    target, draft = pair
+    prompts = ragged_prompts(3, seed=9)
+    engine = BatchEngine(target, draft, num_draft_tokens=2, tree=(2, 2))
+    requests = [RowRequest(p, 30, num_draft_tokens=0 if i == 1 else None)
+                for i, p in enumerate(prompts)]
+    got = run(engine, requests)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, 30)
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)])
+def test_sampled_tree_rows_keep_the_target_s_distribution_after_rejections(residual, exact,
+                                                                           monkeypatch):
+    import mlx_spec.batch.trees as trees
+
+    if not residual:  # the naive rule: each candidate on its own against an unchanged p
+        naive = trees.tree_outcomes
+        monkeypatch.setattr(trees, "tree_outcomes",
+                            lambda *a, **kw: naive(*a, **{**kw, "residual": False}))
+    target = make_llama(vocab_size=8, hidden=64, heads=2, kv_heads=1, seed=3)
+    draft = perturbed(target, 0.5, 4)
+    # 600 rows, 2x3 trees: exact p = 0.81, the naive rule p = 2e-12 (2x2: 0.53 and 7e-4)
+    check_rows_after_a_rejection(target, draft, True, exact, min_rewound=300, tree=(2, 3))
+
+
+def test_a_tree_shape_is_checked_and_recurrent_targets_keep_chains(pair):
+    target, draft = pair
+    for bad in [(0, 2), (2, 0), "2x2", (2,)]:
+        with pytest.raises(ValueError, match="tree"):
+            BatchEngine(target, draft, tree=bad)
+    hybrid = make_family("qwen3_5")
+    engine = BatchEngine(hybrid, None, tree=(2, 2))  # lookup only; its recurrent state: chains
+    got = run(engine, [RowRequest([1, 2, 1, 2, 1, 2], 12)])
+    assert got[0] == plain_greedy(hybrid, [1, 2, 1, 2, 1, 2], 12)
+
+
+def test_batch_generate_takes_a_tree_and_reports_its_rounds(model_dirs):
+    """The API on loaded models: batch_generate(tree=(3, 2)) gives each prompt the text
+    generate gives it alone, and its stats count the tree rounds and nodes."""
+    from mlx_spec import batch_generate, generate, load
+
+    target, tokenizer = load(str(model_dirs["target"]))
+    draft, _ = load(str(model_dirs["draft"]))
+    prompts = ["def fibonacci(n):", "    return", "if n < 2:"]
+    result = batch_generate(target, tokenizer, prompts, draft_model=draft, max_tokens=24,
+                            num_draft_tokens=3, tree=(3, 2))
+    assert result.texts == [generate(target, tokenizer, p, max_tokens=24) for p in prompts]
+    assert result.stats["tree_rounds"] > 0
+    assert result.stats["tree_nodes"] > result.stats["tree_rounds"]
+    with pytest.raises(ValueError, match="tree must be"):
+        batch_generate(target, tokenizer, prompts, draft_model=draft, tree=(0, 2))
