@@ -25,7 +25,7 @@ from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
 from .judge import read_verdict, stop_cut, verdict_parts
 from .policy import DraftPolicy
 from .tree import depths
-from .tree_acceptance import greedy_targets, greedy_walk, tree_outcomes, walk
+from .tree_acceptance import read_tree, tree_parts
 from .tree_verify import keep_path, tree_attention
 from .sampling import SamplingConfig, logprobs_from_logits, model_logprobs, sample
 
@@ -139,18 +139,11 @@ def tree_round(decoder: Decoder, proposal) -> Round:
 
 def _judge_tree(decoder: Decoder, proposal, target_logits, target_logprobs):
     """(accepted nodes, the next token, every drafted token) as host values: one sync."""
-    parents, k = proposal.parents, proposal.num_tokens
-    if decoder.accept is greedy_accept:
-        parts = [greedy_targets(target_logits), proposal.tokens]
-        values = decoder.agree(mx.concatenate(parts)).tolist()  # the only sync of the round
-        path, token = greedy_walk(parents, values[len(parents):], values[:len(parents)])
-        return path, token, values[len(parents):]
-    slot, token = tree_outcomes(parents, proposal.tokens, proposal.probs, target_logprobs)
-    values = decoder.agree(mx.concatenate([slot.astype(mx.uint32), token, proposal.tokens]))
-    values = values.tolist()  # the only sync of the round
-    n = len(parents)
-    path, token = walk(parents, values[:n], values[n:2 * n])
-    return path, token, values[2 * n:2 * n + k]
+    greedy = decoder.accept is greedy_accept
+    parts = tree_parts(proposal.parents, proposal.tokens, proposal.probs, target_logits,
+                       target_logprobs, greedy)
+    values = decoder.agree(parts).tolist()  # the only sync of the round
+    return read_tree(proposal.parents, values, greedy)
 
 
 def processed(processors, seen: mx.array, drafts: mx.array, logits: mx.array) -> mx.array:

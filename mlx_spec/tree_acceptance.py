@@ -98,6 +98,37 @@ def greedy_targets(target_logits) -> mx.array:
     return mx.argmax(target_logits, axis=-1).astype(mx.uint32)
 
 
+def tree_parts(parents: Sequence[int], drafts: mx.array, probs, target_logits, target_logprobs,
+               greedy: bool, key=None) -> mx.array:
+    """(size,) uint32, lazy: one tree's verdict as the host reads it (`read_tree`), for one
+    sequence (loop.py) and each row of a batch (batch/trees.py): greedy, the target's argmax
+    at every node; else each node's accepted slot and token (`tree_outcomes`, with `key`);
+    then the drafts (nodes 1..N-1)."""
+    drafts = drafts.astype(mx.uint32)
+    if greedy:
+        return mx.concatenate([greedy_targets(target_logits), drafts])
+    slot, token = tree_outcomes(parents, drafts, probs, target_logprobs, key=key)
+    return mx.concatenate([slot.astype(mx.uint32), token, drafts])
+
+
+def tree_size(parents: Sequence[int], greedy: bool) -> int:
+    """How many values `tree_parts` ships for this tree."""
+    return (2 if greedy else 3) * len(parents) - 1
+
+
+def read_tree(parents: Sequence[int], values: Sequence[int],
+              greedy: bool) -> Tuple[List[int], int, List[int]]:
+    """(accepted nodes, the token after them, every drafted token) from `tree_parts`' values."""
+    n = len(parents)
+    if greedy:
+        drafted = list(values[n:2 * n - 1])
+        path, token = greedy_walk(parents, drafted, values[:n])
+    else:
+        drafted = list(values[2 * n:3 * n - 1])
+        path, token = walk(parents, values[:n], values[n:2 * n])
+    return path, token, drafted
+
+
 def walk(parents: Sequence[int], slot: Sequence[int], token: Sequence[int]) -> Tuple[List[int], int]:
     """(accepted nodes from the root's first child on, the token after them) from the
     per-node outcomes (host values)."""

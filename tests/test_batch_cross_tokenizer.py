@@ -181,3 +181,32 @@ def test_the_batched_server_drafts_across_tokenizers(model_dirs):
     for a in answers:
         spec = a["speculation"]
         assert spec["drafted"] > 0 and 0 < spec["vocab_overlap"] < 1 and spec["cross_rules"]
+
+
+def test_a_sliding_window_draft_s_kept_cache_is_taken_back(pairs):
+    """A draft of another tokenizer with sliding-window layers (a Gemma-3 draft): a row's
+    kept cache (target layers, then the drafter's own, its windows made rewindable) is taken
+    back by the next row that reuses it, whose text equals the target alone's."""
+    from families import make_family
+    from mlx_spec.batch import BatchEngine, RowRequest
+
+    target_tok, spm_tok, target_model, _ = pairs["spm-draft"]
+    draft = make_family("gemma3_text", seed=5, vocab_size=vocab_len(spm_tok), window=4)
+    engine = BatchEngine(target_model, draft, num_draft_tokens=3, tokenizer=target_tok,
+                         draft_tokenizer=spm_tok)
+    first = target_tok.encode(PROMPTS[2])
+    uid = engine.insert(RowRequest(first, 12, keep_cache=True, prompt_lookup=False))
+    tokens, cache = [], None
+    while engine.busy:
+        for o in engine.step():
+            tokens += o.tokens
+            cache = o.cache if o.finish_reason else cache
+    assert o.uid == uid and cache is not None
+    second = first + tokens + target_tok.encode(" the world")
+    engine.insert(RowRequest(second, 12, prompt_lookup=False), cache=cache,
+                  cached=len(first) + len(tokens))
+    more = []
+    while engine.busy:
+        for o in engine.step():
+            more += o.tokens
+    assert more == target_alone(target_model, second, 12)

@@ -111,12 +111,11 @@ def test_rows_with_trees_and_chains_mix_and_other_sources_keep_chains(pair):
 @pytest.mark.parametrize("residual,exact", [(True, True), (False, False)])
 def test_sampled_tree_rows_keep_the_target_s_distribution_after_rejections(residual, exact,
                                                                            monkeypatch):
-    import mlx_spec.batch.trees as trees
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
 
     if not residual:  # the naive rule: each candidate on its own against an unchanged p
-        naive = trees.tree_outcomes
-        monkeypatch.setattr(trees, "tree_outcomes",
-                            lambda *a, **kw: naive(*a, **{**kw, "residual": False}))
+        monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
     target = make_llama(vocab_size=8, hidden=64, heads=2, kv_heads=1, seed=3)
     draft = perturbed(target, 0.5, 4)
     # 600 rows, 2x3 trees: exact p = 0.81, the naive rule p = 2e-12 (2x2: 0.53 and 7e-4)
@@ -149,3 +148,42 @@ def test_batch_generate_takes_a_tree_and_reports_its_rounds(model_dirs):
     assert result.stats["tree_nodes"] > result.stats["tree_rounds"]
     with pytest.raises(ValueError, match="tree must be"):
         batch_generate(target, tokenizer, prompts, draft_model=draft, tree=(0, 2))
+
+
+def test_greedy_and_sampled_rows_mix_and_a_seeded_row_ignores_its_neighbours(pair):
+    """Greedy rows, sampled rows drafting trees and sampled rows with lookup chains (or
+    logits processors: chains) in the same rounds: the greedy rows keep the target's text,
+    and a seeded sampled row's text is the same alone and in that crowd."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    from mlx_spec.sampling import SamplingConfig
+
+    target, draft = pair
+    sampled = SamplingConfig(temp=1.0)
+    prompts = ragged_prompts(5, seed=11)
+    seeded = RowRequest([5, 9, 2, 5, 9], 24, sampled, seed=11)
+    alone = run(BatchEngine(target, draft, num_draft_tokens=3, tree=(3, 2)), [seeded])[0]
+    crowd = [RowRequest(prompts[0], MAX_TOKENS), RowRequest(prompts[1], MAX_TOKENS),
+             RowRequest(prompts[2], 24, sampled, prompt_lookup=True),
+             RowRequest(prompts[3], 24, sampled, logits_processors=make_logits_processors(
+                 repetition_penalty=1.3)),
+             RowRequest(prompts[4], 24, sampled), seeded]
+    engine = BatchEngine(target, draft, num_draft_tokens=3, tree=(3, 2))
+    got, rounds, _ = _tree_outputs(engine, crowd)
+    for i in (0, 1):
+        assert got[i] == plain_greedy(target, prompts[i], MAX_TOKENS)
+    assert got[-1] == alone
+    assert all(len(g) == 24 for g in got[2:])
+    assert sum(1 for r in rounds if r[0]) > 10
+
+
+def test_a_draft_with_a_smaller_vocabulary_drafts_trees(pair):
+    """A draft whose output layer is narrower than the target's (q padded): greedy parity."""
+    target, _ = pair
+    draft = make_llama(vocab_size=48, seed=4, hidden=32, layers=1)
+    prompts = [[p % 48 for p in prompt] for prompt in ragged_prompts(3, seed=13)]
+    engine = BatchEngine(target, draft, num_draft_tokens=3, tree=(3, 3))
+    got, rounds, _ = _tree_outputs(engine, [RowRequest(p, 30) for p in prompts])
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == plain_greedy(target, prompt, 30)
+    assert sum(1 for r in rounds if r[0]) > 10

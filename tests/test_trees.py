@@ -35,6 +35,11 @@ ALPHA = 1e-3
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4]
 
 
+def naive_tree_outcomes(*args, **kwargs):
+    """The NAIVE tree rule (tree_outcomes' residual=False): the negative control."""
+    return tree_outcomes(*args, **{**kwargs, "residual": False})
+
+
 def random_parents(n, rng):
     return (-1,) + tuple(rng.randrange(i) for i in range(1, n))
 
@@ -290,9 +295,8 @@ def test_tree_rounds_at_t1_give_the_target_s_first_two_tokens(models, exact_pair
 
 
 def test_the_naive_rule_fails_the_same_test(models, exact_pairs, monkeypatch):
-    import mlx_spec.loop as loop
-    naive = lambda *args: tree_outcomes(*args, residual=False)  # noqa: E731
-    monkeypatch.setattr(loop, "tree_outcomes", naive)
+    import mlx_spec.tree_acceptance as tree_acceptance
+    monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
     draft = make_llama(seed=7, hidden=32, layers=1)
     counts, _ = _pairs(models["plain"], draft, END_TO_END_SAMPLES, (2, 3), seed=5)
     statistic, dof, p_value = chi_square(counts, exact_pairs)
@@ -381,9 +385,8 @@ def test_tokens_3_and_4_after_tree_rounds_are_the_target_s(small_pair):
 
 
 def test_the_naive_rule_fails_on_tokens_3_and_4(small_pair, monkeypatch):
-    import mlx_spec.loop as loop
-    monkeypatch.setattr(loop, "tree_outcomes",
-                        lambda *args: tree_outcomes(*args, residual=False))
+    import mlx_spec.tree_acceptance as tree_acceptance
+    monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
     target, draft, exact = small_pair
     counts, _ = _later_pairs(target, draft, LATER_SAMPLES, seed=9)
     statistic, dof, p_value = _pooled(counts, exact)

@@ -26,7 +26,6 @@ from mlx_spec.eagle3 import load_eagle3
 from mlx_spec.exactness import check_exactness, chi_square
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.sampling import SamplingConfig
-from mlx_spec.tree_acceptance import tree_outcomes
 
 PROMPT = [5, 9, 14, 3, 27, 8, 41, 3, 27]
 ALPHA = 1e-3
@@ -92,8 +91,9 @@ def small(tmp_path_factory):
 
 
 def naive(monkeypatch):
-    import mlx_spec.loop as loop
-    monkeypatch.setattr(loop, "tree_outcomes", lambda *args: tree_outcomes(*args, residual=False))
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
+    monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["exact", "naive-rule"])

@@ -29,7 +29,6 @@ from mlx_spec.exactness import chi_square, exact_distribution
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.sampling import SamplingConfig
 from mlx_spec.tree import children
-from mlx_spec.tree_acceptance import tree_outcomes
 from test_exactness import exact_third_and_fourth
 from test_suffix import brute_follow
 from test_trees import PROMPT, SHAPE, _decode, _quantized
@@ -288,9 +287,9 @@ def test_suffix_trees_at_t1_give_the_target_s_first_two_tokens(models, first_tok
 
 
 def _naive(monkeypatch):
-    import mlx_spec.loop as loop
-    monkeypatch.setattr(loop, "tree_outcomes",
-                        lambda *args: tree_outcomes(*args, residual=False))
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
+    monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
 
 
 def test_the_naive_rule_fails_on_suffix_trees_first_two_tokens(models, first_tokens, monkeypatch):

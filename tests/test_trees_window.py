@@ -37,7 +37,6 @@ from mlx_spec.generate import speculative_generate_step
 from mlx_spec.sampling import SamplingConfig
 from mlx_spec.stats import StatsRecorder
 from mlx_spec.tree import ancestor_mask
-from mlx_spec.tree_acceptance import tree_outcomes
 from mlx_spec.tree_verify import keep_path, tree_attention, tree_capable, tree_mask
 from tiny import make_llama, once, perturbed
 
@@ -318,8 +317,8 @@ def test_tree_rounds_on_a_window_at_t1_give_the_target_s_tokens(small):
 
 
 def test_the_naive_rule_fails_on_a_window(small, monkeypatch):
-    import mlx_spec.loop as loop
-    monkeypatch.setattr(loop, "tree_outcomes",
-                        lambda *args: tree_outcomes(*args, residual=False))
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
+    monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
     first, later, _, _ = _p_values(small, seed=9)
     assert first < ALPHA and later < ALPHA, (first, later)

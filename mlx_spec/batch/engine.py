@@ -196,7 +196,9 @@ class BatchEngine:
         if cache is None:
             cache = row_cache(self.target_model) + (
                 row_cache(self.draft_model) if self.draft is not None else [])
-        elif not all(isinstance(layer, (KVCache, ArraysCache)) for layer in cache):
+        elif not all(isinstance(layer, (KVCache, ArraysCache)) for layer in (
+                cache[:n_target] if self.cross is not None else cache)):  # (a draft of another
+            # tokenizer's layers are its drafter's own kinds: a window's made rewindable)
             raise ValueError("A cache handed to the batch must hold plain KVCache layers (and "
                              "recurrent state): one the batch made (RowOutput.cache), or "
                              "mlx_spec.batch.kv.row_cache(model)'s.")
@@ -302,13 +304,13 @@ class BatchEngine:
         rows = self.rows
         proposals, ran = self._propose(lengths)
         if any(p is not None and p.parents is not None for p in proposals):  # token trees
-            verdicts, fed = verify_trees(self.target, rows, proposals)  # the round's one sync
+            verdicts, fed = verify_trees(self.target, rows, proposals, self.accept)  # one sync
         else:
             verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
         emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
         kept = [len(tokens) for tokens, _ in emitted]
-        if verdicts[0].rows is not None:  # each row's accepted path, gathered
-            keep_paths(self.target, fed, [v.rows for v in verdicts], kept)
+        if verdicts[0].nodes is not None:  # each row's accepted path, gathered
+            keep_paths(self.target, fed, [v.nodes for v in verdicts], kept)
         else:
             self.target.keep(max(len(v.drafted) for v in verdicts) + 1, kept)
         if self.draft is not None:  # its own drafts kept (a tree's: along its spine)
@@ -349,13 +351,12 @@ class BatchEngine:
                  for row, p in zip(rows, proposals)]
         if model is self.dflash:  # never past its block (a row's pinned k may ask more)
             wants = [min(n, model.max_draft_tokens) for n in wants]
-        trees = self.tree is not None and not any(row.request.logits_processors for row in rows)
-        if trees:  # (a row's processors are applied on a chain's positions: chains then)
+        if self.tree is not None:
             wants = [min(n, self.tree[0]) for n in wants]
         if max(wants) == 0:
             return proposals, False
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
-        if trees and self.tree[1] > 1:
+        if self.tree is not None and self.tree[1] > 1:
             for i, tree in enumerate(draft_trees(rows, wants, tokens, probs, model.kept_logits,
                                                  self.tree[1])):
                 proposals[i] = tree or proposals[i]
@@ -376,11 +377,14 @@ class BatchEngine:
         row.emitted += len(tokens)
         logprobs = model_logprobs(verdict.logits[:len(tokens)]) if row.request.logprobs else None
         crossed = proposal is not None and row.cross is not None and proposal.drafter is row.cross
-        tree = proposal is not None and proposal.parents is not None
+        tree = {}
+        if proposal is not None and proposal.parents is not None:  # what the policy reads
+            tree = dict(tree_nodes=len(proposal.parents) - 1, tree_width=proposal.width,
+                        spine_kept=min(proposal.spine_kept(verdict), accepted),
+                        spine_length=len(proposal.spine))
         return RowOutput(row.uid, tokens, finish, verdict.num_drafted, accepted,
                          proposal.source if proposal is not None else "target", logprobs,
-                         cross_rule=row.cross.cross_rule if crossed else None,
-                         tree_nodes=len(proposal.parents) - 1 if tree else 0)
+                         cross_rule=row.cross.cross_rule if crossed else None, **tree)
 
     def _row_cache(self, i: int) -> list:
         """Row i's caches as one-row lists holding exactly its history (target, then draft;
@@ -409,6 +413,8 @@ class BatchEngine:
         return target + draft
 
     def _drop(self, ended: List[int]) -> None:
+        for i in ended:  # (a drafter of another tokenizer holds its row's key: no cycle left)
+            self.rows[i].cross, self.rows[i].searchers = None, []
         keep = [i for i in range(len(self.rows)) if i not in set(ended)]
         self.rows = [self.rows[i] for i in keep]
         self.target.drop(keep)

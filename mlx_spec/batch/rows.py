@@ -123,3 +123,6 @@ class RowOutput:
     stats: object = None  # the request's GenerationStats so far, where the engine keeps them
     cross_rule: Optional[str] = None  # a draft of another tokenizer: "string" or "intersection"
     tree_nodes: int = 0  # a token tree's round: the nodes verified (num_drafted: its depth)
+    tree_width: int = 1  # ... its widest node
+    spine_kept: Optional[int] = None  # ... the draft model's own drafts kept
+    spine_length: Optional[int] = None  # ... and drafted

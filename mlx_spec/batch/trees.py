@@ -4,8 +4,11 @@ With `tree=(depth, width)` the draft model's rows propose trees of the shape
 one sequence gets from it (drafters/tree.py): its k drafts are the spine and
 beside each spine node `width - 1` sibling leaves from the same q (T = 0: the
 next-best tokens; T > 0: i.i.d. draws from q with the row's own key, with
-replacement). Rows whose drafts come from prompt lookup or suffix drafting
-keep their chains (a chain is a tree too), as do rows with no drafts.
+replacement). Rows whose drafts come from prompt lookup, suffix drafting or a
+draft of another tokenizer keep their chains (a chain is a tree too), as do
+rows with logits processors (applied along a chain's positions) and rows with
+no drafts; a chain row is judged as `verify` judges it, so its text does not
+depend on its neighbours' trees.
 
 The verify input is (B, N): each row's last token, its nodes, then filler
 (children of the root that the row's own tree does not have, so never
@@ -24,42 +27,43 @@ accepted path to the front of its N entries before the per-row trim
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
 
 from ..attention import round_attention
+from ..cache.window import visible
 from ..sampling import logprobs_from_logits
+from ..drafters.tree import beside_the_spine
 from ..tree import ancestor_mask, depths, spine_and_siblings
-from ..tree_acceptance import greedy_walk, tree_outcomes, walk
+from ..tree_acceptance import read_tree, tree_parts, tree_size
 from ..tree_verify import tree_forward
 from .kv import BatchCache
 from .rows import Row
-from .verify import RowProposal, Verdict
+from .verify import ACCEPT, RowProposal, Verdict, chain_parts, read_chain
 
 
 def draft_trees(rows: Sequence[Row], wants: Sequence[int], tokens: mx.array,
                 probs: Sequence[Optional[mx.array]], logits: mx.array,
                 width: int) -> List[Optional[RowProposal]]:
-    """Each drafting row's tree from the draft model's proposal: drafts (B, K), q per sampled
-    row (wants[i], V), the per-step logits (B, K, V_d); None for a row that drafts nothing."""
+    """Each drafting row's proposal from the draft model's: drafts (B, K), q per sampled row
+    (wants[i], V), the per-step logits (B, K, V_d): a tree (drafters/tree.beside_the_spine,
+    the row's own key), or a chain for a row with logits processors (they are applied along a
+    chain's positions); None for a row that drafts nothing."""
     out: List[Optional[RowProposal]] = []
     for i, (row, n) in enumerate(zip(rows, wants)):
+        q = None if not n or probs[i] is None else probs[i][:n]  # (n, V)
         if not n:
             out.append(None)
-            continue
-        spine = tokens[i, :n].astype(mx.uint32)
-        q = None if probs[i] is None else probs[i][:n]  # (n, V)
-        if q is None:  # T = 0: the next-best tokens after the spine's own
-            siblings = mx.argsort(-logits[i, :n], axis=-1)[:, 1:width]
-        else:  # T > 0: i.i.d. draws from the spine's q, the row's own randomness
-            siblings = mx.random.categorical(mx.log(q), axis=-1, num_samples=width - 1,
-                                             key=row.next_key())
-        nodes = mx.concatenate([spine[:, None], siblings.astype(mx.uint32)], axis=1)  # (n, w)
-        out.append(RowProposal(nodes.reshape(-1), None if q is None else mx.repeat(q, width, axis=0),
-                               "draft", parents=spine_and_siblings(n, width),
-                               spine=tuple(1 + j * width for j in range(n))))
+        elif row.request.logits_processors:
+            out.append(RowProposal(tokens[i, :n], q, "draft"))
+        else:
+            nodes, node_q = beside_the_spine(tokens[i, :n], logits[i, :n], q, width,
+                                             None if q is None else row.next_key())
+            out.append(RowProposal(nodes, node_q, "draft", parents=spine_and_siblings(n, width),
+                                   spine=tuple(1 + j * width for j in range(n))))
     return out
 
 
@@ -74,9 +78,10 @@ def _parents(proposal: Optional[RowProposal]) -> Tuple[int, ...]:
 
 def verify_trees(target: BatchCache, rows: Sequence[Row],
                  proposals: Sequence[Optional[RowProposal]],
-                 residual: bool = True) -> Tuple[List[Verdict], int]:
-    """(each row's verdict, the N positions fed) of one pass over every row's tree.
-    `residual=False`: the naive rule (the statistical tests' negative control)."""
+                 accept=ACCEPT) -> Tuple[List[Verdict], int]:
+    """(each row's verdict, the N positions fed) of one pass over every row's tree. A row
+    with a chain (or nothing) is judged as `verify` judges it (verify.chain_parts: its
+    processors, its rule, its key), so its text does not depend on its neighbours' trees."""
     trees = [_parents(p) for p in proposals]
     n = max(len(t) for t in trees)
     padded = [t + (0,) * (n - len(t)) for t in trees]  # filler: leaves under the root
@@ -94,51 +99,45 @@ def verify_trees(target: BatchCache, rows: Sequence[Row],
     with round_attention(), tree_forward(target.attention, steps, lambda layer, window: tree_mask(
             layer, ancestors, steps, window)[:, None]):  # (B, 1, N, K)
         target_logits = target.forward(x)  # (B, N, V)
-    parts = []
+    parts, row_logits = [], []
     for i, (row, proposal, tree) in enumerate(zip(rows, proposals, trees)):
-        m = len(tree)
-        if row.greedy:  # the target's argmax at each node
-            parts.append(mx.argmax(target_logits[i, :m], axis=-1).astype(mx.uint32))
+        logits = target_logits[i, :len(tree)]
+        if proposal is None or proposal.parents is None:
+            part, logits = chain_parts(row, proposal, logits, accept)
         else:
-            logprobs = logprobs_from_logits(target_logits[i, :m], row.request.sampling)
-            slot, token = tree_outcomes(tree, x[i, 1:m], proposal.probs if m > 1 else
-                                        mx.zeros((0, logprobs.shape[-1])), logprobs,
-                                        residual=residual, key=row.next_key())
-            parts += [slot.astype(mx.uint32), token]
-    parts.append(x[:, 1:].reshape(-1))
+            part = tree_parts(tree, proposal.tokens, proposal.probs, logits,
+                              None if row.greedy else logprobs_from_logits(
+                                  logits, row.request.sampling), row.greedy, row.next_key())
+        parts.append(part)
+        row_logits.append(logits)
     values = mx.concatenate(parts).tolist()  # the only sync of the round
-    drafted_all, at, verdicts = values[-(n - 1) * len(rows):] if n > 1 else [], 0, []
-    for i, (row, tree) in enumerate(zip(rows, trees)):
-        m = len(tree)
-        drafted = drafted_all[i * (n - 1):i * (n - 1) + m - 1]
-        if row.greedy:
-            path, token = greedy_walk(tree, drafted, values[at:at + m])
-            at += m
-        else:
-            path, token = walk(tree, values[at:at + m], values[at + m:at + 2 * m])
-            at += 2 * m
+    verdicts, at = [], 0
+    for row, proposal, tree, logits in zip(rows, proposals, trees, row_logits):
+        if proposal is None or proposal.parents is None:
+            verdict, at = read_chain(row, len(tree) - 1, logits, values, at)
+            verdicts.append(replace(verdict, nodes=list(range(verdict.accepted + 1))))
+            continue
+        size = tree_size(tree, row.greedy)
+        path, token, drafted = read_tree(tree, values[at:at + size], row.greedy)
+        at += size
         kept = [0] + path
         verdicts.append(Verdict([drafted[j - 1] for j in path], len(path), token,
-                                target_logits[i][mx.array(kept)], rows=kept,
-                                depth=int(max(depths(tree)))))
+                                logits[mx.array(kept)], nodes=kept, depth=int(max(depths(tree)))))
     return verdicts, n
 
 
 def tree_mask(layer, ancestors: mx.array, steps: mx.array,
               window_size: Optional[int] = None) -> mx.array:
     """(B, N, K) bool over the K = entries + N keys a BatchKVCache returns: row b's node i
-    sees a context key past the row's left padding (within the window of a query at its
-    depth), and its own ancestors."""
+    sees a key past the row's left padding that a query at its depth decoded alone would see
+    (cache/window.py's `visible`, the one window rule) and that is the context's or one of its
+    own ancestors. Positions are buffer indices (each row's position plus its left padding)."""
     rows, n = steps.shape
-    context = mx.arange(layer._idx)  # buffer indices: position + the row's left padding
-    seen = mx.broadcast_to(context[None, None] >= layer.left_padding[:, None, None],
-                           (rows, n, layer._idx))
-    tree = ancestors
-    if window_size is not None:
-        query = layer._idx + steps  # (B, N), in the same buffer index space
-        seen = seen & (query[:, :, None] - context[None, None] < window_size)
-        tree = tree & (steps[:, :, None] - steps[:, None, :] < window_size)
-    return mx.concatenate([seen, tree], axis=-1)
+    context = mx.broadcast_to(mx.arange(layer._idx)[None], (rows, layer._idx))
+    nodes = layer._idx + steps  # (B, N)
+    keys = mx.concatenate([context, nodes], axis=1)  # (B, K)
+    seen = visible(nodes, keys, window_size) & (keys >= layer.left_padding[:, None])[:, None]
+    return seen & mx.concatenate([mx.ones((rows, n, layer._idx), mx.bool_), ancestors], axis=-1)
 
 
 def keep_paths(target: BatchCache, fed: int, kept_rows: Sequence[Sequence[int]],

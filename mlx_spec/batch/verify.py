@@ -11,6 +11,7 @@ back in one transfer: the round's only sync.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -35,10 +36,15 @@ class RowProposal:
     parents: Optional[tuple] = None  # a token tree's (batch/trees.py); None: a chain
     spine: tuple = ()  # ... the nodes of the draft model's own chain in it
 
+    @property
+    def width(self) -> int:
+        """The most children a node of its tree has (1: a chain)."""
+        return 1 if self.parents is None else max(collections.Counter(self.parents[1:]).values())
+
     def spine_kept(self, verdict: "Verdict") -> int:
         """How many of the draft model's own drafts the verdict kept (a tree: the accepted
         path's first nodes that are its spine's)."""
-        return verdict.accepted if verdict.rows is None else along(verdict.rows[1:], self.spine)
+        return verdict.accepted if verdict.nodes is None else along(verdict.nodes[1:], self.spine)
 
 
 @dataclass
@@ -49,7 +55,7 @@ class Verdict:
     accepted: int
     token: int
     logits: mx.array  # (n + 1, V) the target's, after the row's processors, lazy
-    rows: Optional[List[int]] = None  # a tree round: the nodes kept (the root, then the path)
+    nodes: Optional[List[int]] = None  # a tree's: the nodes kept (the root, then the path)
     depth: Optional[int] = None  # ... and the tree's depth
 
     @property
@@ -80,26 +86,38 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
         return _greedy_verdicts(rows, lengths, x, target_logits)
     summaries, row_logits = [], []
     for i, (row, proposal, n) in enumerate(zip(rows, proposals, lengths)):
-        logits = target_logits[i, :n + 1]  # (n + 1, V)
-        drafts = proposal.tokens.astype(mx.uint32) if n else mx.zeros((0,), mx.uint32)
-        if row.request.logits_processors:
-            logits = processed(row.request.logits_processors, mx.array(row.history, mx.uint32),
-                               drafts, logits)
+        parts, logits = chain_parts(row, proposal, target_logits[i, :n + 1], accept)
+        summaries.append(parts)
         row_logits.append(logits)
-        if row.greedy:
-            summaries.append(verdict_parts(greedy_accept, drafts, None, logits, None))
-        else:
-            logprobs = logprobs_from_logits(logits, row.request.sampling)
-            summaries.append(verdict_parts(accept, drafts, proposal.probs if n else None,
-                                           logits, logprobs, key=row.next_key()))
     values = mx.concatenate(summaries).tolist()  # the only sync of the round
     verdicts, at = [], 0
     for row, n, logits in zip(rows, lengths, row_logits):
-        size = verdict_size(n, row.greedy)
-        accepted, token, drafted, _ = read_verdict(values[at:at + size], n, row.greedy)
-        at += size
-        verdicts.append(Verdict(drafted, accepted, token, logits))
+        verdict, at = read_chain(row, n, logits, values, at)
+        verdicts.append(verdict)
     return verdicts
+
+
+def chain_parts(row: Row, proposal: Optional[RowProposal], logits: mx.array, accept=ACCEPT):
+    """(the row's verdict parts (judge.verdict_parts), its logits (n + 1, V) after its
+    processors), lazy: a chain of n drafts (none: the target's own token) judged by the row's
+    rule with its own key."""
+    n = logits.shape[0] - 1
+    drafts = proposal.tokens.astype(mx.uint32) if n else mx.zeros((0,), mx.uint32)
+    if row.request.logits_processors:
+        logits = processed(row.request.logits_processors, mx.array(row.history, mx.uint32),
+                           drafts, logits)
+    if row.greedy:
+        return verdict_parts(greedy_accept, drafts, None, logits, None), logits
+    logprobs = logprobs_from_logits(logits, row.request.sampling)
+    return verdict_parts(accept, drafts, proposal.probs if n else None, logits, logprobs,
+                         key=row.next_key()), logits
+
+
+def read_chain(row: Row, n: int, logits: mx.array, values: list, at: int):
+    """(the row's Verdict, where the next row's values start) from the round's host values."""
+    size = verdict_size(n, row.greedy)
+    accepted, token, drafted, _ = read_verdict(values[at:at + size], n, row.greedy)
+    return Verdict(drafted, accepted, token, logits), at + size
 
 
 def _greedy_verdicts(rows, lengths, x, target_logits) -> List[Verdict]:

@@ -28,8 +28,9 @@ def visible(query_pos: mx.array, key_pos: mx.array, window: Optional[int],
             keep: int = 0) -> mx.array:
     """(Q, K) bool: whether a query at absolute position query_pos[q] sees the key at
     key_pos[k] under a sliding window of `window` tokens (itself included; None: no window)
-    whose first `keep` positions stay visible, as in mlx-lm's RotatingKVCache."""
-    q, k = query_pos[:, None], key_pos[None]  # (Q, 1), (1, K)
+    whose first `keep` positions stay visible, as in mlx-lm's RotatingKVCache. Leading axes
+    broadcast: (B, Q) queries and (B, K) keys give (B, Q, K)."""
+    q, k = query_pos[..., :, None], key_pos[..., None, :]  # (..., Q, 1), (..., 1, K)
     if window is None:
         return k <= q
     return (k <= q) & ((q - k < window) | (k < keep))

@@ -161,26 +161,11 @@ class TreeDrafter:
         chain = self.base.propose(history, k)
         if chain is None:
             return None
-        logprobs = self.base.kept_logprobs  # (k', V_d) per spine step, lazy
         depth = chain.num_tokens
-        parents = spine_and_siblings(depth, self.width)
-        others = self.width - 1
-        if chain.probs is None:  # T = 0: the next-best tokens after the spine's own
-            ranked = mx.argsort(-logprobs, axis=-1)[:, :self.width]  # (k', W), the argmax first
-            siblings = ranked[:, 1:]
-        else:  # T > 0: i.i.d. draws from the same q
-            siblings = mx.random.categorical(mx.log(chain.probs), axis=-1,
-                                             num_samples=others) if others else None
-        tokens, probs = [], []
-        for i in range(depth):  # depth i: the spine token, then its siblings
-            tokens.append(chain.tokens[i:i + 1])
-            if others:
-                tokens.append(siblings[i].astype(mx.uint32))
-            if chain.probs is not None:
-                probs.append(mx.broadcast_to(chain.probs[i:i + 1], (self.width, chain.probs.shape[-1])))
+        scores = self.base.kept_logprobs[:depth]  # (depth, V_d) per spine step, lazy
+        tokens, probs = beside_the_spine(chain.tokens, scores, chain.probs, self.width)
         spine = tuple(1 + i * self.width for i in range(depth))
-        return TreeProposal(mx.concatenate(tokens).astype(mx.uint32),
-                            mx.concatenate(probs) if probs else None, parents, spine,
+        return TreeProposal(tokens, probs, spine_and_siblings(depth, self.width), spine,
                             self.source, self, width=self.width)
 
     def _lookup_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
@@ -203,6 +188,24 @@ class TreeDrafter:
         spine = _path_nodes(parents, tokens, token_paths[0])
         return TreeProposal(drafted, probs, parents, spine, self.source, self,
                             width=max(len(kids) for kids in children(parents)))
+
+
+def beside_the_spine(spine: mx.array, scores: mx.array, q: Optional[mx.array], width: int,
+                     key: Optional[mx.array] = None) -> Tuple[mx.array, Optional[mx.array]]:
+    """(nodes (n w,), their q (n w, V) or None) of `spine_and_siblings(n, width)`: each of the
+    `spine`'s n tokens, then `width - 1` sibling leaves from the same step: at T = 0 (`q`
+    None) the next-best tokens by that step's `scores` (n, V); at T > 0 i.i.d. draws from its q
+    (n, V), with replacement (`key`: a batch row's own randomness). One sequence's trees
+    (TreeDrafter) and a batch's rows' (batch/trees.py)."""
+    spine = spine.astype(mx.uint32)[:, None]  # (n, 1)
+    if width == 1:
+        siblings = mx.zeros((spine.shape[0], 0), mx.uint32)
+    elif q is None:  # the argmax is the spine's own
+        siblings = mx.argsort(-scores, axis=-1)[:, 1:width]
+    else:
+        siblings = mx.random.categorical(mx.log(q), axis=-1, num_samples=width - 1, key=key)
+    nodes = mx.concatenate([spine, siblings.astype(mx.uint32)], axis=1).reshape(-1)
+    return nodes, None if q is None else mx.repeat(q, width, axis=0)
 
 
 def _other_matches(text: List[int], ngram_sizes, length: int, count: int,
