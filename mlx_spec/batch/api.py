@@ -55,7 +55,10 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     A draft model of another vocabulary drafts across it when its tokenizer is known:
     `draft_tokenizer`, else the one `mlx_spec.load` read with it (docs/drafting.md).
     `tree=(depth, width)`: the draft model's rows propose token trees of that shape, each row
-    its own, verified in the round's one pass (batch/trees.py); None or False: chains."""
+    its own, verified in the round's one pass (batch/trees.py); rows drafting from lookup,
+    suffix drafting, a draft of another tokenizer, the MTP / EAGLE-3 heads or a DFlash drafter,
+    rows with logits processors, and targets with recurrent state keep chains. None or False:
+    chains."""
     check_arguments(tree=tree)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")

@@ -14,8 +14,9 @@ round for every row: proposals (prompt lookup per row, then for all rows that
 have none the draft model (one batched pass per draft position), the target's
 MTP head or an EAGLE-3 head, or a DFlash block drafter (one pass for every row's block, reading
 the taps the verify pass captured)); a draft of another tokenizer drafts for each row on its
-own, row after row (cross.py), as a host search. Then the batched verify (verify.py), per-row
-acceptance and rewind (kv.py). A row that ends (a stop token, its budget,
+own, row after row (cross.py), as a host search. With `tree=(depth, width)` the draft model's
+rows propose token trees, each verified in the same one pass (trees.py). Then the batched
+verify (verify.py), per-row acceptance and rewind (kv.py). A row that ends (a stop token, its budget,
 `cancel`) leaves the batch at once; with `keep_cache` its cache is handed
 back holding exactly its prompt and output, for the prompt-cache store.
 
