@@ -59,6 +59,11 @@ def children(parents: Sequence[int]) -> List[List[int]]:
     return kids
 
 
+def widest(parents: Sequence[int]) -> int:
+    """The most children any node has (1 for a chain)."""
+    return max(len(kids) for kids in children(parents))
+
+
 def paths(parents: Sequence[int]) -> List[List[int]]:
     """Every root-to-leaf path as node ids, the root first, leaves in node order."""
     mask = ancestor_mask(parents)

@@ -42,7 +42,7 @@ from ..tree_acceptance import read_tree, tree_parts, tree_size
 from ..tree_verify import tree_forward
 from .kv import BatchCache
 from .rows import Row
-from .verify import ACCEPT, RowProposal, Verdict, chain_parts, read_chain
+from .verify import ACCEPT, RowProposal, Verdict, chain_parts, read_chain, verify_input
 
 
 def draft_trees(rows: Sequence[Row], wants: Sequence[int], tokens: mx.array,
@@ -87,15 +87,7 @@ def verify_trees(target: BatchCache, rows: Sequence[Row],
     padded = [t + (0,) * (n - len(t)) for t in trees]  # filler: leaves under the root
     ancestors = mx.array(np.stack([ancestor_mask(t) for t in padded]))  # (B, N, N)
     steps = mx.array(ancestors.sum(-1) - 1, mx.int32)  # (B, N) each node's depth
-    x = []
-    for row, proposal, tree in zip(rows, proposals, trees):
-        parts = [mx.array(row.history[-1:], mx.uint32)]
-        if proposal is not None:
-            parts.append(proposal.tokens.astype(mx.uint32))
-        if n - len(tree):
-            parts.append(mx.zeros((n - len(tree),), mx.uint32))
-        x.append(mx.concatenate(parts))
-    x = mx.stack(x)  # (B, N)
+    x = verify_input(rows, proposals, n)  # (B, N): filler leaves under each row's root
     with round_attention(), tree_forward(target.attention, steps, lambda layer, window: tree_mask(
             layer, ancestors, steps, window)[:, None]):  # (B, 1, N, K)
         target_logits = target.forward(x)  # (B, N, V)

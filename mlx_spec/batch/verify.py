@@ -11,7 +11,6 @@ back in one transfer: the round's only sync.
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -22,7 +21,7 @@ from ..attention import round_attention
 from ..judge import prefix_match, read_verdict, stop_cut, verdict_parts, verdict_size
 from ..loop import processed
 from ..sampling import logprobs_from_logits
-from ..tree import along
+from ..tree import along, widest
 from .kv import BatchCache
 from .rows import Row
 
@@ -39,7 +38,7 @@ class RowProposal:
     @property
     def width(self) -> int:
         """The most children a node of its tree has (1: a chain)."""
-        return 1 if self.parents is None else max(collections.Counter(self.parents[1:]).values())
+        return 1 if self.parents is None else widest(self.parents)
 
     def spine_kept(self, verdict: "Verdict") -> int:
         """How many of the draft model's own drafts the verdict kept (a tree: the accepted
@@ -70,16 +69,7 @@ ACCEPT = keyed_rule(residual=True)
 def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional[RowProposal]],
            accept=ACCEPT) -> List[Verdict]:
     lengths = [0 if p is None else p.tokens.shape[0] for p in proposals]
-    width = max(lengths)
-    x = mx.array([row.history[-1:] for row in rows], mx.uint32)  # (B, 1)
-    if width:
-        drafts = []
-        for proposal, n in zip(proposals, lengths):
-            parts = [proposal.tokens.astype(mx.uint32)] if n else []
-            if width - n:
-                parts.append(mx.zeros((width - n,), mx.uint32))
-            drafts.append(mx.concatenate(parts) if len(parts) > 1 else parts[0])
-        x = mx.concatenate([x, mx.stack(drafts)], axis=1)  # (B, width + 1)
+    x = verify_input(rows, proposals, max(lengths) + 1)  # (B, width + 1)
     with round_attention():
         target_logits = target.forward(x)  # (B, width + 1, V)
     if all(row.greedy and not row.request.logits_processors for row in rows):
@@ -95,6 +85,24 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
         verdict, at = read_chain(row, n, logits, values, at)
         verdicts.append(verdict)
     return verdicts
+
+
+def verify_input(rows: Sequence[Row], proposals: Sequence[Optional[RowProposal]],
+                 n: int) -> mx.array:
+    """(B, n) uint32: each row's last token, its proposal's tokens (a chain's drafts, a
+    tree's nodes), then filler where another row has more (never accepted)."""
+    if n == 1:  # no drafts (plain batched decoding): one transfer
+        return mx.array([row.history[-1:] for row in rows], mx.uint32)
+    x = []
+    for row, proposal in zip(rows, proposals):
+        parts = [mx.array(row.history[-1:], mx.uint32)]
+        if proposal is not None:
+            parts.append(proposal.tokens.astype(mx.uint32))
+        filler = n - sum(p.shape[0] for p in parts)
+        if filler:
+            parts.append(mx.zeros((filler,), mx.uint32))
+        x.append(mx.concatenate(parts) if len(parts) > 1 else parts[0])
+    return mx.stack(x)
 
 
 def chain_parts(row: Row, proposal: Optional[RowProposal], logits: mx.array, accept=ACCEPT):

@@ -52,7 +52,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from ..tree import along, children, from_paths, spine_and_siblings
+from ..tree import along, from_paths, spine_and_siblings, widest
 from ..tree_verify import tree_capable
 from .dflash import DFlashDrafter
 from .dflash2 import DFlash2Drafter
@@ -187,7 +187,7 @@ class TreeDrafter:
         probs = None if self.base.greedy else point_masses(drafted, self.base.target_vocab_size)
         spine = _path_nodes(parents, tokens, token_paths[0])
         return TreeProposal(drafted, probs, parents, spine, self.source, self,
-                            width=max(len(kids) for kids in children(parents)))
+                            width=widest(parents))
 
 
 def beside_the_spine(spine: mx.array, scores: mx.array, q: Optional[mx.array], width: int,
