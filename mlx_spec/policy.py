@@ -86,6 +86,7 @@ PROBE_HORIZON = 256  # tokens a probe's verdict decides about (the longest off p
 CATCH_UP_TOKENS = 16  # a backlog this long is timed as a catch-up, not as its round
 STEADY_LAPS = 64  # the recent steady plain laps t_plain is the median of
 UNKNOWN_VERIFY_SHARE = 0.5  # v / t_plain when no prefill was timed (a one-token prompt)
+VERIFY_PRIOR_ROUNDS = 1.0  # the prefill's v weighs as much as one timed round's
 UNKNOWN_STEP_SHARE = 0.3  # a paid source's step / t_plain when none was timed
 LOOK_SHARE = 0.02  # the prompt look may cost this share of the reply's plain time ...
 LOOK_FIXED_TOKENS = 8.0  # ... at this many prompt tokens' prefill
@@ -313,7 +314,8 @@ class AdaptivePolicy:
         self.plain_time = [0.0, 0.0]  # count and seconds of timed plain steps
         self._block: List[Optional[float]] = []  # the laps of the plain block under way
         self.plain_trial = TRIAL_STEPS if prior is None else 0
-        self.verify_per_token: Optional[float] = None  # v: the target's prefill, per token
+        self.verify_per_token: Optional[float] = None  # the target's prefill, per token
+        self.verify_rounds = [0.0, 0.0]  # decayed count and sum of timed rounds' v
         self.prompt_tokens = 0  # the prompt the target prefilled (a lazy draft's backlog)
         self.step_seconds: Dict[str, float] = {}  # one timed step, by paid source
         self.catch_up_seconds: Dict[str, float] = {}  # per backlog token, by paid source
@@ -331,6 +333,7 @@ class AdaptivePolicy:
         fresh.steady_laps.extend(self.steady_laps)
         fresh.plain_time = list(self.plain_time)
         fresh.verify_per_token = self.verify_per_token
+        fresh.verify_rounds = list(self.verify_rounds)
         fresh.step_seconds, fresh.catch_up_seconds = dict(self.step_seconds), dict(
             self.catch_up_seconds)
         for name, estimate in self.sources.items():
@@ -373,7 +376,7 @@ class AdaptivePolicy:
         plain = self.plain_seconds
         if not plain:
             return None
-        v = min(self.verify_per_token or UNKNOWN_VERIFY_SHARE * plain, plain)
+        v = self.verify_seconds()
         step = 0.0 if estimate.free else self.step_seconds.get(name, UNKNOWN_STEP_SHARE * plain)
         return (plain + step, v) if estimate.block else (plain, v + step)
 
@@ -388,7 +391,31 @@ class AdaptivePolicy:
             points = sorted(self.prior.verify_seconds.items())
             (n0, t0), (n1, t1) = points[0], points[-1]
             return max((t1 - t0) / (n1 - n0), 0.0)
-        return min(self.verify_per_token or UNKNOWN_VERIFY_SHARE * plain, plain)
+        return self.verify_seconds()
+
+    def verify_seconds(self) -> float:
+        """v with no calibration: what one more verified token costs. The timed rounds' (each
+        round's seconds less t_plain and its draft steps, per draft: `_time_verify`), shrunk to
+        the prefill's per-token time by VERIFY_PRIOR_ROUNDS. The prefill runs no output layer
+        over its positions and amortises its weights over many rows, so on a CPU it reads low
+        (a quantized SmolLM2 with netlib: 0.06 s a token, where a verified token costs 0.09 s
+        and a plain step 0.095 s); at most t_plain."""
+        plain = self.plain_seconds or 0.0
+        prior = self.verify_per_token or UNKNOWN_VERIFY_SHARE * plain
+        rounds, total = self.verify_rounds
+        return min((VERIFY_PRIOR_ROUNDS * prior + total) / (VERIFY_PRIOR_ROUNDS + rounds), plain)
+
+    def _time_verify(self, estimate: SourceEstimate, name: str, k: int, seconds: float) -> None:
+        """A timed chain round of `k` drafts tells v: its seconds less a plain step's and its
+        draft steps' (none for a host search; a block drafter's one), per draft."""
+        plain = self.plain_seconds
+        step = 0.0 if estimate.free else self.step_seconds.get(name)
+        if not plain or step is None:
+            return
+        drafting = step if estimate.block else step * k
+        v = min(max(seconds - plain - drafting, 0.0) / k, 2.0 * plain)  # (a stall: at most 2)
+        self.verify_rounds = [self.decay * self.verify_rounds[0] + 1.0,
+                              self.decay * self.verify_rounds[1] + v]
 
     def best(self, name: str, acceptance: Optional[float] = None):
         """(k*, rate_s(k*) t_plain): the best length and its speed over plain decoding's."""
@@ -443,7 +470,7 @@ class AdaptivePolicy:
                     estimate.switched_off = 1
                 return 0
             exploring = estimate.rounds == 0 or estimate.probing == PROBE_ROUNDS
-            if exploring and not estimate.free and not self._worth_exploring(name, k):
+            if exploring and not self._worth_exploring(name, k):
                 estimate.off_left = MAX_OFF_STEPS  # it costs more than it could win
                 estimate.switched_off = max(estimate.switched_off, 1)
                 return 0
@@ -495,8 +522,11 @@ class AdaptivePolicy:
         its estimate and its prior, against the round's predicted loss plus its catch-up (a
         draft model fed every token it missed, its prompt too if it was never prefilled)."""
         estimate, plain = self.source(name), self.plain_seconds
-        measured = self.prior is not None and self.prior.knows(name) or (
-            self.verify_per_token is not None and name in self.step_seconds)
+        if estimate.free:  # a host search costs verify passes only: known once one was timed
+            measured = self.verify_rounds[0] > 0  # (no calibration: its first round is free)
+        else:
+            measured = self.prior is not None and self.prior.knows(name) or (
+                self.verify_per_token is not None and name in self.step_seconds)
         if not measured:  # its costs are guesses: only a round can tell
             return True
         prior = self.prior.acceptance.get(name) if self.prior is not None else None
@@ -596,6 +626,8 @@ class AdaptivePolicy:
             estimate.count_nodes(nodes - k, seconds, at_depth)
             seconds = max(seconds - (nodes - k) * self._node_seconds(estimate), 1e-9)
         if seconds is not None:
+            if not nodes and self.prior is None:
+                self._time_verify(estimate, name, k, seconds)
             estimate.add(k, seconds)
         estimate.rounds += 1
         estimate.since = 0

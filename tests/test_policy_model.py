@@ -222,3 +222,45 @@ def test_a_never_prefilled_draft_counts_its_prompt_in_its_first_rounds_cost():
         return policy.proposal_length("draft")
     assert first(5000) == 0  # 150 plain steps of prefill against at most 72 saved
     assert first(16) > 0
+
+
+def test_timed_rounds_correct_the_prefills_verify_cost():
+    """The prefill's per-token time is v's prior only: a host search's timed rounds (seconds
+    less a plain step, per draft) replace it. Told 0.6 while a verified token costs a whole
+    plain step (a quantized model on a CPU without BLAS), v moves to 1.0; a draft model's
+    rounds count less its timed steps."""
+    policy = told_policy(verify_per_token=0.6, step=0.2)
+    assert policy.verify_seconds() == pytest.approx(0.6)
+    for _ in range(20):
+        policy.observe(Round([0, 0], 1, 1, "lookup", None), 2.0)
+    assert policy.verify_seconds() == pytest.approx(1.0, abs=0.05)
+    drafted = told_policy(verify_per_token=0.6, step=0.2)
+    for _ in range(20):
+        drafted.observe(Round([0, 0, 0], 2, 2, "draft", None), 1.0 + 2 * (0.3 + 0.2))
+    assert drafted.verify_seconds() == pytest.approx(0.3, abs=0.05)
+    assert drafted.next_request().verify_seconds() == pytest.approx(drafted.verify_seconds())
+
+
+def test_a_host_search_that_cannot_pay_is_not_probed():
+    """Where a verified token costs a plain step, a host search's first round (its verdict)
+    shows it: off, and no probe after the off period, since even at its prior acceptance it
+    could not win. Where verifying is nearly free the same rounds are probed again."""
+    def after_off_period(round_seconds):
+        policy = told_policy(verify_per_token=0.6, step=0.0)
+        k = policy.proposal_length("lookup")
+        assert k >= 1  # the first round of a host search is its verdict
+        policy.observe(Round([0], k, 0, "lookup", None), round_seconds(k))
+        estimate = policy.source("lookup")
+        if policy.proposal_length("lookup"):  # (one rejection does not switch a cheap one off)
+            estimate.switch_off()
+        for _ in range(estimate.off_left):
+            policy.observe(Round([0], 0, 0, "target", None), 1.0)
+        return policy.proposal_length("lookup"), estimate.off_left
+    policy_off = told_policy(verify_per_token=0.6, step=0.0)
+    k = policy_off.proposal_length("lookup")
+    policy_off.observe(Round([0], k, 0, "lookup", None), 1.0 + k)
+    assert policy_off.proposal_length("lookup") == 0  # its verdict
+    asked, off = after_off_period(lambda k: 1.0 + k)
+    assert asked == 0 and off >= 256
+    asked, _ = after_off_period(lambda k: 1.0 + 0.02 * k)
+    assert asked > 0
