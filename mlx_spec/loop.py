@@ -294,7 +294,7 @@ def generate_rounds(
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1],
             tail=look_rows if split else 0)
     per_token = (time.perf_counter() - started) / (len(prompt) - 1) if len(prompt) > 1 else None
-    if per_token is not None and hasattr(policy, "observe_prefill"):  # what a verified token costs
+    if per_token is not None and hasattr(policy, "observe_prefill"):  # v's prior
         policy.observe_prefill(len(prompt) - 1, per_token * (len(prompt) - 1))
     target_tail = prompt_look.tail_logits(target, look_rows) if look_rows else None
     if split:

@@ -18,8 +18,9 @@ The adaptive policy is one formula (docs/drafting.md, "The policy"). For source 
   DEPTH_PRIOR_ROUNDS (with one a for every depth, E_s(k) = (1 - a^(k+1)) / (1 - a)).
 - T_s(k), seconds of a round drafting k: a decayed least-squares line over the source's timed
   rounds, shrunk to a prior line worth PRIOR_COST_ROUNDS rounds that fades as rounds come in
-  (its slope a ridge estimate): a calibration's rounds, else t_plain + k v + D_s(k), with v the target's
-  seconds per token in its prefill (what one more verified token costs) and D_s(k) the source's
+  (its slope a ridge estimate): a calibration's rounds, else t_plain + k v + D_s(k), with v what
+  one more verified token costs: the host searches' timed chain rounds' (less t_plain, per
+  draft), shrunk to the target's prefill seconds per token by VERIFY_PRIOR_ROUNDS; D_s(k) the source's
   timed step times k (0 for a host search; one step whatever k for a block drafter). A round
   that also fed the source tokens it missed has that catch-up (per token: its prefill's)
   taken off first.
@@ -38,7 +39,7 @@ a spine of k drafts with w - 1 sibling leaves beside each spine node, k w nodes 
   rounds, shrunk to SIBLING_PRIOR by SIBLING_PRIOR_ROUNDS; b_s,1 = 0 (a chain). A tree's
   nodes beyond its depth cost v_s each: its tree rounds' seconds beyond the line at their
   depth, per extra node, decayed and shrunk by PRIOR_COST_ROUNDS to v (the calibration's
-  verify curve, else the target's prefill per token); T_s stays the line over depth, a
+  verify curve, else v above); T_s stays the line over depth, a
   tree round timed into it less its extra nodes.
   A tree one wider than the chosen shape is tried only while it could beat that shape and
   plain decoding with SIBLING_HOPE per sibling: where verifying k w nodes costs about k w
@@ -49,9 +50,12 @@ Each round source s drafts k* = argmax_k rate_s(k) when rate_s(k*) t_plain >= 1 
 Otherwise it sits out an off period (FIRST_OFF_STEPS tokens, doubling while it keeps losing,
 up to MAX_OFF_STEPS), then drafts PROBE_ROUNDS probe rounds. Exploration is explicit and
 bounded: a host search drafts one round before any verdict, a paid source PROBE_ROUNDS
-rounds, as a probe does, and a paid source (first round or probe) only when what it would save over the next PROBE_HORIZON tokens, at the better of its
-estimate and its prior, outweighs the round's predicted loss plus its catch-up (a draft
-model fed the tokens it missed); every EXPLORE_EVERY-th round tries k* +- a quarter, so the
+rounds, as a probe does; a first round or probe happens only when what it would save over
+the next PROBE_HORIZON tokens, at the better of its estimate and its prior, outweighs the
+round's predicted loss plus its catch-up (a draft model fed the tokens it missed), once its
+costs were measured with no calibration (a paid source: its step and the prefill; a host
+search: its probes only, once a timed round gave v; its first round in a request is its
+verdict) or a calibration knows the source; every EXPLORE_EVERY-th round tries k* +- a quarter, so the
 line's slope stays measured; from the second off period on, a probe waits while the probes'
 net loss against plain decoding plus its own predicted loss exceeds PROBE_BUDGET of the time
 decoded; a source that would lose even with every draft kept is never probed.
@@ -383,7 +387,7 @@ class AdaptivePolicy:
     def _node_seconds(self, estimate: Optional[SourceEstimate] = None) -> float:
         """v: what one more verified token costs (a tree's nodes beyond its depth): the
         source's tree rounds' (`estimate`), shrunk to the calibration's verify curve, else
-        to the target's prefill per token, else to a guess."""
+        to `verify_seconds` (the host searches' timed rounds and the prefill's per token)."""
         if estimate is not None:
             return estimate.node_seconds(self._node_seconds())
         plain = self.plain_seconds or 0.0
@@ -394,8 +398,8 @@ class AdaptivePolicy:
         return self.verify_seconds()
 
     def verify_seconds(self) -> float:
-        """v with no calibration: what one more verified token costs. The timed rounds' (each
-        round's seconds less t_plain and its draft steps, per draft: `_time_verify`), shrunk to
+        """v with no calibration: what one more verified token costs. The host searches' timed
+        rounds' (each round's seconds less t_plain, per draft: `_time_verify`), shrunk to
         the prefill's per-token time by VERIFY_PRIOR_ROUNDS. The prefill runs no output layer
         over its positions and amortises its weights over many rows, so on a CPU it reads low
         (a quantized SmolLM2 with netlib: 0.06 s a token, where a verified token costs 0.09 s
@@ -405,15 +409,14 @@ class AdaptivePolicy:
         rounds, total = self.verify_rounds
         return min((VERIFY_PRIOR_ROUNDS * prior + total) / (VERIFY_PRIOR_ROUNDS + rounds), plain)
 
-    def _time_verify(self, estimate: SourceEstimate, name: str, k: int, seconds: float) -> None:
-        """A timed chain round of `k` drafts tells v: its seconds less a plain step's and its
-        draft steps' (none for a host search; a block drafter's one), per draft."""
+    def _time_verify(self, seconds: float, k: int) -> None:
+        """A host search's timed chain round of `k` drafts tells v: its seconds less a plain
+        step's, per draft (at most t_plain: a stall). A paid source's rounds do not: costs its
+        one timed step misses would read as the target's, and its own line has them."""
         plain = self.plain_seconds
-        step = 0.0 if estimate.free else self.step_seconds.get(name)
-        if not plain or step is None:
+        if not plain:
             return
-        drafting = step if estimate.block else step * k
-        v = min(max(seconds - plain - drafting, 0.0) / k, 2.0 * plain)  # (a stall: at most 2)
+        v = min(max(seconds - plain, 0.0) / k, plain)
         self.verify_rounds = [self.decay * self.verify_rounds[0] + 1.0,
                               self.decay * self.verify_rounds[1] + v]
 
@@ -522,8 +525,9 @@ class AdaptivePolicy:
         its estimate and its prior, against the round's predicted loss plus its catch-up (a
         draft model fed every token it missed, its prompt too if it was never prefilled)."""
         estimate, plain = self.source(name), self.plain_seconds
-        if estimate.free:  # a host search costs verify passes only: known once one was timed
-            measured = self.verify_rounds[0] > 0  # (no calibration: its first round is free)
+        if estimate.free:  # its rounds cost verify passes only: known once one was timed; a
+            # request's first round is its verdict, whatever earlier requests measured
+            measured = estimate.rounds > 0 and self.verify_rounds[0] > 0
         else:
             measured = self.prior is not None and self.prior.knows(name) or (
                 self.verify_per_token is not None and name in self.step_seconds)
@@ -626,8 +630,8 @@ class AdaptivePolicy:
             estimate.count_nodes(nodes - k, seconds, at_depth)
             seconds = max(seconds - (nodes - k) * self._node_seconds(estimate), 1e-9)
         if seconds is not None:
-            if not nodes and self.prior is None:
-                self._time_verify(estimate, name, k, seconds)
+            if not nodes and estimate.free and self.prior is None:
+                self._time_verify(seconds, k)
             estimate.add(k, seconds)
         estimate.rounds += 1
         estimate.since = 0
@@ -649,8 +653,9 @@ class AdaptivePolicy:
 
     # --- what the loop measures before the first round ---
     def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """The target prefilled `tokens` in `seconds`: v, what one more verified token costs
-        (a short prompt's time is mostly fixed cost, and tells nothing)."""
+        """The target prefilled `tokens` in `seconds`: the prior of v, what one more verified
+        token costs (`verify_seconds`; a short prompt's time is mostly fixed cost, and tells
+        nothing), and of a never-prefilled draft's catch-up."""
         self._best.clear()
         self.prompt_tokens = tokens
         if tokens >= CATCH_UP_TOKENS and seconds > 0:

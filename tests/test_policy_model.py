@@ -227,18 +227,21 @@ def test_a_never_prefilled_draft_counts_its_prompt_in_its_first_rounds_cost():
 def test_timed_rounds_correct_the_prefills_verify_cost():
     """The prefill's per-token time is v's prior only: a host search's timed rounds (seconds
     less a plain step, per draft) replace it. Told 0.6 while a verified token costs a whole
-    plain step (a quantized model on a CPU without BLAS), v moves to 1.0; a draft model's
-    rounds count less its timed steps."""
+    plain step (a quantized model on a CPU without BLAS), v moves to 1.0, and a server's next
+    request starts from it; a stall counts as at most a plain step. A draft model's rounds
+    leave it (its own line has its costs, a one-step timing may miss some)."""
     policy = told_policy(verify_per_token=0.6, step=0.2)
     assert policy.verify_seconds() == pytest.approx(0.6)
+    policy.observe(Round([0, 0], 1, 1, "lookup", None), 30.0)  # a stall
+    assert policy.verify_seconds() == pytest.approx(0.8)
     for _ in range(20):
-        policy.observe(Round([0, 0], 1, 1, "lookup", None), 2.0)
+        policy.observe(Round([0, 0, 0], 2, 2, "lookup", None), 3.0)
     assert policy.verify_seconds() == pytest.approx(1.0, abs=0.05)
+    assert policy.next_request().verify_seconds() == pytest.approx(policy.verify_seconds())
     drafted = told_policy(verify_per_token=0.6, step=0.2)
     for _ in range(20):
-        drafted.observe(Round([0, 0, 0], 2, 2, "draft", None), 1.0 + 2 * (0.3 + 0.2))
-    assert drafted.verify_seconds() == pytest.approx(0.3, abs=0.05)
-    assert drafted.next_request().verify_seconds() == pytest.approx(drafted.verify_seconds())
+        drafted.observe(Round([0, 0, 0], 2, 2, "draft", None), 1.0 + 2 * (1.0 + 0.2))
+    assert drafted.verify_seconds() == pytest.approx(0.6)
 
 
 def test_a_host_search_that_cannot_pay_is_not_probed():
@@ -256,11 +259,18 @@ def test_a_host_search_that_cannot_pay_is_not_probed():
         for _ in range(estimate.off_left):
             policy.observe(Round([0], 0, 0, "target", None), 1.0)
         return policy.proposal_length("lookup"), estimate.off_left
-    policy_off = told_policy(verify_per_token=0.6, step=0.0)
-    k = policy_off.proposal_length("lookup")
-    policy_off.observe(Round([0], k, 0, "lookup", None), 1.0 + k)
-    assert policy_off.proposal_length("lookup") == 0  # its verdict
     asked, off = after_off_period(lambda k: 1.0 + k)
     assert asked == 0 and off >= 256
     asked, _ = after_off_period(lambda k: 1.0 + 0.02 * k)
     assert asked > 0
+
+
+def test_each_request_gives_a_host_search_its_verdict_round():
+    """v carries to a server's next request, but a host search's first round in a request is
+    its verdict whatever the last one measured (a stall there must not switch it off for good)."""
+    policy = told_policy(verify_per_token=0.6, step=0.0)
+    k = policy.proposal_length("lookup")
+    policy.observe(Round([0], k, 0, "lookup", None), 1.0 + k)
+    assert policy.proposal_length("lookup") == 0  # off after its verdict
+    fresh = policy.next_request()
+    assert fresh.verify_seconds() > 0.75 and fresh.proposal_length("lookup") >= 1
