@@ -39,7 +39,8 @@ from .drafters.vocab_bridge import VocabBridge, bridge_for, too_small
 from .loading import check_pair, tokenizer_of, vocab_size
 from .loading import load as load_model
 from .mtp import load_mtp, split_target
-from .policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, make_policy
+from .policy import (DEFAULT_ACCEPTANCE_PRIOR, FREE_SOURCES, SAMPLING_ACCEPTANCE_PRIOR,
+                     make_policy)
 from .precision import prepare_drafter
 from .sampling import SamplingConfig
 from .session import held_context, held_tokens, take_over
@@ -85,6 +86,9 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     drafting = draft_model is not None or mtp_head is not None or block_drafter is not None \
         or eagle3_head is not None
     suffix_index = suffix_index_for(suffix)
+    # At T > 0 behind a paid drafter, lookup is asked only while the drafter sits out (an
+    # adaptive policy's fallback: policy.fall_back); in front of it, it would take its rounds.
+    fallback = prompt_lookup is None and drafting and not sampling.greedy
     if prompt_lookup is None:  # on, but never where it would refuse what plain decoding does
         prompt_lookup = on_by_default(drafting, sampling.greedy) and (
             drafting or suffix_index is not None or not unsupported_kinds(make_cache(model)))
@@ -135,6 +139,12 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
                              acceptance_prior=acceptance,
                              block_tokens={"dflash": block - 1} if block else None)
+    if fallback and hasattr(policy, "fall_back"):
+        paid = [d.source for d in drafters if d.source not in FREE_SOURCES]
+        policy.fall_back("lookup", paid)
+        drafters.insert(len(drafters) - len(paid), PromptLookupDrafter(
+            target_vocab, sampling.greedy, max_ngram=prompt_lookup_max_ngram,
+            min_ngram=min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram), context=earlier))
     # A sharded target: every rank takes rank 0's drafts, decisions and timings (no-op otherwise).
     drafters, policy, agree = agree_across_ranks(model, drafters, policy, draft_confidence)
     # A reused cache is shown at each response by a trim: sliding windows must rewind too.

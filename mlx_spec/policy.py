@@ -326,6 +326,7 @@ class AdaptivePolicy:
         self.elapsed = 0.0  # seconds of every timed round and plain step
         self.lost = 0.0  # probe rounds' seconds beyond plain decoding's for their tokens
         self._best: Dict[tuple, tuple] = {}  # best() until anything is observed
+        self.fallbacks: Dict[str, tuple] = {}  # a source asked only while these sit out
 
     def next_request(self) -> "AdaptivePolicy":
         """A policy for the next request of the same models: what this one measured of the
@@ -343,6 +344,7 @@ class AdaptivePolicy:
         for name, estimate in self.sources.items():
             fresh.source(name).fit, fresh.source(name).prior_weight = (list(estimate.fit),
                                                                        estimate.prior_weight)
+        fresh.fallbacks = dict(self.fallbacks)
         if fresh.plain_seconds:
             fresh.plain_trial = 0
         return fresh
@@ -463,6 +465,8 @@ class AdaptivePolicy:
         estimate = self.source(name)
         if self.plain_trial > 0 or estimate.off_left > 0:
             return 0
+        if any(self.source(other).off_left == 0 for other in self.fallbacks.get(name, ())):
+            return 0  # a fallback: its sources are on (or due a probe)
         k, ratio = self.best(name)
         if ratio is None:
             return 0
@@ -504,6 +508,14 @@ class AdaptivePolicy:
             return False
         hopeful = self._argmax(name, None, widths=[wider], optimistic=True)[1]
         return hopeful is not None and hopeful > max(ratio, 1.0)
+
+    def fall_back(self, name: str, behind: Sequence[str]) -> None:
+        """Ask source `name` only in rounds where every one of `behind` sits out (an off period,
+        a probe waiting): prompt lookup behind a paid drafter at T > 0, where asked first its
+        point mass would take rounds from the drafter's closer q while the drafter wins, but
+        in the drafter's off periods it is lookup alone, with its own verdict and off switch."""
+        self._best.clear()
+        self.fallbacks[name] = tuple(behind)
 
     def allow_trees(self, name: str, max_width: int) -> None:
         """Source `name` may propose token trees up to `max_width` wide (drafters/tree.py)."""
@@ -575,6 +587,10 @@ class AdaptivePolicy:
     def plain_steps(self) -> int:
         if self.plain_trial:
             return self.plain_trial
+        if any(self.sources[name].off_left == 0 and all(self.source(other).off_left > 0
+                                                        for other in behind)
+               for name, behind in self.fallbacks.items() if name in self.sources):
+            return 1  # its sources just went off: ask the fallback next
         return min((s.off_left for s in self.sources.values() if s.off_left > 0),
                    default=PLAIN_BLOCK)
 

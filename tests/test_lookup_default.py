@@ -175,3 +175,33 @@ def test_smollm2_drafts_a_quoting_reply_by_default_and_keeps_its_greedy_text():
     text = "".join(r.text for r in responses)
     assert text == generate(model, tokenizer, prompt, max_tokens=24, prompt_lookup=False)
     assert responses[-1].stats.accepted_by_source.get("lookup", 0) > 0
+
+
+def test_behind_a_paid_drafter_at_t_above_0_lookup_is_asked_only_while_it_sits_out(
+        shipped, quoting):
+    """At T > 0 lookup stands behind a draft model (asked first, its point mass would take the
+    rounds the draft wins): the default puts it in the drafters as the adaptive policy's
+    fallback, asked only in rounds where the draft sits out. A draft whose step costs more
+    than the target's (never worth a round) leaves the reply to lookup alone; a pinned k,
+    a seed or prompt_lookup=False keeps it out."""
+    from mlx_spec.policy import AdaptivePolicy
+
+    model, ids = shipped[0], quoting[0]
+    sampling = SamplingConfig(temp=0.7)
+
+    class DearDraft(AdaptivePolicy):  # the draft's step timed at ten target steps
+        def observe_draft_step(self, source, seconds):
+            super().observe_draft_step(source, 10 * (self.plain_seconds or 1.0))
+
+    rounds = list(speculative_generate_step(ids, model, model, max_tokens=24, sampling=sampling,
+                                            policy=DearDraft()))
+    sources = {r.source for r in rounds}
+    assert "lookup" in sources and "draft" not in sources
+    policy = AdaptivePolicy()  # (which source wins here depends on this machine's timings)
+    list(speculative_generate_step(ids, model, model, max_tokens=4, sampling=sampling,
+                                   policy=policy))
+    assert policy.fallbacks == {"lookup": ("draft",)}
+    for options in ({"num_draft_tokens": 2}, {"prompt_lookup": False}):
+        rounds = list(speculative_generate_step(ids, model, model, max_tokens=12,
+                                                sampling=sampling, **options))
+        assert "lookup" not in {r.source for r in rounds}, options

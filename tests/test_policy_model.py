@@ -274,3 +274,22 @@ def test_each_request_gives_a_host_search_its_verdict_round():
     assert policy.proposal_length("lookup") == 0  # off after its verdict
     fresh = policy.next_request()
     assert fresh.verify_seconds() > 0.75 and fresh.proposal_length("lookup") >= 1
+
+
+def test_a_fallback_is_asked_only_while_its_sources_sit_out():
+    """policy.fall_back("lookup", ["draft"]): lookup proposes nothing while the draft is on; the
+    round the draft goes off, one plain step, then lookup is asked (its own verdict and off
+    switch); when the draft's probe is due, lookup stands aside again."""
+    policy = told_policy(verify_per_token=0.1, step=0.2)
+    policy.fall_back("lookup", ["draft"])
+    assert policy.proposal_length("lookup") == 0 and policy.proposal_length("draft") > 0
+    k = policy.proposal_length("draft")
+    policy.observe(Round([0], k, 0, "draft", None), 1.0 + 0.3 * k)
+    estimate = policy.source("draft")
+    estimate.switch_off()  # (as its verdict would, after lookup was asked this round)
+    assert policy.plain_steps() == 1
+    assert policy.proposal_length("lookup") > 0 and policy.proposal_length("draft") == 0
+    policy.observe(Round([0], 0, 0, "target", None), 1.0)
+    for _ in range(estimate.off_left):
+        policy.observe(Round([0], 0, 0, "target", None), 1.0)
+    assert estimate.off_left == 0 and policy.proposal_length("lookup") == 0
