@@ -327,6 +327,7 @@ class AdaptivePolicy:
         self.lost = 0.0  # probe rounds' seconds beyond plain decoding's for their tokens
         self._best: Dict[tuple, tuple] = {}  # best() until anything is observed
         self.fallbacks: Dict[str, tuple] = {}  # a source asked only while these sit out
+        self._aside: set = set()  # fallbacks that stood aside when last asked
 
     def next_request(self) -> "AdaptivePolicy":
         """A policy for the next request of the same models: what this one measured of the
@@ -466,7 +467,9 @@ class AdaptivePolicy:
         if self.plain_trial > 0 or estimate.off_left > 0:
             return 0
         if any(self.source(other).off_left == 0 for other in self.fallbacks.get(name, ())):
-            return 0  # a fallback: its sources are on (or due a probe)
+            self._aside.add(name)  # a fallback: its sources are on (or due a probe)
+            return 0
+        self._aside.discard(name)
         k, ratio = self.best(name)
         if ratio is None:
             return 0
@@ -587,10 +590,11 @@ class AdaptivePolicy:
     def plain_steps(self) -> int:
         if self.plain_trial:
             return self.plain_trial
+        aside, self._aside = self._aside, set()
         if any(self.sources[name].off_left == 0 and all(self.source(other).off_left > 0
-                                                        for other in behind)
-               for name, behind in self.fallbacks.items() if name in self.sources):
-            return 1  # its sources just went off: ask the fallback next
+                                                        for other in self.fallbacks[name])
+               for name in aside):
+            return 1  # it stood aside this round, and its sources just went off: ask it next
         return min((s.off_left for s in self.sources.values() if s.off_left > 0),
                    default=PLAIN_BLOCK)
 

@@ -289,6 +289,7 @@ def test_a_fallback_is_asked_only_while_its_sources_sit_out():
     estimate.switch_off()  # (as its verdict would, after lookup was asked this round)
     assert policy.plain_steps() == 1
     assert policy.proposal_length("lookup") > 0 and policy.proposal_length("draft") == 0
+    assert policy.plain_steps() > 1  # asked and no match: a block, not step by step
     policy.observe(Round([0], 0, 0, "target", None), 1.0)
     for _ in range(estimate.off_left):
         policy.observe(Round([0], 0, 0, "target", None), 1.0)

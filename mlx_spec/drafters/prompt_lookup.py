@@ -44,7 +44,8 @@ def on_by_default(model_behind: bool, greedy: bool, seeded: bool = False) -> boo
     front of a drafter at T > 0 its point mass, kept with chance p(x), is asked first and takes
     rounds from the drafter's closer q: measured on 8 pairs at T = 0.7 / 1 it helped only where
     lookup alone was the best setting and cost up to 10% elsewhere (shipped-f16 at T = 0.7:
-    1.23x -> 1.11x plain; docs/drafting.md, "Prompt lookup").
+    1.23x -> 1.11x plain; docs/drafting.md, "Prompt lookup"). There `assemble` puts it behind
+    the drafter instead, as the adaptive policy's fallback (`policy.fall_back`).
     """
     return greedy or not (model_behind or seeded)
 
