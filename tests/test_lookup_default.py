@@ -201,6 +201,10 @@ def test_behind_a_paid_drafter_at_t_above_0_lookup_is_asked_only_while_it_sits_o
     list(speculative_generate_step(ids, model, model, max_tokens=4, sampling=sampling,
                                    policy=policy))
     assert policy.fallbacks == {"lookup": ("draft",)}
+    policy = AdaptivePolicy()  # behind the target's own MTP head likewise
+    list(speculative_generate_step(ids, model, "mtp", max_tokens=4, sampling=sampling,
+                                   policy=policy))
+    assert policy.fallbacks == {"lookup": ("mtp",)}
     for options in ({"num_draft_tokens": 2}, {"prompt_lookup": False}):
         rounds = list(speculative_generate_step(ids, model, model, max_tokens=12,
                                                 sampling=sampling, **options))
