@@ -32,6 +32,7 @@ from tiny import make_llama
 
 from mlx_spec.acceptance import speculative_accept
 from mlx_spec.drafters.eagle3 import Eagle3Drafter
+from mlx_spec.drafters.head_chain import feed
 from mlx_spec.drafters.protocol import Proposal
 from mlx_spec.eagle3 import Eagle3Head, eagle3_directory, load_eagle3, parse_config
 from mlx_spec.eagle3.config import ORIGINAL, SPECFORGE, SPECULATORS
@@ -305,7 +306,7 @@ def recorded_steps(monkeypatch, target, head, prompt, n=50, k=3, **kwargs):
         proposal = propose(self, history, k)
         if proposal is not None:
             seen.append((list(history), proposal.tokens.tolist(),
-                         [np.array(x) for x in current]))
+                         [np.array(x).reshape(-1) for x in current]))  # (1, V) a step
         return proposal
 
     monkeypatch.setattr(Eagle3Head, "logits", spy_logits)
@@ -463,16 +464,17 @@ class UnmappedQ(Eagle3Drafter):
         if self._last is None:
             return None
         g, tokens, probs = self._last, [], []
-        draft = self.head.eagle3_config.draft_vocab_size
-        vocab = self.head.eagle3_config.vocab_size
+        head = self.head.head  # the Eagle3Head inside its pairs
+        draft = head.eagle3_config.draft_vocab_size
+        vocab = head.eagle3_config.vocab_size
         for i in range(k):
-            lp = logprobs_from_logits(self.head.draft_logits(g), self.sampling)
+            lp = logprobs_from_logits(head.draft_logits(g), self.sampling)
             d = sample(lp, self.sampling)
-            y = (d.astype(mx.int64) + self.head.d2t[d]).astype(mx.uint32)[None]
+            y = (d.astype(mx.int64) + head.d2t[d]).astype(mx.uint32)[None]
             probs.append(mx.concatenate([mx.exp(lp), mx.zeros((vocab - draft,))]))
             tokens.append(y)
             if i + 1 < k:
-                g = self.head(self.embed(y), g[None], self.cache[0])[0]
+                g = feed(self.head, y[None], g[None, None], self.cache[0])[0, 0]
         self._chained = k - 1
         return Proposal(mx.concatenate(tokens), mx.stack(probs), self.source, self)
 

@@ -341,6 +341,45 @@ def test_drafts_equal_a_slow_reference(name, prompt, lookup, pairs, monkeypatch)
         assert drafts == reference_drafts
 
 
+@pytest.mark.parametrize("name", ["qwen3_5", "deepseek_v3"])
+def test_one_row_and_a_batch_of_one_draft_alike(name, pairs, monkeypatch):
+    """The head's chain is one implementation (head_chain.feed and chain) for a request alone
+    and for a batch's rows: the same request, alone and as the batch's one row at the same k,
+    drafts the same tokens round after round (the prompt's pairs, each round's kept pairs,
+    the chained steps and their rewind after rejections), and gives the same text."""
+    from mlx_spec.batch import BatchEngine, RowRequest
+    from mlx_spec.batch.mtp import BatchMTP
+
+    target, original = pairs[name][:2]
+    alone, in_batch = [], []
+    propose, batch_propose = MTPDrafter.propose, BatchMTP.propose
+
+    def spy(self, history, k):
+        proposal = propose(self, history, k)
+        if proposal is not None:
+            alone.append(proposal.tokens.tolist())
+        return proposal
+
+    def batch_spy(self, rows, k, drawn):
+        tokens, q = batch_propose(self, rows, k, drawn)
+        in_batch.append(tokens[0, :drawn[0]].tolist())
+        return tokens, q
+
+    monkeypatch.setattr(MTPDrafter, "propose", spy)
+    monkeypatch.setattr(BatchMTP, "propose", batch_spy)
+    tokens, drafted, accepted = run(target, PROMPT, n=30, num_draft_tokens=3,
+                                    mtp_weights=str(original), prompt_lookup=False)
+    engine = BatchEngine(target, "mtp", num_draft_tokens=3, mtp_weights=str(original))
+    engine.insert(RowRequest(PROMPT, 30, prompt_lookup=False))
+    same = []
+    while engine.busy:
+        for out in engine.step():
+            same += out.tokens
+    assert same == tokens
+    assert in_batch == alone
+    assert len(alone) > 5 and 0 < accepted < drafted  # rounds with rejections and with matches
+
+
 @pytest.mark.parametrize("accept,exact", [(None, True), (resample_from_target_accept, False)])
 def test_exact_sampling_at_temperature_one(accept, exact, pairs):
     """Chi-square of the first two tokens against the target's exact distribution; resampling

@@ -1,7 +1,8 @@
 """The target's MTP head drafting for every row of a batch (`draft_model="mtp"`).
 
 As alone (drafters/mtp.py), each row's MTP cache holds one entry per target
-position: the pair (the target's hidden state there, the token after it).
+position: the pair (the target's hidden state there, the token after it), and the
+computation is a single row's (head_chain.py `feed` and `chain`, over every row).
 The pairs a round keeps wait per row (`Row.mtp_pending`) and are fed at the
 next proposal in one pass, right-padded to the longest and rolled into place;
 each row's output at its last pair drafts d1. Then k - 1 chained steps feed
@@ -18,6 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from ..attention import round_attention
+from ..drafters.head_chain import chain, feed
 from .drafts import draw_rows
 from .kv import BatchCache
 from .rows import Row
@@ -49,8 +51,8 @@ class BatchMTP:
             row.mtp_pending = [([token], hidden[0, i:i + 1])]
             row.mtp_ready = True
         if pairs:
-            self.head(mx.array([t for t, _ in pairs], mx.uint32), hidden[0, :len(pairs)],
-                      layers[0])
+            feed(self.head, mx.array([[t for t, _ in pairs]], mx.uint32), hidden[:, :len(pairs)],
+                 layers[0])
 
     def propose(self, rows: Sequence[Row], k: int,
                 drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
@@ -64,19 +66,20 @@ class BatchMTP:
                            for _, h in pending])  # (B, P, H)
         layer = self.cache.layers[0]
         with round_attention():
-            g = self.head.block(self.head.embed(x), hidden, layer)  # (B, P, H)
+            g = feed(self.head, x, hidden, layer)  # (B, P, H)
             self.cache.align([len(t) for t, _ in pending])
             last = mx.array([max(len(t) - 1, 0) for t, _ in pending])[:, None, None]
             g = mx.take_along_axis(g, last, axis=1)[:, 0]  # (B, H)
             for row in rows:
                 row.mtp_pending = []
-            tokens, probs = [], [[] for _ in rows]
-            for i in range(k):
-                y = draw_rows(rows, self.head.logits(g), probs, [i < n for n in drawn])
+            probs = [[] for _ in rows]
+
+            def draw(logits: mx.array, i: int) -> mx.array:
+                y = draw_rows(rows, logits, probs, [i < n for n in drawn])
                 mx.async_eval(y)
-                tokens.append(y)
-                if i + 1 < k:
-                    g = self.head.block(self.head.embed(y[:, None]), g[:, None], layer)[:, 0]
+                return y
+
+            tokens = chain(self.head, g, layer, k, draw)
         self.chained = k - 1
         return mx.stack(tokens, axis=1), [mx.stack(p) if p else None for p in probs]
 

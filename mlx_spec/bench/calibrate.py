@@ -37,7 +37,8 @@ from typing import Callable, Dict, Optional
 import mlx.core as mx
 
 from ..cache import rewind
-from ..batch.eagle3 import Eagle3Pairs
+from ..batch.eagle3 import BatchEagle3Pairs
+from ..drafters.head_chain import feed
 from ..calibration.key import calibration_key, dflash_key, eagle3_key, model_fingerprint, mtp_key
 from ..calibration.record import ROUND_K, Calibration, DraftCost
 from ..dflash import is_dflash_model
@@ -112,7 +113,7 @@ def eagle3_step_seconds(target_model, head, context: int = CONTEXT_LENGTH,
                         repeats: int = DRAFT_REPEATS) -> float:
     """Seconds of one EAGLE-3 drafting step after a `context`-token context (its cache trimmed
     back): the head over its own output and the token it drafted, as a chained step."""
-    pairs = Eagle3Pairs(head, target_model)
+    pairs = BatchEagle3Pairs(head, target_model)
     tokens = _context_tokens(target_model, max(context, 1))
     _, fused = pairs.capture(tokens[None, :-1], None)  # (1, T, H): the target's fused taps
     return pair_step_seconds(pairs, tokens, fused[0], repeats)
@@ -124,12 +125,13 @@ def pair_step_seconds(head, tokens: mx.array, hidden: mx.array,
     `Eagle3Pairs`), after the pairs (hidden (T, H), tokens[1:]); its cache trimmed back: the
     median of `repeats` after one untimed."""
     cache = head.make_cache()
-    g = head(tokens[1:], hidden, cache[0])
+    g = feed(head, tokens[None, 1:], hidden[None], cache[0])[0]
     mx.eval(g, [c.state for c in cache])
     last, times = g[-1:], []
     for _ in range(1 + repeats):
         start = time.perf_counter()
-        g = head(tokens[-1:], last, cache[0])  # (1, H): depth 2's input, as a chained step
+        # (1, H): depth 2's input, as a chained step
+        g = feed(head, tokens[None, -1:], last[None], cache[0])[0]
         y = sample(logprobs_from_logits(head.logits(g), GREEDY), GREEDY)
         mx.eval(y)
         times.append(time.perf_counter() - start)

@@ -26,19 +26,40 @@ from ..sampling import SamplingConfig
 from .head_chain import HeadChainDrafter
 
 
+class Eagle3Pairs:
+    """An EAGLE-3 head with the MTP head's interface (mtp/heads.py `MTPHead`), for the chain of
+    head_chain.py, one row or a batch: a token enters as its embedding (the head's own, else
+    the target's), cast with the states to the head's dtype (a quantized or half-precision
+    target embedding); `fuse` turns the target's taps into the states it reads."""
+
+    def __init__(self, head: Eagle3Head, target_model):
+        self.head = head
+        self.embed = head.embed_tokens if "embed_tokens" in head else embedding(target_model)
+        self.dtype = head.fc.weight.dtype
+
+    def fuse(self, taps: mx.array) -> mx.array:
+        """The target's taps (..., 3 * H_target) -> the states the head reads (..., H)."""
+        return self.head.fuse(taps.astype(self.dtype))
+
+    def block(self, embeds: mx.array, hidden: mx.array, cache) -> mx.array:
+        """(B, P, H) embeddings and hidden states (fused taps or its own outputs) -> (B, P, H)."""
+        return self.head.midlayer(embeds.astype(self.dtype), hidden.astype(self.dtype), cache)
+
+    def logits(self, g: mx.array) -> mx.array:
+        return self.head.logits(g)
+
+    def make_cache(self) -> list:
+        return self.head.make_cache()
+
+
 class Eagle3Drafter(HeadChainDrafter):
-    """The chain of head_chain.py; a token enters as its embedding (the head's own, else the
-    target's), the target's taps fused by the head's fc."""
+    """The chain of head_chain.py over `Eagle3Pairs`, the target's taps fused on the way in."""
 
     source = "eagle3"
 
     def __init__(self, head: Eagle3Head, target_model, sampling: SamplingConfig):
-        super().__init__(head, sampling)
-        self.embed = head.embed_tokens if "embed_tokens" in head else embedding(target_model)
-
-    def inputs(self, tokens: mx.array) -> mx.array:
-        return self.embed(tokens)
+        super().__init__(Eagle3Pairs(head, target_model), sampling)
 
     def states(self, hidden: mx.array) -> mx.array:
         """The taps (m, 3 * H_target), fused: (m, H)."""
-        return self.head.fuse(hidden.astype(self.head.fc.weight.dtype))
+        return self.head.fuse(hidden)

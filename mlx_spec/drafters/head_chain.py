@@ -11,15 +11,19 @@ tokens. The k - 1 chained steps of a proposal add entries made from the head's o
 not the target's; `commit` trims them all (host metadata), and the accepted positions come
 back through `follow` with the target's hidden states, as vLLM and mlx-vlm do.
 
-A head says how a token enters it (`inputs`: its id, or its embedding) and how the target's
-states do (`states`: as they are, or fused); the rest is here, with the timing of one chained
-step the policy reads as the head's cost per draft (`step_seconds`).
+One row or a batch: `feed` and `chain` are the whole computation, over rows (B, ...), and
+the batch (batch/mtp.py) runs them too, its rows' queues padded into one pass. A head (the
+MTP head, mtp/heads.py `MTPHead`; an EAGLE-3 head's `Eagle3Pairs`, drafters/eagle3.py)
+gives `embed` (token ids (B, T) -> embeddings), `block` (embeddings, states (B, T, H),
+its cache layer -> outputs (B, T, H)) and `logits`. A drafter says how the target's states
+enter the head (`states`: as they are, or fused); the rest is here, with the timing of one
+chained step the policy reads as the head's cost per draft (`step_seconds`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import mlx.core as mx
 
@@ -27,6 +31,26 @@ from ..attention import round_attention
 from ..cache import rewind
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
+
+
+def feed(head, tokens: mx.array, states: mx.array, layer) -> mx.array:
+    """Pairs into the head, every row at once: token ids (B, T), the states before them
+    (B, T, H) -> the head's outputs (B, T, H), lazy; its cache layer gains T entries a row."""
+    return head.block(head.embed(tokens), states, layer)
+
+
+def chain(head, g: mx.array, layer, k: int,
+          draw: Callable[[mx.array, int], mx.array]) -> List[mx.array]:
+    """k drafts for every row from its last output g (B, H): draft i is `draw(logits (B, V),
+    i)` (target ids (B,), queued by `draw`); each but the last is fed back with the output it
+    came from (depth i + 2), so the cache layer gains k - 1 entries a row."""
+    drafts = []
+    for i in range(k):
+        y = draw(head.logits(g), i)
+        drafts.append(y)
+        if i + 1 < k:
+            g = feed(head, y[:, None], g[:, None], layer)[:, 0]
+    return drafts
 
 
 class HeadChainDrafter:
@@ -44,10 +68,6 @@ class HeadChainDrafter:
         self._last: Optional[mx.array] = None  # (H,) output at the last pair fed: drafts d1
         self._chained = 0  # cache entries the last proposal's chained steps added
 
-    def inputs(self, tokens: mx.array) -> mx.array:
-        """What the head takes for `tokens` (m,): the ids themselves (its own embedding)."""
-        return tokens
-
     def states(self, hidden: mx.array) -> mx.array:
         """What the head takes for the target's states (m, H_target): those states."""
         return hidden
@@ -64,8 +84,8 @@ class HeadChainDrafter:
         """Feed the queued pairs (lazily, one pass); returns the arrays that hold the result."""
         if self._tokens:
             hidden = self._hidden[0] if len(self._hidden) == 1 else mx.concatenate(self._hidden)
-            g = self.head(self.inputs(mx.array(self._tokens, mx.uint32)), self.states(hidden),
-                          self.cache[0])  # (m, H)
+            g = feed(self.head, mx.array(self._tokens, mx.uint32)[None],
+                     self.states(hidden)[None], self.cache[0])[0]  # (m, H)
             self._last = g[-1]
             self.fed(g)
             self._tokens, self._hidden = [], []
@@ -79,18 +99,19 @@ class HeadChainDrafter:
             self.catch_up()
         if self._last is None:  # nothing seen yet (a one-token prompt): a plain step first
             return None
-        g, draft_tokens, draft_probs, kept = self._last, [], [], []
-        for i in range(k):
-            draft_logprobs = logprobs_from_logits(self.head.logits(g), self.sampling)  # (V,)
+        draft_probs, kept = [], []
+
+        def draw(logits: mx.array, i: int) -> mx.array:
+            draft_logprobs = logprobs_from_logits(logits[0], self.sampling)  # (V,)
             y = sample(draft_logprobs, self.sampling)[None]  # (1,) a target id
             if self.keep_logprobs:  # (a token tree's siblings: drafters/tree.py)
                 kept.append(draft_logprobs)
             if not self.sampling.greedy:
                 draft_probs.append(mx.exp(draft_logprobs))
-            draft_tokens.append(y)
-            if i + 1 < k:  # depth i + 2: the head's own output with the token it drafted
-                g = self.head(self.inputs(y), g[None], self.cache[0])[0]
             mx.async_eval(y, *draft_probs[-1:])
+            return y
+
+        draft_tokens = chain(self.head, self._last[None], self.cache[0], k, draw)
         self._chained = k - 1
         self.kept_logprobs = mx.stack(kept) if kept else None  # (k, V)
         probs = mx.stack(draft_probs) if draft_probs else None  # (k, V)
@@ -105,9 +126,9 @@ class HeadChainDrafter:
         fastest = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            g = self.head(self.inputs(mx.array([token], mx.uint32)), self._last[None],
-                          self.cache[0])
-            mx.eval(self.head.logits(g[0]))
+            g = feed(self.head, mx.array([[token]], mx.uint32), self._last[None, None],
+                     self.cache[0])
+            mx.eval(self.head.logits(g[0, 0]))
             fastest = min(fastest, time.perf_counter() - start)
             rewind(self.cache, 1)
         return fastest
