@@ -152,6 +152,12 @@ def survivals(k: int, accepted: int, chances: Optional[Sequence[float]] = None) 
     return out
 
 
+def at(line: tuple, k: int) -> float:
+    """A cost line (k0, T at k0, slope: SourceEstimate.line) at k: T_s(k), at least 1e-9."""
+    k0, t0, slope = line
+    return max(t0 + slope * (k - k0), 1e-9)
+
+
 class SourceEstimate:
     """One source's a_s and T_s(k), and where it stands: on, off for some tokens, or due a probe."""
 
@@ -248,7 +254,13 @@ class SourceEstimate:
         self.prior_weight *= self.decay
 
     def seconds(self, k: int, prior_line: Optional[tuple]) -> Optional[float]:
-        """T_s(k): its timed rounds' line, the prior line (intercept, slope) shrinking it. The
+        """T_s(k): its timed rounds' line, the prior line (intercept, slope) shrinking it."""
+        line = self.line(prior_line)
+        return None if line is None else at(line, k)
+
+    def line(self, prior_line: Optional[tuple]) -> Optional[tuple]:
+        """T_s as (its mean round's k, T_s there, slope) for `at`: its timed rounds' line, the
+        prior line (intercept, slope) shrinking it; None while neither says anything. The
         slope is a ridge estimate pulled to the prior's, which fades as rounds come in: rounds
         at one k alone say nothing of it (exploration's rounds at other k do)."""
         n, sk, skk, st, skt = self.fit
@@ -259,12 +271,12 @@ class SourceEstimate:
             prior_line, w = (0.0, (st / n) / (sk / n + 1)), 0.0  # none: proportional to k + 1
         base, slope0 = prior_line
         if n < 1e-9:
-            return max(base + slope0 * k, 1e-9)
+            return 0, base, slope0
         k_mean, t_mean = sk / n, st / n
         sxx, sxy = skk - n * k_mean ** 2, skt - n * k_mean * t_mean
         slope = max((sxy + w * slope0) / (sxx + w), 0.0) if sxx + w > 1e-9 else slope0
         at_mean = (n * t_mean + w * (base + slope0 * k_mean)) / (n + w)  # its mean round, shrunk
-        return max(at_mean + slope * (k - k_mean), 1e-9)
+        return k_mean, at_mean, slope
 
     def forget(self, k: int) -> None:
         """Age the acceptance memory by the text decoded without it (as many rounds as that text
@@ -325,7 +337,7 @@ class AdaptivePolicy:
         self.catch_up_seconds: Dict[str, float] = {}  # per backlog token, by paid source
         self.elapsed = 0.0  # seconds of every timed round and plain step
         self.lost = 0.0  # probe rounds' seconds beyond plain decoding's for their tokens
-        self._best: Dict[tuple, tuple] = {}  # best() until anything is observed
+        self._best: Dict[tuple, tuple] = {}  # best() until what it reads changes
         self.fallbacks: Dict[str, tuple] = {}  # a source asked only while these sit out
         self._aside: set = set()  # fallbacks that stood aside when last asked
 
@@ -439,24 +451,27 @@ class AdaptivePolicy:
         """rate_s(k, w) for every k and w in one pass a width: the line and E_s(k, w) built up
         once, not per k. With `acceptance` every draft is kept with that chance (chains)."""
         plain, estimate = self.plain_seconds, self.source(name)
-        line = self._prior_line(name, estimate)
-        if not plain or not estimate.seconds(1, line):
+        line = estimate.line(self._prior_line(name, estimate))
+        if not plain or line is None:
             return 0, None, 1
         if widths is None:
             widths = range(1, (estimate.max_width if acceptance is None else 1) + 1)
         best_k, best_rate, best_w = 0, -1.0, 1
         v = self._node_seconds(estimate) if estimate.max_width > 1 else 0.0
+        lengths = range(1, estimate.k_max + 1)
+        seconds = [at(line, k) for k in lengths]  # T_s(k), k = 1..k_max
+        chances = [estimate.chance_at(k) for k in lengths] if acceptance is None else None
         for w in widths:
             rescued = estimate.sibling_chance(w, optimistic)  # b_s,w
             tokens, survive = 1.0, 1.0
-            for k in range(1, estimate.k_max + 1):
-                if acceptance is None:
-                    a = estimate.chance_at(k)
+            for k in lengths:
+                if chances is not None:
+                    a = chances[k - 1]
                     tokens += survive * (a + (1.0 - a) * rescued)
                     survive *= a
                 else:
                     tokens = expected_tokens_per_round(acceptance, k)
-                rate = tokens / (estimate.seconds(k, line) + (w - 1) * k * v)
+                rate = tokens / (seconds[k - 1] + (w - 1) * k * v)
                 if rate > best_rate:
                     best_k, best_rate, best_w = k, rate, w
         return best_k, best_rate * plain, best_w
@@ -599,7 +614,12 @@ class AdaptivePolicy:
                    default=PLAIN_BLOCK)
 
     def observe(self, round_, seconds: Optional[float]) -> None:
-        self._best.clear()
+        drafter = self.sources.get(round_.source) if round_.num_drafted else None
+        if drafter is not None and not drafter.free:  # a paid source's round changes its own
+            for key in [key for key in self._best if key[0] == round_.source]:  # estimate
+                del self._best[key]  # alone: t_plain, v and the other sources' stand
+        else:
+            self._best.clear()
         tokens = len(round_.tokens)
         for name, estimate in self.sources.items():
             if name != round_.source:

@@ -294,3 +294,62 @@ def test_a_fallback_is_asked_only_while_its_sources_sit_out():
     for _ in range(estimate.off_left):
         policy.observe(Round([0], 0, 0, "target", None), 1.0)
     assert estimate.off_left == 0 and policy.proposal_length("lookup") == 0
+
+
+def _decisions(policy, rounds=300, seed=0):
+    """Each round's best shapes of both sources, then its (draft k, lookup k, plain steps), on a
+    fake machine: the draft's rounds keep a
+    random number of drafts, or none in every other stretch of 80 rounds (it goes off, lookup
+    and plain steps take over, its probes come back), lookup finds a match in half the rounds
+    it is asked, and every round is timed as plain + k (v + d)."""
+    import random
+
+    rng = random.Random(seed)
+    policy.observe_prefill(100, 10.0)
+    policy.observe_draft_step("draft", 0.2)
+    out = []
+    for n in range(rounds):
+        draft, lookup = policy.proposal_length("draft"), policy.proposal_length("lookup")
+        out.append((policy.best_shape("draft"), policy.best_shape("lookup")))  # the figures too
+        if draft:
+            kept = rng.randint(0, draft) if (n // 80) % 2 == 0 else 0
+            policy.observe(Round([0] * (kept + 1), draft, kept, "draft", None),
+                           1.0 + 0.3 * draft + rng.random() * 0.1)
+            out.append((draft, lookup, None))
+        elif lookup and rng.random() < 0.5:
+            kept = rng.randint(0, lookup)
+            policy.observe(Round([0] * (kept + 1), lookup, kept, "lookup", None),
+                           1.0 + 0.1 * lookup + rng.random() * 0.1)
+            out.append((draft, lookup, None))
+        else:
+            steps = policy.plain_steps()
+            out.append((draft, lookup, steps))
+            for i in range(min(steps, 4)):
+                policy.observe(Round([0], 0, 0, "target", None, opens_block=i == 0),
+                               1.0 + rng.random() * 0.1)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_kept_best_lengths_change_no_decision(seed, monkeypatch):
+    """best() is kept per source until what it reads changes (a paid source's round leaves the
+    others' standing): over rounds of a draft, lookup and plain steps, every decision equals
+    that of a policy that works every one out afresh, and the kept ones saved work."""
+    calls = {"n": 0}
+    argmax = AdaptivePolicy._argmax
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        return argmax(self, *args, **kwargs)
+
+    monkeypatch.setattr(AdaptivePolicy, "_argmax", counted)
+    kept = _decisions(AdaptivePolicy(), seed=seed)
+    kept_calls, calls["n"] = calls["n"], 0
+    monkeypatch.setattr(AdaptivePolicy, "best_shape",
+                        lambda self, name, acceptance=None: self._argmax(name, acceptance))
+    afresh = _decisions(AdaptivePolicy(), seed=seed)
+    assert kept == afresh
+    kept = [row for row in kept if len(row) == 3]
+    assert sum(1 for d, _, _ in kept if d) > 20 and sum(1 for _, _, s in kept if s) > 5
+    assert sum(1 for d, k, _ in kept if k and not d) > 20  # lookup asked alone
+    assert kept_calls < 0.8 * calls["n"]
