@@ -142,9 +142,9 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     if fallback and hasattr(policy, "fall_back"):
         paid = [d.source for d in drafters if d.source not in FREE_SOURCES]
         policy.fall_back("lookup", paid)
+        # asked only while the drafters sit out, it is lookup alone: a 1-gram match will do
         drafters.insert(len(drafters) - len(paid), PromptLookupDrafter(
-            target_vocab, sampling.greedy, max_ngram=prompt_lookup_max_ngram,
-            min_ngram=min(PAIRED_MIN_NGRAM, prompt_lookup_max_ngram), context=earlier))
+            target_vocab, sampling.greedy, max_ngram=prompt_lookup_max_ngram, context=earlier))
     # A sharded target: every rank takes rank 0's drafts, decisions and timings (no-op otherwise).
     drafters, policy, agree = agree_across_ranks(model, drafters, policy, draft_confidence)
     # A reused cache is shown at each response by a trim: sliding windows must rewind too.

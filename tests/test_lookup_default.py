@@ -209,3 +209,28 @@ def test_behind_a_paid_drafter_at_t_above_0_lookup_is_asked_only_while_it_sits_o
         rounds = list(speculative_generate_step(ids, model, model, max_tokens=12,
                                                 sampling=sampling, **options))
         assert "lookup" not in {r.source for r in rounds}, options
+
+
+def test_the_fallback_matches_as_lookup_alone(shipped, quoting, monkeypatch):
+    """Behind a drafter lookup is asked only while the drafter sits out, so it matches as
+    lookup alone does (down to a 1-gram); in front of a drafter (T = 0) a 2-gram at least."""
+    import mlx_spec.assemble as assemble
+    from mlx_spec.drafters import PromptLookupDrafter
+
+    made = []
+
+    class Recorded(PromptLookupDrafter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(min(self.ngram_sizes))
+
+    monkeypatch.setattr(assemble, "PromptLookupDrafter", Recorded)
+    model, ids = shipped[0], quoting[0]
+    for temp, alone in ((0.7, 1), (0.0, 2)):
+        made.clear()
+        list(speculative_generate_step(ids, model, model, max_tokens=2,
+                                       sampling=SamplingConfig(temp=temp)))
+        assert made == [alone], temp
+    made.clear()
+    list(speculative_generate_step(ids, model, max_tokens=2, sampling=SamplingConfig(temp=0.7)))
+    assert made == [1]  # no drafter: lookup alone
