@@ -26,7 +26,7 @@ that context when it covers what the cache holds, else blind from there.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -34,7 +34,7 @@ from mlx_lm.models.cache import KVCache
 from ..attention import round_attention
 from ..dflash.dflash2 import draft_logits
 from ..dflash.model import DFlashModel
-from ..dflash.taps import embedding, output_head, tapped
+from ..dflash.taps import embedding, output_head, tap_capture
 from ..drafters.dflash import DFlashContext, embedding_scale, visibility
 from ..drafters.dflash2 import logit_scale
 from ..precision import compute_dtype, head_for
@@ -43,22 +43,13 @@ from .kv import BatchCache
 from .rows import Row
 
 
-def batch_taps(model, ids: Sequence[int]) -> Callable:
-    """(x (B, T), cache) -> (the target's logits, its taps (B, T, len(ids) * H)), one forward."""
-    def capture(x: mx.array, cache) -> Tuple[mx.array, mx.array]:
-        with tapped(model, ids) as outputs:
-            logits = model(x, cache=cache)
-        return logits, mx.concatenate([outputs[i] for i in ids], axis=-1)
-    return capture
-
-
 class BatchDFlash:
     source = "dflash"
 
     def __init__(self, drafter: DFlashModel, target_model):
         self.drafter = drafter
         self.config = drafter.dflash_config
-        self.capture = batch_taps(target_model, self.config.target_layer_ids)
+        self.capture = tap_capture(target_model, self.config.target_layer_ids)
         self.embed = embedding(target_model)
         self.head = head_for(output_head(target_model), compute_dtype(drafter))
         self.embed_scale = embedding_scale(target_model)

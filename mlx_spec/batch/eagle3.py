@@ -14,10 +14,9 @@ from typing import Tuple
 
 import mlx.core as mx
 
-from ..dflash.taps import decoder_layers
+from ..dflash.taps import decoder_layers, tap_capture
 from ..drafters.eagle3 import Eagle3Pairs
 from ..eagle3.model import Eagle3Head
-from .dflash import batch_taps
 from .mtp import BatchMTP
 
 
@@ -27,7 +26,7 @@ class BatchEagle3Pairs(Eagle3Pairs):
     def __init__(self, head: Eagle3Head, target_model):
         super().__init__(head, target_model)
         layers = head.eagle3_config.tap_layers(len(decoder_layers(target_model)))
-        self._taps = batch_taps(target_model, layers)
+        self._taps = tap_capture(target_model, layers)
 
     def capture(self, x: mx.array, cache) -> Tuple[mx.array, mx.array]:
         """(x (B, T), cache) -> (the target's logits, the fused taps (B, T, H)), one forward."""

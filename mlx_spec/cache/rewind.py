@@ -142,8 +142,9 @@ class ModelCache:
         # Hidden states for an MTP drafter: with split = (trunk, head), where
         # head(trunk(x)) is the model's own computation, `forward` keeps the
         # trunk's output in `hidden` (the logits are unchanged). None: no cost.
-        # A block drafter's taps: capture(tokens (1, T), layers) -> (logits (1, T, V), hidden
-        # (T, X)), the model's own forward with chosen layer outputs kept on the side.
+        # A block drafter's taps: capture(tokens (1, T), layers) -> (logits (1, T, V), taps
+        # (1, T, X)), the model's own forward with chosen layer outputs kept on the side
+        # (dflash/taps.py tap_capture, a batch's too); `hidden` keeps the row (T, X).
         # With both (the prompt look on a block drafter's target) the trunk's output of the last
         # forward is kept in `final`, the taps in `hidden`.
         self.split = split
@@ -178,11 +179,12 @@ class ModelCache:
     def _run(self, tokens: mx.array) -> mx.array:
         if self.capture is not None and self.split is not None:
             trunk, head = self.split
-            final, self.hidden = self.capture(tokens[None], self.layers, forward=trunk)
-            self.final = final[0]
+            final, taps = self.capture(tokens[None], self.layers, forward=trunk)
+            self.final, self.hidden = final[0], taps[0]
             return head(final)[0]
         if self.capture is not None:
-            logits, self.hidden = self.capture(tokens[None], self.layers)
+            logits, taps = self.capture(tokens[None], self.layers)
+            self.hidden = taps[0]
             return logits[0]
         if self.split is None:
             return self.model(tokens[None], cache=self.layers)[0]

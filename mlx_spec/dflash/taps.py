@@ -61,7 +61,7 @@ def output_head(model):
 
 @contextlib.contextmanager
 def tapped(model, ids: Sequence[int]) -> Iterator[Dict[int, mx.array]]:
-    """{layer index: that layer's output (1, T, H)} for the forward run inside the block."""
+    """{layer index: that layer's output (B, T, H)} for the forward run inside the block."""
     layers = decoder_layers(model)
     outputs: Dict[int, mx.array] = {}
     originals = {i: layers[i] for i in set(ids)}
@@ -75,16 +75,23 @@ def tapped(model, ids: Sequence[int]) -> Iterator[Dict[int, mx.array]]:
 
 
 def concatenated(outputs: Dict[int, mx.array], ids: Sequence[int]) -> mx.array:
-    """The taps in `ids` order, side by side: (T, len(ids) * H)."""
-    return mx.concatenate([outputs[i][0] for i in ids], axis=-1)
+    """The taps in `ids` order, side by side, of a forward over one row: (T, len(ids) * H)."""
+    return side_by_side(outputs, ids)[0]
+
+
+def side_by_side(outputs: Dict[int, mx.array], ids: Sequence[int]) -> mx.array:
+    """The taps in `ids` order, side by side: (B, T, len(ids) * H)."""
+    return mx.concatenate([outputs[i] for i in ids], axis=-1)
 
 
 def tap_capture(model, ids: Sequence[int]):
-    """For `ModelCache(capture=...)`: the model's own forward, plus its taps (T, len(ids) * H).
-    `forward`, when given, runs in its place over the same layers (the trunk of a split model:
-    its output is then the trunk's, for the prompt look)."""
+    """(tokens (B, T), cache, forward=None) -> (the model's own output, its taps (B, T,
+    len(ids) * H)), one forward: a single sequence's (`ModelCache(capture=...)`, a batch of
+    one) and a batch's rows' (mlx_spec.batch). `forward`, when given, runs in its place over
+    the same layers (the trunk of a split model: its output is then the trunk's, for the
+    prompt look)."""
     def capture(tokens: mx.array, cache, forward=None):
         with tapped(model, ids) as outputs:
             out = (forward or model)(tokens, cache=cache)
-        return out, concatenated(outputs, ids)
+        return out, side_by_side(outputs, ids)
     return capture
