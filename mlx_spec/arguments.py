@@ -98,6 +98,8 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
              lambda v: v is None or v is False or (isinstance(v, (tuple, list)) and len(v) == 2
                                                    and all(_is_int(x) and x >= 1 for x in v))),
     "prompt_cache_live": _FLAG,
+    "machine": ("None or a MachineRecord (mlx_spec.policy)",
+                lambda v: v is None or hasattr(v, "hand_on")),
     "verbose": _FLAG,
     "prompt_progress_callback": _optional(_CALLBACK),
     "accept": _optional(_CALLBACK),

@@ -63,7 +63,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
              adaptive, max_draft_tokens, auto_off, draft_confidence, prompt_lookup,
              prompt_lookup_max_ngram, max_kv_size, policy, calibration,
              mtp_weights, logits_processors=None, suffix=None, tokenizer=None,
-             draft_tokenizer=None) -> Assembly:
+             draft_tokenizer=None, machine=None) -> Assembly:
     """Caches, drafters, policy and agreement for one call (see speculative_generate_step)."""
     target_vocab = vocab_size(model)
     if isinstance(draft_model, os.PathLike):
@@ -139,6 +139,8 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
         policy = make_policy(num_draft_tokens, adaptive, max_draft_tokens, auto_off, prior,
                              acceptance_prior=acceptance,
                              block_tokens={"dflash": block - 1} if block else None)
+    if machine is not None:  # what earlier calls measured of the machine (a server's)
+        machine.hand_on(policy)
     if fallback and hasattr(policy, "fall_back"):
         paid = [d.source for d in drafters if d.source not in FREE_SOURCES]
         policy.fall_back("lookup", paid)

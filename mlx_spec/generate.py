@@ -105,6 +105,7 @@ def speculative_generate_step(
     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
     prompt_progress_callback=None,
     policy=None,
+    machine=None,
     accept=None,
     stop_tokens=(),
     calibration="auto",
@@ -150,6 +151,11 @@ def speculative_generate_step(
     machine's stored calibration (`mlx-spec tune`) when there is one for the
     target; None starts cold; a `Calibration` object is used as given.
 
+    `machine`: a `mlx_spec.policy.MachineRecord` kept across calls of the same models (a
+    server's requests): the adaptive policy starts from what the last call's measured of
+    the machine (plain steps, verify and draft costs; nothing of its text) and leaves its
+    own measurements there for the next.
+
     `draft_model="mtp"`: the target drafts for itself with its multi-token-
     prediction layer (qwen3_next, qwen3_5, deepseek_v3, glm4_moe), weights
     from `mtp_weights` (a local directory or Hugging Face repo of the
@@ -194,7 +200,7 @@ def speculative_generate_step(
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,
         auto_off=auto_off, draft_confidence=draft_confidence, prompt_lookup=prompt_lookup,
         prompt_lookup_max_ngram=prompt_lookup_max_ngram, max_kv_size=max_kv_size, policy=policy,
-        calibration=calibration, mtp_weights=mtp_weights, logits_processors=logits_processors,
+        machine=machine, calibration=calibration, mtp_weights=mtp_weights, logits_processors=logits_processors,
         suffix=suffix, tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer)
     drafters = with_trees(parts.drafters, tree, parts.target, sampling,
                           accept is None and not logits_processors and parts.agree is None)

@@ -343,24 +343,32 @@ class AdaptivePolicy:
 
     def next_request(self) -> "AdaptivePolicy":
         """A policy for the next request of the same models: what this one measured of the
-        machine (plain steps, what a verified token and each source's step cost, the sources'
-        cost lines), nothing of its text (acceptance, off periods)."""
+        machine (`learn_machine`), nothing of its text (acceptance, off periods)."""
         fresh = AdaptivePolicy(self.k_max, self.initial, self.decay, self.auto_off,
                                self.max_lookup_tokens, self.prior, self.acceptance_prior,
                                self.block_tokens)
-        fresh.steady_laps.extend(self.steady_laps)
-        fresh.plain_time = list(self.plain_time)
-        fresh.verify_per_token = self.verify_per_token
-        fresh.verify_rounds = list(self.verify_rounds)
-        fresh.step_seconds, fresh.catch_up_seconds = dict(self.step_seconds), dict(
-            self.catch_up_seconds)
-        for name, estimate in self.sources.items():
-            fresh.source(name).fit, fresh.source(name).prior_weight = (list(estimate.fit),
-                                                                       estimate.prior_weight)
+        fresh.learn_machine(self)
         fresh.fallbacks = dict(self.fallbacks)
-        if fresh.plain_seconds:
-            fresh.plain_trial = 0
         return fresh
+
+    def learn_machine(self, earlier: "AdaptivePolicy") -> None:
+        """Start from what `earlier`, the policy of an earlier request of the same models,
+        measured of the machine: the plain steps, what a verified token and each source's step
+        and catch-up cost, the sources' cost lines; nothing of its text (acceptance, off
+        periods, probes, verdicts). No plain trial is then needed."""
+        self._best.clear()
+        self.steady_laps.extend(earlier.steady_laps)
+        self.plain_time = list(earlier.plain_time)
+        self.verify_per_token = earlier.verify_per_token
+        self.verify_rounds = list(earlier.verify_rounds)
+        self.step_seconds, self.catch_up_seconds = dict(earlier.step_seconds), dict(
+            earlier.catch_up_seconds)
+        for name, estimate in earlier.sources.items():
+            self.source(name).fit, self.source(name).prior_weight = (list(estimate.fit),
+                                                                     estimate.prior_weight)
+        if self.plain_seconds:
+            self.plain_trial = 0
+
 
     # --- the model ---
     def source(self, name: str) -> SourceEstimate:
@@ -773,6 +781,24 @@ class AdaptivePolicy:
             "switched_off": self.switched_off,
             "plain_seconds": self.plain_seconds,
         }
+
+
+class MachineRecord:
+    """What a server's requests measured of the machine, handed on from each request's
+    adaptive policy to the next one's (`AdaptivePolicy.learn_machine`): a call given one
+    (speculative_generate_step's `machine`) starts from the last policy it holds and leaves
+    its own there."""
+
+    def __init__(self):
+        self.policy: Optional[AdaptivePolicy] = None
+
+    def hand_on(self, policy) -> None:
+        """`policy` (a new call's) learns from the last one, and is the last one now."""
+        if not isinstance(policy, AdaptivePolicy):
+            return  # a fixed k measures nothing for the next
+        if self.policy is not None:
+            policy.learn_machine(self.policy)
+        self.policy = policy
 
 
 def make_policy(num_draft_tokens=None, adaptive=None, max_draft_tokens=DEFAULT_MAX_DRAFT_TOKENS,

@@ -353,3 +353,55 @@ def test_the_kept_best_lengths_change_no_decision(seed, monkeypatch):
     assert sum(1 for d, _, _ in kept if d) > 20 and sum(1 for _, _, s in kept if s) > 5
     assert sum(1 for d, k, _ in kept if k and not d) > 20  # lookup asked alone
     assert kept_calls < 0.8 * calls["n"]
+
+
+def test_a_machine_record_hands_each_call_the_machine_not_the_text(target_model, drafts,
+                                                                   monkeypatch):
+    """machine=MachineRecord(): a call's adaptive policy starts from what the last call's
+    measured of the machine (its plain steps: no plain trial; the draft step and cost line)
+    and from nothing of its text (the draft's acceptance is the prior again)."""
+    from mlx_spec.generate import speculative_generate_step
+    from mlx_spec.policy import TRIAL_STEPS, MachineRecord
+
+    first_ask = {}
+    proposal_length = AdaptivePolicy.proposal_length
+
+    def spy(self, name):
+        first_ask.setdefault(id(self), (self.plain_trial, self.source(name).acceptance))
+        return proposal_length(self, name)
+
+    monkeypatch.setattr(AdaptivePolicy, "proposal_length", spy)
+    machine = MachineRecord()
+    policies = []
+    for prompt in ([2, 7, 1, 8, 2, 8], [3, 1, 4, 1, 5, 9]):
+        list(speculative_generate_step(prompt, target_model, drafts["related"], max_tokens=16,
+                                       calibration=None, machine=machine, prompt_lookup=False))
+        policies.append(machine.policy)
+    first, second = policies
+    assert first is not second
+    assert first_ask[id(first)][0] == TRIAL_STEPS and first_ask[id(second)][0] == 0
+    assert second.plain_time[0] >= first.plain_time[0] > 0
+    assert second.step_seconds.keys() == first.step_seconds.keys() == {"draft"}
+    assert first_ask[id(second)][1] == pytest.approx(0.75)  # the prior, not the first's text
+    with pytest.raises(ValueError, match="machine must be"):
+        speculative_generate_step([1, 2], target_model, machine="no")
+
+
+def test_the_one_at_a_time_worker_hands_the_machine_on():
+    """The server's sequence engine gives every request the same MachineRecord: each request's
+    policy learns from the one before it (the shipped pair)."""
+    from mlx_spec.batch.rows import RowRequest
+    from mlx_spec import load_default_pair
+    from mlx_spec.server.sequence_engine import SequenceEngine
+    from mlx_spec.server.worker import SpeculationOptions
+
+    target, draft, tokenizer = load_default_pair()
+    engine = SequenceEngine(target, tokenizer, draft, SpeculationOptions(), calibration=None)
+    seen = []
+    for text in ("def add(a, b):", "class Point:"):
+        engine.insert(RowRequest(tokenizer.encode(text), max_tokens=6))
+        while engine.busy:
+            engine.step()
+        seen.append(engine.machine.policy)
+    assert seen[0] is not None and seen[1] is not seen[0]
+    assert seen[1].plain_time[0] >= seen[0].plain_time[0] > 0

@@ -6,7 +6,9 @@ one decodes them one after another, in arrival order, through
 `stream_generate` (the single-sequence loop, loop.py): what the batch engine
 cannot take runs here (other cache kinds such as rotating or quantized ones,
 token trees from sources other than a draft model of the target's tokenizer,
-`--no-batching`). `room` is 1 while
+`--no-batching`). Each request's policy starts from what the ones
+before it measured of the machine (`MachineRecord`), as a batch row alone
+does. `room` is 1 while
 nothing runs, so the worker hands it the next row only then, and takes that
 row's prompt cache from the store only then (after the row before it stored
 its own).
@@ -31,6 +33,7 @@ from ..batch.rows import RowOutput, RowRequest
 from ..batch.engine import is_draft_model
 from ..cache import make_cache
 from ..generate import stream_generate
+from ..policy import MachineRecord
 
 logger = logging.getLogger("mlx_spec.server")
 
@@ -68,6 +71,9 @@ class SequenceEngine:
                  calibration=None):
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.options, self.calibration = options, calibration
+        # What each request's policy measured of the machine, handed to the next one's (as
+        # the batch engine's single-row policy does: AdaptivePolicy.next_request)
+        self.machine = MachineRecord()
         self.waiting: Deque[_Waiting] = deque()
         self.current: Optional[_Running] = None
         self._uids = itertools.count()
@@ -155,7 +161,8 @@ class SequenceEngine:
             adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,
             draft_confidence=o.draft_confidence,
             prompt_lookup_max_ngram=r.prompt_lookup_max_ngram,
-            calibration=self.calibration, mtp_weights=o.mtp_weights, tree=o.tree)
+            calibration=self.calibration, mtp_weights=o.mtp_weights, tree=o.tree,
+            machine=self.machine)
         return _Running(row.uid, r, cache, stream)
 
     def _end(self) -> None:
