@@ -184,7 +184,7 @@ def check_from_scratch(target, head, seen):
     for history, spine in seen[1:]:
         fresh = Eagle3Drafter(head, target, SamplingConfig())
         _, taps = capture(mx.array([history[:-1]], mx.uint32), None)
-        fresh.follow(history[1:], taps)
+        fresh.follow(history[1:], taps[0])  # (T, X): the one row
         assert fresh.propose(history, len(spine)).tokens.tolist() == spine, len(history)
 
 
