@@ -58,12 +58,31 @@ def test_batched_rows_drafted_by_an_eagle3_head_are_each_the_targets_own(bigram_
     assert accepted > 0  # the head's drafts were kept in the batch
 
 
-def test_one_batched_row_drafts_as_the_head_alone(bigram_head):
-    """One row at a fixed k keeps as many of the head's drafts as a call of its own: the
+def test_one_batched_row_drafts_as_the_head_alone(bigram_head, monkeypatch):
+    """One row at a fixed k drafts what a call of its own drafts, round after round, and keeps
+    as many: the head's chain is one implementation (head_chain.feed and chain) and the
     batched head reads the same fused taps and pairs."""
+    from mlx_spec.batch.mtp import BatchMTP
+    from mlx_spec.drafters.eagle3 import Eagle3Drafter
     from mlx_spec.generate import speculative_generate_step
 
     target, head = bigram_head
+    drafted = {"alone": [], "batched": []}
+    propose, batch_propose = Eagle3Drafter.propose, BatchMTP.propose
+
+    def spy(self, history, k):
+        proposal = propose(self, history, k)
+        if proposal is not None:
+            drafted["alone"].append(proposal.tokens.tolist())
+        return proposal
+
+    def batch_spy(self, rows, k, drawn):
+        tokens, q = batch_propose(self, rows, k, drawn)
+        drafted["batched"].append(tokens[0, :drawn[0]].tolist())
+        return tokens, q
+
+    monkeypatch.setattr(Eagle3Drafter, "propose", spy)
+    monkeypatch.setattr(BatchMTP, "propose", batch_spy)
     alone = sum(r.num_accepted for r in speculative_generate_step(
         PROMPT, target, head, max_tokens=40, num_draft_tokens=3, prompt_lookup=False,
         calibration=None))
@@ -73,6 +92,7 @@ def test_one_batched_row_drafts_as_the_head_alone(bigram_head):
     while engine.busy:
         batched += sum(out.num_accepted for out in engine.step())
     assert batched == alone > 0
+    assert drafted["batched"] == drafted["alone"] and len(drafted["alone"]) > 3
 
 
 def test_batch_generate_takes_an_eagle3_head(loaded):
