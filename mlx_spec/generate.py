@@ -200,7 +200,8 @@ def speculative_generate_step(
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,
         auto_off=auto_off, draft_confidence=draft_confidence, prompt_lookup=prompt_lookup,
         prompt_lookup_max_ngram=prompt_lookup_max_ngram, max_kv_size=max_kv_size, policy=policy,
-        machine=machine, calibration=calibration, mtp_weights=mtp_weights, logits_processors=logits_processors,
+        machine=machine, calibration=calibration, mtp_weights=mtp_weights,
+        logits_processors=logits_processors,
         suffix=suffix, tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer)
     drafters = with_trees(parts.drafters, tree, parts.target, sampling,
                           accept is None and not logits_processors and parts.agree is None)

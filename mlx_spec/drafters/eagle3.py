@@ -29,27 +29,15 @@ from .head_chain import HeadChainDrafter
 class Eagle3Pairs:
     """An EAGLE-3 head with the MTP head's interface (mtp/heads.py `MTPHead`), for the chain of
     head_chain.py, one row or a batch: a token enters as its embedding (the head's own, else
-    the target's), cast with the states to the head's dtype (a quantized or half-precision
-    target embedding); `fuse` turns the target's taps into the states it reads."""
+    the target's); the head casts what enters to its dtype (a quantized or half-precision
+    target); `fuse` turns the target's taps into the states it reads."""
 
     def __init__(self, head: Eagle3Head, target_model):
         self.head = head
         self.embed = head.embed_tokens if "embed_tokens" in head else embedding(target_model)
-        self.dtype = head.fc.weight.dtype
-
-    def fuse(self, taps: mx.array) -> mx.array:
-        """The target's taps (..., 3 * H_target) -> the states the head reads (..., H)."""
-        return self.head.fuse(taps.astype(self.dtype))
-
-    def block(self, embeds: mx.array, hidden: mx.array, cache) -> mx.array:
-        """(B, P, H) embeddings and hidden states (fused taps or its own outputs) -> (B, P, H)."""
-        return self.head.midlayer(embeds.astype(self.dtype), hidden.astype(self.dtype), cache)
-
-    def logits(self, g: mx.array) -> mx.array:
-        return self.head.logits(g)
-
-    def make_cache(self) -> list:
-        return self.head.make_cache()
+        self.fuse = head.fuse  # the target's taps (..., 3 * H_target) -> the states it reads
+        self.block = head  # (B, P, H) embeddings and states -> (B, P, H), in its dtype
+        self.logits, self.make_cache = head.logits, head.make_cache
 
 
 class Eagle3Drafter(HeadChainDrafter):

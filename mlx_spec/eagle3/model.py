@@ -122,16 +122,17 @@ class Eagle3Head(nn.Module):
         return mx.arange(self.eagle3_config.draft_vocab_size, dtype=mx.int64) + self._d2t
 
     def fuse(self, taps: mx.array) -> mx.array:
-        """(T, 3 * target H) tapped target rows -> (T, H)."""
+        """(..., 3 * target H) tapped target rows, in the head's dtype -> (..., H)."""
+        taps = taps.astype(self.fc.weight.dtype)  # (a half-precision or quantized target)
         if "input_norm" in self:
             taps = self.input_norm(taps)
         return self.fc(taps)
 
     def __call__(self, embeds: mx.array, hidden: mx.array, cache: KVCache) -> mx.array:
-        """(T, H) embeddings and (T, H) hidden states (fused taps, or its own outputs) ->
-        (T, H) pre-norm outputs; the cache gains T entries."""
+        """(B, T, H) embeddings and (B, T, H) hidden states (fused taps, or its own outputs),
+        in the head's dtype -> (B, T, H) pre-norm outputs; the cache gains T entries a row."""
         dtype = self.fc.weight.dtype  # (a quantized or half-precision target embedding)
-        return self.midlayer(embeds[None].astype(dtype), hidden[None].astype(dtype), cache)[0]
+        return self.midlayer(embeds.astype(dtype), hidden.astype(dtype), cache)
 
     def draft_logits(self, g: mx.array) -> mx.array:
         """(..., draft_vocab_size) logits over the draft vocabulary."""
