@@ -88,6 +88,52 @@ def test_drafts_were_accepted_in_batches(pair):
     assert len(uids) == 5 and drafted > 100 and accepted >= 0.95 * drafted, (accepted, drafted)
 
 
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_one_batched_row_drafts_as_the_draft_model_alone(pair, monkeypatch, temp):
+    """One row at a fixed k feeds the draft model what a call of its own feeds it and drafts
+    from the same logits, round after round: the draft's chain is one implementation
+    (drafters/chain.py). Greedy: the same drafts and the same kept count; sampled (each draws
+    with its own random stream): the draft's distributions q over the first round's drafts."""
+    from mlx_spec.batch.drafts import BatchDraft
+    from mlx_spec.drafters import DraftModelDrafter
+    from mlx_spec.generate import speculative_generate_step
+
+    target, draft = pair
+    prompt = ragged_prompts(3)[2]
+    drafted = {"alone": [], "batched": []}
+    propose, batch_propose = DraftModelDrafter.propose, BatchDraft.propose
+
+    def spy(self, history, k):
+        proposal = propose(self, history, k)
+        drafted["alone"].append((proposal.tokens.tolist(), proposal.probs))
+        return proposal
+
+    def batch_spy(self, rows, k, drawn):
+        tokens, q = batch_propose(self, rows, k, drawn)
+        drafted["batched"].append((tokens[0, :drawn[0]].tolist(), q[0]))
+        return tokens, q
+
+    monkeypatch.setattr(DraftModelDrafter, "propose", spy)
+    monkeypatch.setattr(BatchDraft, "propose", batch_spy)
+    sampling = SamplingConfig(temp=temp)
+    alone = sum(r.num_accepted for r in speculative_generate_step(
+        prompt, target, draft, max_tokens=MAX_TOKENS, num_draft_tokens=3, prompt_lookup=False,
+        calibration=None, sampling=sampling))
+    engine = BatchEngine(target, draft, num_draft_tokens=3)
+    engine.insert(RowRequest(prompt, MAX_TOKENS, sampling, prompt_lookup=False))
+    batched = 0
+    while engine.busy:
+        batched += sum(out.num_accepted for out in engine.step())
+    if temp == 0:
+        assert batched == alone > 0
+        assert [t for t, _ in drafted["batched"]] == [t for t, _ in drafted["alone"]]
+        assert len(drafted["alone"]) > 5
+    else:  # the first round: the same context, so the same q for the first draft
+        (_, q_alone), (_, q_batched) = drafted["alone"][0], drafted["batched"][0]
+        assert q_alone.shape == q_batched.shape == (3, 64)
+        assert mx.allclose(q_alone[0], q_batched[0], atol=1e-5).item()
+
+
 def test_rows_joining_and_cancelled_mid_batch_change_nobody_else(pair):
     target, draft = pair
     prompts = ragged_prompts(5)

@@ -256,11 +256,10 @@ def test_sharded_target_matches_one_process(models, tensor_parallel, pipeline, f
     assert drafted > 0 and 0 < accepted < drafted  # rounds kept part of the drafts: rewinds ran
     assert rank0["greedy_adaptive"]["tokens"] == one_process(target_dir, None, PROMPT * 3,
                                                              max_tokens=48)
-    lengths = {r[1] for r in rank0["greedy_adaptive"]["rounds"]}
-    # plain steps and speculative rounds, the same on both ranks (assert_ranks_agree): the
-    # policy's timing-driven choices are rank 0's everywhere (how many k it tries before
-    # switching a losing draft off depends on this machine's timings)
-    assert 0 in lengths and len(lengths) >= 2
+    # The policy's timing-driven choices are rank 0's everywhere (assert_ranks_agree: the
+    # same rounds on both ranks). Which k it takes is this machine's timings' call: usually
+    # speculative rounds and plain steps both, but on a loaded 2-core machine (a parallel test
+    # run) it has taken plain steps only; a unit test asserts no timing.
     if "plain" in rank0:
         assert_ranks_agree(results, ["plain"])
         assert rank0["plain"]["tokens"] == one_process(target_dir, None, PROMPT, max_tokens=12)

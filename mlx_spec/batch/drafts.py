@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from ..attention import round_attention
+from ..drafters.chain import draft_chain
 from ..mtp.heads import split_target
 from ..sampling import logprobs_from_logits
 from .kv import BatchCache
@@ -57,15 +58,17 @@ class BatchDraft:
                 hidden = self.trunk(x, cache=layers)  # (B, P, H)
                 logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
             self.cache.align([len(p) for p in pending])
-            tokens, probs, kept = [], [[] for _ in rows], []
-            for i in range(k):
+            probs, kept = [[] for _ in rows], []
+
+            def draw(logits: mx.array, i: int) -> mx.array:
                 if self.keep_logits:  # (a token tree's siblings: batch/trees.py)
                     kept.append(logits)
                 y = draw_rows(rows, logits, probs, [i < n for n in drawn])  # (B,)
                 mx.async_eval(y)
-                tokens.append(y)
-                if i + 1 < k:
-                    logits = self.model(y[:, None], cache=layers)[:, -1]
+                return y
+
+            tokens = draft_chain(logits, k, lambda y: self.model(y[:, None], cache=layers)[:, -1],
+                                 draw)
         self.fed = k - 1
         self.kept_logits = mx.stack(kept, axis=1) if kept else None
         q = [mx.stack(p) if p else None for p in probs]

@@ -23,6 +23,7 @@ from ..cache import ModelCache, make_cache
 from ..cache.prefill import prefill
 from ..prompt_look import drop_hidden, keep_hidden, tail_logits
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
+from .chain import draft_chain
 from .protocol import Proposal
 
 
@@ -99,33 +100,39 @@ class DraftModelDrafter:
         if len(unseen) > CATCH_UP_SPLIT:  # after an off period: no output layer over the backlog
             self.draft.forward(mx.array(unseen[:-1], mx.uint32))  # its logits are never evaluated
             unseen = unseen[-1:]
-        y = mx.array(unseen, mx.uint32)  # tokens the draft has not seen
-        draft_tokens, draft_probs, kept = [], [], []
+        draft_probs, kept, last = [], [], []
         seen = mx.array(history, mx.uint32) if self.processors else None
+
+        def step(y: mx.array) -> mx.array:
+            """Feed `y` (tokens the draft has not seen): its logits (V_d,) after the last."""
+            nonlocal seen
+            draft_logits = self.draft.forward(y)[-1]  # (V_d,)
+            if seen is not None and draft_logits.shape[-1] == self.target_vocab_size:
+                if last:  # y is a draft (not the history's unseen tail): processors see it
+                    seen = mx.concatenate([seen, y])
+                for processor in self.processors:
+                    draft_logits = processor(seen, draft_logits[None])[0]
+            if self.draft.has_recurrent:
+                self._steps.append(self.draft.checkpoint())
+            return draft_logits
+
+        def draw(draft_logits: mx.array, i: int) -> mx.array:
+            # Greedy needs only the argmax, which the (monotone) log-softmax keeps.
+            draft_logprobs = (draft_logits if self.sampling.greedy and not self.confidence
+                              else logprobs_from_logits(draft_logits, self.sampling))
+            y = sample(draft_logprobs, self.sampling)[None]  # (1,)
+            if self.keep_logprobs:  # (a token tree's siblings: drafters/tree.py)
+                kept.append(draft_logprobs)
+            if not self.sampling.greedy:
+                draft_probs.append(mx.exp(draft_logprobs))
+            mx.async_eval(y, *draft_probs[-1:])
+            last[:] = [draft_logprobs]
+            return y
+
         with round_attention():  # once per proposal: the first pass catches up on 1..k+1 tokens
-            for i in range(k):
-                draft_logits = self.draft.forward(y)[-1]  # (V_d,)
-                if seen is not None and draft_logits.shape[-1] == self.target_vocab_size:
-                    if i:
-                        seen = mx.concatenate([seen, y])
-                    for processor in self.processors:
-                        draft_logits = processor(seen, draft_logits[None])[0]
-                if self.draft.has_recurrent:
-                    self._steps.append(self.draft.checkpoint())
-                # Greedy needs only the argmax, which the (monotone) log-softmax keeps.
-                draft_logprobs = (draft_logits if self.sampling.greedy and not self.confidence
-                                  else logprobs_from_logits(draft_logits, self.sampling))
-                y = sample(draft_logprobs, self.sampling)[None]  # (1,)
-                if self.keep_logprobs:  # (a token tree's siblings: drafters/tree.py)
-                    kept.append(draft_logprobs)
-                if self.sampling.greedy:
-                    mx.async_eval(y)
-                else:
-                    draft_probs.append(mx.exp(draft_logprobs))
-                    mx.async_eval(y, draft_probs[-1])
-                draft_tokens.append(y)
-                if self.confidence and i + 1 < k and self._unsure(draft_logprobs):
-                    break
+            draft_tokens = draft_chain(
+                step(mx.array(unseen, mx.uint32)), k, step, draw,
+                more=(lambda i: not self._unsure(last[0])) if self.confidence else None)
         # The cache now holds history + all drafts but the last (which is unseen).
         self._proposed_at = len(history)
         self.cached = len(history) + len(draft_tokens) - 1

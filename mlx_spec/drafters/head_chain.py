@@ -30,6 +30,7 @@ import mlx.core as mx
 from ..attention import round_attention
 from ..cache import rewind
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
+from .chain import draft_chain
 from .protocol import Proposal
 
 
@@ -41,16 +42,16 @@ def feed(head, tokens: mx.array, states: mx.array, layer) -> mx.array:
 
 def chain(head, g: mx.array, layer, k: int,
           draw: Callable[[mx.array, int], mx.array]) -> List[mx.array]:
-    """k drafts for every row from its last output g (B, H): draft i is `draw(logits (B, V),
-    i)` (target ids (B,), queued by `draw`); each but the last is fed back with the output it
-    came from (depth i + 2), so the cache layer gains k - 1 entries a row."""
-    drafts = []
-    for i in range(k):
-        y = draw(head.logits(g), i)
-        drafts.append(y)
-        if i + 1 < k:
-            g = feed(head, y[:, None], g[:, None], layer)[:, 0]
-    return drafts
+    """k drafts for every row from its last output g (B, H) (chain.draft_chain): draft i is
+    `draw(logits (B, V), i)` (target ids (B,), queued by `draw`); each but the last is fed back
+    with the output it came from (depth i + 2), so the cache layer gains k - 1 entries a row."""
+
+    def step(y: mx.array) -> mx.array:
+        nonlocal g
+        g = feed(head, y[:, None], g[:, None], layer)[:, 0]
+        return head.logits(g)
+
+    return draft_chain(head.logits(g), k, step, draw)
 
 
 class HeadChainDrafter:
