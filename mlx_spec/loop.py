@@ -296,6 +296,8 @@ def generate_rounds(
     per_token = (time.perf_counter() - started) / (len(prompt) - 1) if len(prompt) > 1 else None
     if per_token is not None and hasattr(policy, "observe_prefill"):  # v's prior
         policy.observe_prefill(len(prompt) - 1, per_token * (len(prompt) - 1))
+    if hasattr(policy, "expect_reply"):  # what exploring can pay off over
+        policy.expect_reply(max_tokens)
     target_tail = prompt_look.tail_logits(target, look_rows) if look_rows else None
     if split:
         prompt_look.drop_hidden(target)

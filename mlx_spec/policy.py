@@ -51,7 +51,8 @@ Otherwise it sits out an off period (FIRST_OFF_STEPS tokens, doubling while it k
 up to MAX_OFF_STEPS), then drafts PROBE_ROUNDS probe rounds. Exploration is explicit and
 bounded: a host search drafts one round before any verdict, a paid source PROBE_ROUNDS
 rounds, as a probe does; a first round or probe happens only when what it would save over
-the next PROBE_HORIZON tokens, at the better of its estimate and its prior, outweighs the
+the next PROBE_HORIZON tokens (no more than the reply has left, where the loop says how
+many it may take: `expect_reply`), at the better of its estimate and its prior, outweighs the
 round's predicted loss plus its catch-up (a draft model fed the tokens it missed), once its
 costs were measured with no calibration (a paid source: its step and the prefill; a host
 search: its probes only, once a timed round gave v; its first round in a request is its
@@ -340,6 +341,7 @@ class AdaptivePolicy:
         self._best: Dict[tuple, tuple] = {}  # best() until what it reads changes
         self.fallbacks: Dict[str, tuple] = {}  # a source asked only while these sit out
         self._aside: set = set()  # fallbacks that stood aside when last asked
+        self.reply_left: Optional[int] = None  # tokens the reply may still take (expect_reply)
 
     def next_request(self) -> "AdaptivePolicy":
         """A policy for the next request of the same models: what this one measured of the
@@ -559,9 +561,10 @@ class AdaptivePolicy:
 
     def _worth_exploring(self, name: str, k: int) -> bool:
         """Whether a source's first round, or a probe, may pay for itself: what it would save over
-        the next PROBE_HORIZON tokens if it turned out to keep drafts as often as the better of
-        its estimate and its prior, against the round's predicted loss plus its catch-up (a
-        draft model fed every token it missed, its prompt too if it was never prefilled)."""
+        the next PROBE_HORIZON tokens (at most the reply's tokens left: `horizon`) if it
+        turned out to keep drafts as often as the better of its estimate and its prior, against
+        the round's predicted loss plus its catch-up (a draft model fed every token it missed,
+        its prompt too if it was never prefilled)."""
         estimate, plain = self.source(name), self.plain_seconds
         if estimate.free:  # its rounds cost verify passes only: known once one was timed; a
             # request's first round is its verdict, whatever earlier requests measured
@@ -577,7 +580,17 @@ class AdaptivePolicy:
         seconds = (estimate.seconds(k, self._prior_line(name, estimate)) or 0.0) \
             + self._catch_up(name, estimate)
         loss = max(seconds - estimate.expected_tokens(k) * plain, 0.0)
-        return (ratio - 1.0) * PROBE_HORIZON * plain > loss
+        return (ratio - 1.0) * self.horizon() * plain > loss
+
+    def horizon(self) -> int:
+        """Tokens a verdict decides about: PROBE_HORIZON, or the reply's tokens left if fewer
+        (what a first round or probe finds out pays only in the reply that follows it)."""
+        return PROBE_HORIZON if self.reply_left is None else min(PROBE_HORIZON, self.reply_left)
+
+    def expect_reply(self, tokens: int) -> None:
+        """The loop: the reply may take `tokens` tokens (its max_tokens); each round observed
+        counts against them."""
+        self.reply_left = tokens
 
     def _catch_up(self, name: str, estimate: SourceEstimate) -> float:
         """Predicted seconds to feed a paid source what it missed: per token its prefill's
@@ -629,6 +642,8 @@ class AdaptivePolicy:
         else:
             self._best.clear()
         tokens = len(round_.tokens)
+        if self.reply_left is not None:
+            self.reply_left = max(self.reply_left - tokens, 0)
         for name, estimate in self.sources.items():
             if name != round_.source:
                 estimate.passed(tokens)

@@ -224,6 +224,41 @@ def test_a_never_prefilled_draft_counts_its_prompt_in_its_first_rounds_cost():
     assert first(16) > 0
 
 
+def test_a_short_reply_does_not_pay_for_a_first_round_a_long_one_would():
+    """What a first round (or a probe) finds out pays only in the reply after it: the tokens a
+    verdict decides about are the reply's tokens left (expect_reply), at most PROBE_HORIZON.
+    The same draft, its prompt's catch-up about 3 plain steps, is explored with 500 tokens to
+    go and not with 6; without a reply length PROBE_HORIZON stands, and each round counts
+    against the reply."""
+    def first(reply):
+        policy = AdaptivePolicy()
+        if reply is not None:
+            policy.expect_reply(reply)
+        policy.observe_prefill(100, 100 * 0.1)
+        policy.observe_draft_step("draft", 0.3)
+        for i in range(4):
+            policy.observe(Round([0], 0, 0, "target", None, opens_block=i == 0), 1.0)
+        return policy, policy.proposal_length("draft")
+    assert first(500)[1] > 0 and first(None)[1] > 0
+    policy, k = first(10)
+    assert k == 0 and policy.reply_left == 6 and policy.horizon() == 6
+
+
+def test_the_loop_tells_the_policy_how_long_the_reply_may_be(model_dirs):
+    from mlx_spec import load
+    from mlx_spec.generate import speculative_generate_step
+
+    target, _ = load(str(model_dirs["target"]))
+    policy = AdaptivePolicy()
+    told = []
+    expect = policy.expect_reply
+    policy.expect_reply = lambda tokens: (told.append(tokens), expect(tokens))
+    tokens = sum(len(r.tokens) for r in speculative_generate_step(
+        [5, 6, 7, 5, 6, 7, 5, 6], target, None, max_tokens=12, policy=policy,
+        calibration=None))
+    assert told == [12] and policy.reply_left == 12 - tokens
+
+
 def test_timed_rounds_correct_the_prefills_verify_cost():
     """The prefill's per-token time is v's prior only: a host search's timed rounds (seconds
     less a plain step, per draft) replace it. Told 0.6 while a verified token costs a whole

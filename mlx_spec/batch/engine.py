@@ -235,6 +235,7 @@ class BatchEngine:
         alone = len(self.rows) == 1 and self.policy.fixed is None
         if alone and self.rows[0].uid != self.single_uid:  # a request of its own: its text's
             self.single, self.single_uid = self.single.next_request(), self.rows[0].uid  # policy
+            self.single.expect_reply(self.rows[0].room)
         if alone:  # the single-stream case: the single-stream policy, a k per source
             sources = [s.source for s in self.rows[0].searchers] + (
                 [self.model_drafter.source] if self.model_drafter is not None else [])
