@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Collection, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
@@ -73,12 +73,13 @@ class Decoder:
     agree: Callable[[mx.array], mx.array] = lambda x: x
 
 
-def _propose(decoder: Decoder, lengths: Dict[str, int]):
-    """The first proposal of the drafters, in order, each asked for its own length (0: skipped)."""
-    for drafter in decoder.drafters:
-        k = lengths.get(drafter.source, 0)
+def first_proposal(drafters, history: List[int], length: Callable[[str], int]):
+    """The first proposal of `drafters`, asked in order, each for `length(source)` drafts (0:
+    not asked): a call's drafters, and a batch row's host searches (batch/engine.py)."""
+    for drafter in drafters:
+        k = length(drafter.source)
         if k > 0:
-            proposal = drafter.propose(decoder.history, k)
+            proposal = drafter.propose(history, k)
             if proposal is not None and proposal.num_tokens > 0:
                 return proposal
     return None
@@ -332,7 +333,8 @@ def generate_rounds(
         for source in [source for source in later if lengths.get(source, 0) > 0]:
             _prefill_drafter(later.pop(source), decoder.history, prefill_step_size, policy)
             clock.lap()  # (its time is the prefill's, no round's)
-        proposal = _propose(decoder, lengths) if input_embeddings is None or emitted else None
+        proposal = first_proposal(decoder.drafters, decoder.history, lambda s: lengths.get(s, 0)) \
+            if input_embeddings is None or emitted else None
         if proposal is None and input_embeddings is not None and not emitted:
             # The first token comes from the prompt's last embedding: a plain step.
             rounds = plain_rounds(decoder, 1, embedding=input_embeddings[-1:])

@@ -39,21 +39,18 @@ from .rows import Row
 
 class RowCross:
     """One row's drafter, as the engine's host searches are asked: `propose(history, k)`,
-    `commit(accepted)`; `cross_rule` says how its last proposal crossed."""
+    `commit(accepted)`; its proposals say how they crossed (`Proposal.cross_rule`)."""
 
     source = "draft"  # to the policy it is the draft model
 
     def __init__(self, drafter: CrossTokenizerDrafter):
         self.drafter = drafter
-        self.cross_rule: Optional[str] = None
 
     def prefill(self, prompt: List[int], step_size: int) -> None:
         self.drafter.prefill(prompt, step_size)
 
     def propose(self, history: List[int], k: int) -> Optional[Proposal]:
-        found = self.drafter.propose(history, k)
-        self.cross_rule = found.cross_rule if found is not None else None
-        return found
+        return self.drafter.propose(history, k)
 
     def commit(self, num_accepted: int) -> None:
         self.drafter.commit(num_accepted)

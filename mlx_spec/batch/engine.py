@@ -40,9 +40,11 @@ from ..arguments import check_arguments
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
+from ..drafters.protocol import Proposal
 from ..eagle3 import check_fits as check_eagle3_fits
 from ..eagle3 import is_eagle3_head
 from ..loading import vocab_size
+from ..loop import first_proposal
 from ..policy import AdaptivePolicy
 from ..precision import prepare_drafter
 from ..sampling import model_logprobs
@@ -57,7 +59,7 @@ from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .trees import draft_trees, keep_paths, verify_trees
-from .verify import ACCEPT, RowProposal, emitted_tokens, verify
+from .verify import ACCEPT, emitted_tokens, spine_kept, verify
 
 
 SOURCES = ("draft", "mtp", "eagle3", "dflash", "lookup", "suffix")  # where a row's drafts come from
@@ -316,7 +318,7 @@ class BatchEngine:
         else:
             self.target.keep(max(len(v.drafted) for v in verdicts) + 1, kept)
         if self.draft is not None:  # its own drafts kept (a tree's: along its spine)
-            from_draft = [min(n - 1, p.spine_kept(v)) if p is not None and p.source == "draft"
+            from_draft = [min(n - 1, spine_kept(p, v)) if p is not None and p.source == "draft"
                           else 0 for n, p, v in zip(kept, proposals, verdicts)]
             self.draft.settle(rows, ran, from_draft, [tokens for tokens, _ in emitted])
         if self.pairs is not None:
@@ -338,14 +340,10 @@ class BatchEngine:
         first, row by row; then the draft model, MTP head or DFlash drafter for every row
         that has none, in one batch."""
         rows = self.rows
-        proposals: List[Optional[RowProposal]] = [None] * len(rows)
+        proposals: List[Optional[Proposal]] = [None] * len(rows)
         for i, row in enumerate(rows):
-            for searcher in row.searchers:
-                n = row.wants(lengths[searcher.source])
-                found = searcher.propose(row.history, n) if n else None
-                if found is not None:
-                    proposals[i] = RowProposal(found.tokens, found.probs, found.source, searcher)
-                    break
+            proposals[i] = first_proposal(row.searchers, row.history,
+                                          lambda source: row.wants(lengths[source]))
         model = self.model_drafter
         if model is None:
             return proposals, False
@@ -365,7 +363,7 @@ class BatchEngine:
             return proposals, True
         for i, n in enumerate(wants):
             if n:
-                proposals[i] = RowProposal(tokens[i, :n], None if probs[i] is None
+                proposals[i] = Proposal(tokens[i, :n], None if probs[i] is None
                                            else probs[i][:n], model.source)
         return proposals, True
 
@@ -378,15 +376,14 @@ class BatchEngine:
         row.history.extend(tokens)
         row.emitted += len(tokens)
         logprobs = model_logprobs(verdict.logits[:len(tokens)]) if row.request.logprobs else None
-        crossed = proposal is not None and row.cross is not None and proposal.drafter is row.cross
         tree = {}
         if proposal is not None and proposal.parents is not None:  # what the policy reads
             tree = dict(tree_nodes=len(proposal.parents) - 1, tree_width=proposal.width,
-                        spine_kept=min(proposal.spine_kept(verdict), accepted),
+                        spine_kept=min(spine_kept(proposal, verdict), accepted),
                         spine_length=len(proposal.spine))
         return RowOutput(row.uid, tokens, finish, verdict.num_drafted, accepted,
                          proposal.source if proposal is not None else "target", logprobs,
-                         cross_rule=row.cross.cross_rule if crossed else None, **tree)
+                         cross_rule=proposal.cross_rule if proposal is not None else None, **tree)
 
     def _row_cache(self, i: int) -> list:
         """Row i's caches as one-row lists holding exactly its history (target, then draft;

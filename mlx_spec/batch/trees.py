@@ -36,38 +36,39 @@ import numpy as np
 from ..attention import round_attention
 from ..cache.window import visible
 from ..sampling import logprobs_from_logits
+from ..drafters.protocol import Proposal
 from ..drafters.tree import beside_the_spine
 from ..tree import ancestor_mask, depths, spine_and_siblings
 from ..tree_acceptance import read_tree, tree_parts, tree_size
 from ..tree_verify import tree_forward
 from .kv import BatchCache
 from .rows import Row
-from .verify import ACCEPT, RowProposal, Verdict, chain_parts, read_chain, verify_input
+from .verify import ACCEPT, Verdict, chain_parts, read_chain, verify_input
 
 
 def draft_trees(rows: Sequence[Row], wants: Sequence[int], tokens: mx.array,
                 probs: Sequence[Optional[mx.array]], logits: mx.array,
-                width: int) -> List[Optional[RowProposal]]:
+                width: int) -> List[Optional[Proposal]]:
     """Each drafting row's proposal from the draft model's: drafts (B, K), q per sampled row
     (wants[i], V), the per-step logits (B, K, V_d): a tree (drafters/tree.beside_the_spine,
     the row's own key), or a chain for a row with logits processors (they are applied along a
     chain's positions); None for a row that drafts nothing."""
-    out: List[Optional[RowProposal]] = []
+    out: List[Optional[Proposal]] = []
     for i, (row, n) in enumerate(zip(rows, wants)):
         q = None if not n or probs[i] is None else probs[i][:n]  # (n, V)
         if not n:
             out.append(None)
         elif row.request.logits_processors:
-            out.append(RowProposal(tokens[i, :n], q, "draft"))
+            out.append(Proposal(tokens[i, :n], q, "draft"))
         else:
             nodes, node_q = beside_the_spine(tokens[i, :n], logits[i, :n], q, width,
                                              None if q is None else row.next_key())
-            out.append(RowProposal(nodes, node_q, "draft", parents=spine_and_siblings(n, width),
+            out.append(Proposal(nodes, node_q, "draft", parents=spine_and_siblings(n, width),
                                    spine=tuple(1 + j * width for j in range(n))))
     return out
 
 
-def _parents(proposal: Optional[RowProposal]) -> Tuple[int, ...]:
+def _parents(proposal: Optional[Proposal]) -> Tuple[int, ...]:
     """A row's tree: its proposal's, a chain's, or the root alone."""
     if proposal is None:
         return (-1,)
@@ -77,7 +78,7 @@ def _parents(proposal: Optional[RowProposal]) -> Tuple[int, ...]:
 
 
 def verify_trees(target: BatchCache, rows: Sequence[Row],
-                 proposals: Sequence[Optional[RowProposal]],
+                 proposals: Sequence[Optional[Proposal]],
                  accept=ACCEPT) -> Tuple[List[Verdict], int]:
     """(each row's verdict, the N positions fed) of one pass over every row's tree. A row
     with a chain (or nothing) is judged as `verify` judges it (verify.chain_parts: its

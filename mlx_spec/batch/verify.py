@@ -18,32 +18,12 @@ import mlx.core as mx
 
 from ..acceptance import greedy_accept, keyed_rule
 from ..attention import round_attention
+from ..drafters.protocol import Proposal
 from ..judge import prefix_match, read_verdict, stop_cut, verdict_parts, verdict_size
 from ..loop import processed
 from ..sampling import logprobs_from_logits
-from ..tree import along, widest
 from .kv import BatchCache
 from .rows import Row
-
-
-@dataclass
-class RowProposal:
-    tokens: mx.array  # (n,) uint32, lazy
-    probs: Optional[mx.array]  # (n, V) q for a sampled row, None for a greedy one
-    source: str  # "draft", "lookup" or "suffix"
-    drafter: object = None  # a host search (lookup, suffix), told how much was kept
-    parents: Optional[tuple] = None  # a token tree's (batch/trees.py); None: a chain
-    spine: tuple = ()  # ... the nodes of the draft model's own chain in it
-
-    @property
-    def width(self) -> int:
-        """The most children a node of its tree has (1: a chain)."""
-        return 1 if self.parents is None else widest(self.parents)
-
-    def spine_kept(self, verdict: "Verdict") -> int:
-        """How many of the draft model's own drafts the verdict kept (a tree: the accepted
-        path's first nodes that are its spine's)."""
-        return verdict.accepted if verdict.nodes is None else along(verdict.nodes[1:], self.spine)
 
 
 @dataclass
@@ -66,7 +46,7 @@ class Verdict:
 ACCEPT = keyed_rule(residual=True)
 
 
-def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional[RowProposal]],
+def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional[Proposal]],
            accept=ACCEPT) -> List[Verdict]:
     lengths = [0 if p is None else p.tokens.shape[0] for p in proposals]
     x = verify_input(rows, proposals, max(lengths) + 1)  # (B, width + 1)
@@ -87,7 +67,7 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
     return verdicts
 
 
-def verify_input(rows: Sequence[Row], proposals: Sequence[Optional[RowProposal]],
+def verify_input(rows: Sequence[Row], proposals: Sequence[Optional[Proposal]],
                  n: int) -> mx.array:
     """(B, n) uint32: each row's last token, its proposal's tokens (a chain's drafts, a
     tree's nodes), then filler where another row has more (never accepted)."""
@@ -105,7 +85,7 @@ def verify_input(rows: Sequence[Row], proposals: Sequence[Optional[RowProposal]]
     return mx.stack(x)
 
 
-def chain_parts(row: Row, proposal: Optional[RowProposal], logits: mx.array, accept=ACCEPT):
+def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept=ACCEPT):
     """(the row's verdict parts (judge.verdict_parts), its logits (n + 1, V) after its
     processors), lazy: a chain of n drafts (none: the target's own token) judged by the row's
     rule with its own key."""
@@ -139,6 +119,12 @@ def _greedy_verdicts(rows, lengths, x, target_logits) -> List[Verdict]:
         accepted = prefix_match(drafted, judged_row)
         verdicts.append(Verdict(drafted, accepted, judged_row[accepted], target_logits[i, :n + 1]))
     return verdicts
+
+
+def spine_kept(proposal: Proposal, verdict: Verdict) -> int:
+    """How many of the draft model's own drafts the verdict kept (a tree: the accepted path's
+    first nodes that are its spine's)."""
+    return verdict.accepted if verdict.nodes is None else proposal.along_spine(verdict.nodes[1:])
 
 
 def emitted_tokens(row: Row, verdict: Verdict):

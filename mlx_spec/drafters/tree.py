@@ -47,40 +47,19 @@ text search's, whose branches stand only where earlier text disagreed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from ..tree import along, from_paths, spine_and_siblings, widest
+from ..tree import from_paths, spine_and_siblings
 from ..tree_verify import tree_capable
 from .dflash import DFlashDrafter
 from .dflash2 import DFlash2Drafter
 from .draft_model import DraftModelDrafter
 from .head_chain import HeadChainDrafter
 from .prompt_lookup import PromptLookupDrafter, _continue
-from .protocol import point_masses
+from .protocol import Proposal, point_masses
 from .suffix import SuffixDrafter
-
-
-@dataclass
-class TreeProposal:
-    tokens: mx.array  # (N-1,) uint32: nodes 1..N-1 (node 0 is the last history token)
-    probs: Optional[mx.array]  # (N-1, V) q each node was drawn from; None when greedy
-    parents: Tuple[int, ...]  # (N,) parents[0] == -1
-    spine: Tuple[int, ...]  # the base drafter's own chain, as node ids
-    source: str
-    drafter: object
-    cross_rule: Optional[str] = None
-    width: int = 1  # the most children a node has
-
-    @property
-    def num_tokens(self) -> int:
-        return self.tokens.shape[0]
-
-    def along_spine(self, path: Sequence[int]) -> int:
-        """How many of the accepted `path`'s nodes are the spine's first ones."""
-        return along(path, self.spine)
 
 
 MAX_CHOSEN_WIDTH = 3  # the widest tree the policy may choose (Macs measured best at 1-3)
@@ -127,7 +106,7 @@ class TreeDrafter:
         self.max_width = width if chosen else None
         self.width = 1 if chosen else width
         self.source = base.source
-        self._proposal: Optional[TreeProposal] = None
+        self._proposal: Optional[Proposal] = None
         if isinstance(base, PromptLookupDrafter):
             self._tree = self._lookup_tree
         elif isinstance(base, SuffixDrafter):
@@ -157,7 +136,7 @@ class TreeDrafter:
         self.base.commit(self._proposal.along_spine(path))
         self._proposal = None
 
-    def _draft_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
+    def _draft_tree(self, history: List[int], k: int) -> Optional[Proposal]:
         chain = self.base.propose(history, k)
         if chain is None:
             return None
@@ -165,29 +144,28 @@ class TreeDrafter:
         scores = self.base.kept_logprobs[:depth]  # (depth, V_d) per spine step, lazy
         tokens, probs = beside_the_spine(chain.tokens, scores, chain.probs, self.width)
         spine = tuple(1 + i * self.width for i in range(depth))
-        return TreeProposal(tokens, probs, spine_and_siblings(depth, self.width), spine,
-                            self.source, self, width=self.width)
+        return Proposal(tokens, probs, self.source, self,
+                        parents=spine_and_siblings(depth, self.width), spine=spine)
 
-    def _lookup_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
+    def _lookup_tree(self, history: List[int], k: int) -> Optional[Proposal]:
         first = self.base.lookup(history, k)
         if not first:
             return None
         return self._point_mass_tree([first] + _other_matches(
             self.base._text, self.base.ngram_sizes, len(first), self.width - 1, first))
 
-    def _suffix_tree(self, history: List[int], k: int) -> Optional[TreeProposal]:
+    def _suffix_tree(self, history: List[int], k: int) -> Optional[Proposal]:
         token_paths = self.base.lookup_paths(history, k, self.width)
         return self._point_mass_tree(token_paths) if token_paths else None
 
-    def _point_mass_tree(self, token_paths: List[List[int]]) -> TreeProposal:
+    def _point_mass_tree(self, token_paths: List[List[int]]) -> Proposal:
         """The trie of `token_paths` (the first the base's own proposal: the spine), each
         node a point mass (one-hot q): siblings are distinct tokens."""
         parents, tokens = from_paths(token_paths)
         drafted = mx.array(tokens[1:], mx.uint32)  # (N-1,)
         probs = None if self.base.greedy else point_masses(drafted, self.base.target_vocab_size)
         spine = _path_nodes(parents, tokens, token_paths[0])
-        return TreeProposal(drafted, probs, parents, spine, self.source, self,
-                            width=widest(parents))
+        return Proposal(drafted, probs, self.source, self, parents=tuple(parents), spine=spine)
 
 
 def beside_the_spine(spine: mx.array, scores: mx.array, q: Optional[mx.array], width: int,
