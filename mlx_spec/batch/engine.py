@@ -364,7 +364,7 @@ class BatchEngine:
         for i, n in enumerate(wants):
             if n:
                 proposals[i] = Proposal(tokens[i, :n], None if probs[i] is None
-                                           else probs[i][:n], model.source)
+                                        else probs[i][:n], model.source)
         return proposals, True
 
     @staticmethod
