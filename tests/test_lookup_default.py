@@ -234,3 +234,41 @@ def test_the_fallback_matches_as_lookup_alone(shipped, quoting, monkeypatch):
     made.clear()
     list(speculative_generate_step(ids, model, max_tokens=2, sampling=SamplingConfig(temp=0.7)))
     assert made == [1]  # no drafter: lookup alone
+
+
+def test_a_batch_row_alone_looks_up_behind_its_drafter_at_t_above_0(shipped, quoting,
+                                                                      monkeypatch):
+    """As a call of its own (assemble.py), one batch row decoding alone at T > 0 has prompt
+    lookup behind its draft model, asked only while the draft sits out (policy.fall_back), and
+    its sampling's acceptance prior; beside another row, lookup is never asked at T > 0 (in
+    front of a drafter it would take the drafter's rounds). The draft is held off here (an off
+    period of the whole reply), so what asks lookup is the fallback alone."""
+    from mlx_spec.loading import default_draft_path
+    from mlx_spec.policy import SAMPLING_ACCEPTANCE_PRIOR, AdaptivePolicy
+
+    model, ids = shipped[0], quoting[0]
+    draft = load(str(default_draft_path()))[0]
+    asked = AdaptivePolicy.proposal_length
+
+    def draft_off(self, name):
+        if name == "draft":
+            self.source("draft").off_left = 10**6
+        return asked(self, name)
+
+    monkeypatch.setattr(AdaptivePolicy, "proposal_length", draft_off)
+    sampling = SamplingConfig(temp=0.7)
+    for rows in (1, 2):
+        engine = BatchEngine(model, draft)
+        for _ in range(rows):
+            engine.insert(RowRequest(ids, 24, sampling))
+        sources = set()
+        while engine.busy:
+            together = len(engine.rows) == rows  # (the last row to end ends alone)
+            outputs = engine.step()
+            if together:
+                sources |= {out.source for out in outputs}
+        if rows == 1:
+            assert sources == {"target", "lookup"}
+            assert engine.single.acceptance_prior == SAMPLING_ACCEPTANCE_PRIOR
+        else:
+            assert "lookup" not in sources

@@ -45,7 +45,7 @@ from ..eagle3 import check_fits as check_eagle3_fits
 from ..eagle3 import is_eagle3_head
 from ..loading import vocab_size
 from ..loop import first_proposal
-from ..policy import AdaptivePolicy
+from ..policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, AdaptivePolicy
 from ..precision import prepare_drafter
 from ..sampling import model_logprobs
 from ..session import CONTEXT, held_context
@@ -236,10 +236,10 @@ class BatchEngine:
         start = time.perf_counter()
         alone = len(self.rows) == 1 and self.policy.fixed is None
         if alone and self.rows[0].uid != self.single_uid:  # a request of its own: its text's
-            self.single, self.single_uid = self.single.next_request(), self.rows[0].uid  # policy
-            self.single.expect_reply(self.rows[0].room)
+            self._single_policy(self.rows[0])  # policy
         if alone:  # the single-stream case: the single-stream policy, a k per source
-            sources = [s.source for s in self.rows[0].searchers] + (
+            row = self.rows[0]
+            sources = [s.source for s in row.searchers + row.fallbacks] + (
                 [self.model_drafter.source] if self.model_drafter is not None else [])
             lengths = {s: self.single.proposal_length(s) if s in sources else 0
                        for s in SOURCES}
@@ -247,7 +247,7 @@ class BatchEngine:
         else:
             k = self.policy.choose(len(self.rows))
             lengths = dict.fromkeys(SOURCES, k)
-        outputs = self._round(lengths)
+        outputs = self._round(lengths, alone)
         seconds = time.perf_counter() - start
         if alone:
             self.single.observe(outputs[0], seconds)
@@ -255,6 +255,19 @@ class BatchEngine:
             self.policy.observe(len(outputs), k, sum(len(o.tokens) for o in outputs), seconds)
         self.rounds[k] = self.rounds.get(k, 0) + 1
         return outputs
+
+    def _single_policy(self, row: Row) -> None:
+        """The policy of a request decoding alone, as a call of its own gets it (assemble.py):
+        what the last one measured of the machine, its sampling's acceptance prior, its reply's
+        length, and prompt lookup behind the drafter at T > 0 (`Row.fallbacks`)."""
+        self.single = self.single.next_request(
+            DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR)
+        self.single_uid = row.uid
+        self.single.expect_reply(row.room)
+        self.single.fallbacks = {}
+        if row.fallbacks:
+            self.single.fall_back("lookup", [self.model_drafter.source
+                                             if self.model_drafter is not None else "draft"])
 
     def _prefill_chunk(self) -> None:
         budget = self.prefill_step_size
@@ -302,11 +315,12 @@ class BatchEngine:
         self.rows.append(j.row)
         return max(1, len(chunk))
 
-    def _round(self, lengths: Dict[str, int]) -> List[RowOutput]:
+    def _round(self, lengths: Dict[str, int], alone: bool = False) -> List[RowOutput]:
         """One round for every row: propose -> verify -> accept -> rewind -> emit.
-        `lengths`: the drafts each source is asked for (0: not asked)."""
+        `lengths`: the drafts each source is asked for (0: not asked); `alone`: one row under
+        the single-stream policy (its fallbacks are asked too)."""
         rows = self.rows
-        proposals, ran = self._propose(lengths)
+        proposals, ran = self._propose(lengths, alone)
         if any(p is not None and p.parents is not None for p in proposals):  # token trees
             verdicts, fed = verify_trees(self.target, rows, proposals, self.accept)  # one sync
         else:
@@ -335,15 +349,15 @@ class BatchEngine:
             self._drop(ended)
         return outputs
 
-    def _propose(self, lengths: Dict[str, int]):
+    def _propose(self, lengths: Dict[str, int], alone: bool = False):
         """(each row's proposal or None, whether the model drafter ran): the host searches
-        first, row by row; then the draft model, MTP head or DFlash drafter for every row
-        that has none, in one batch."""
+        first, row by row (one row alone: its fallbacks after them); then the draft model,
+        MTP head or DFlash drafter for every row that has none, in one batch."""
         rows = self.rows
         proposals: List[Optional[Proposal]] = [None] * len(rows)
         for i, row in enumerate(rows):
-            proposals[i] = first_proposal(row.searchers, row.history,
-                                          lambda source: row.wants(lengths[source]))
+            proposals[i] = first_proposal(row.searchers + (row.fallbacks if alone else []),
+                                          row.history, lambda source: row.wants(lengths[source]))
         model = self.model_drafter
         if model is None:
             return proposals, False
@@ -413,7 +427,7 @@ class BatchEngine:
 
     def _drop(self, ended: List[int]) -> None:
         for i in ended:  # (a drafter of another tokenizer holds its row's key: no cycle left)
-            self.rows[i].cross, self.rows[i].searchers = None, []
+            self.rows[i].cross, self.rows[i].searchers, self.rows[i].fallbacks = None, [], []
         keep = [i for i in range(len(self.rows)) if i not in set(ended)]
         self.rows = [self.rows[i] for i in keep]
         self.target.drop(keep)

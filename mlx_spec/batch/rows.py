@@ -58,6 +58,9 @@ class Row:
     dflash_ready: bool = False
     # A draft of another tokenizer: the row's own drafter (batch/cross.py), also its last search
     cross: object = None
+    # Host searches asked after `searchers` only while the row decodes alone and the model
+    # drafter sits out (the single-stream policy's fallback: prompt lookup at T > 0)
+    fallbacks: List = field(default_factory=list)
 
     @property
     def room(self) -> int:
@@ -84,8 +87,9 @@ class Row:
 def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collection[int],
              has_draft_model: bool) -> Row:
     sampling = request.sampling
+    seeded = request.seed is not None
     use_lookup = request.prompt_lookup if request.prompt_lookup is not None else \
-        on_by_default(has_draft_model, sampling.greedy, seeded=request.seed is not None)
+        on_by_default(has_draft_model, sampling.greedy, seeded=seeded)
     searchers = []
     history = list(request.prompt)
     if request.num_draft_tokens != 0:
@@ -100,12 +104,17 @@ def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collec
                                                  max_ngram=request.prompt_lookup_max_ngram,
                                                  min_ngram=min(min_ngram,
                                                                request.prompt_lookup_max_ngram)))
+    fallbacks = []
+    if request.prompt_lookup is None and request.num_draft_tokens is None and \
+            has_draft_model and not sampling.greedy and not seeded:  # as assemble.py's
+        fallbacks.append(PromptLookupDrafter(vocab_size, sampling.greedy,
+                                             max_ngram=request.prompt_lookup_max_ngram))
     if request.seed is not None:
         key = mx.random.key(request.seed)
     else:
         key = mx.random.key(int(mx.random.randint(0, 2**31 - 1, ()).item()))
     stops = frozenset(stop_tokens) | frozenset(request.stop_tokens)
-    return Row(uid, request, history, key, searchers, stops)
+    return Row(uid, request, history, key, searchers, stops, fallbacks=fallbacks)
 
 
 @dataclass(frozen=True)
