@@ -33,7 +33,7 @@ from .drafters import (CrossTokenizerDrafter, DFlash2Drafter, DFlashDrafter, Dra
                        MTPDrafter, PromptLookupDrafter, SuffixDrafter, SuffixIndex,
                        default_suffix_index)
 from .drafters.eagle3 import Eagle3Drafter
-from .drafters.prompt_lookup import PAIRED_MIN_NGRAM, on_by_default
+from .drafters.prompt_lookup import PAIRED_MIN_NGRAM, behind_by_default, on_by_default
 from .drafters.suffix import suffix_min_match
 from .drafters.vocab_bridge import VocabBridge, bridge_for, too_small
 from .loading import check_pair, tokenizer_of, vocab_size
@@ -88,7 +88,7 @@ def assemble(model, draft_model, sampling: SamplingConfig, *, prompt_cache, num_
     suffix_index = suffix_index_for(suffix)
     # At T > 0 behind a paid drafter, lookup is asked only while the drafter sits out (an
     # adaptive policy's fallback: policy.fall_back); in front of it, it would take its rounds.
-    fallback = prompt_lookup is None and drafting and not sampling.greedy
+    fallback = prompt_lookup is None and behind_by_default(drafting, sampling.greedy)
     if prompt_lookup is None:  # on, but never where it would refuse what plain decoding does
         prompt_lookup = on_by_default(drafting, sampling.greedy) and (
             drafting or suffix_index is not None or not unsupported_kinds(make_cache(model)))

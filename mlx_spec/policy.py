@@ -345,14 +345,14 @@ class AdaptivePolicy:
 
     def next_request(self, acceptance_prior: Optional[float] = None) -> "AdaptivePolicy":
         """A policy for the next request of the same models: what this one measured of the
-        machine (`learn_machine`), nothing of its text (acceptance, off periods);
-        `acceptance_prior`: the request's own (its sampling's), else this one's."""
+        machine (`learn_machine`), nothing of its text (acceptance, off periods) nor of its
+        set-up (fallbacks); `acceptance_prior`: the request's own (its sampling's), else
+        this one's."""
         fresh = AdaptivePolicy(self.k_max, self.initial, self.decay, self.auto_off,
                                self.max_lookup_tokens, self.prior,
                                self.acceptance_prior if acceptance_prior is None
                                else acceptance_prior, self.block_tokens)
         fresh.learn_machine(self)
-        fresh.fallbacks = dict(self.fallbacks)
         return fresh
 
     def learn_machine(self, earlier: "AdaptivePolicy") -> None:
@@ -372,7 +372,6 @@ class AdaptivePolicy:
                                                                      estimate.prior_weight)
         if self.plain_seconds:
             self.plain_trial = 0
-
 
     # --- the model ---
     def source(self, name: str) -> SourceEstimate:

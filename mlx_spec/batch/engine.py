@@ -264,7 +264,6 @@ class BatchEngine:
             DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR)
         self.single_uid = row.uid
         self.single.expect_reply(row.room)
-        self.single.fallbacks = {}
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])

@@ -15,7 +15,8 @@ from typing import Collection, List, Optional, Sequence
 import mlx.core as mx
 
 from ..defaults import DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
-from ..drafters.prompt_lookup import PAIRED_MIN_NGRAM, PromptLookupDrafter, on_by_default
+from ..drafters.prompt_lookup import (PAIRED_MIN_NGRAM, PromptLookupDrafter,
+                                      behind_by_default, on_by_default)
 from ..drafters.suffix import SuffixDrafter, suffix_min_match
 from ..sampling import SamplingConfig
 
@@ -106,7 +107,7 @@ def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collec
                                                                request.prompt_lookup_max_ngram)))
     fallbacks = []
     if request.prompt_lookup is None and request.num_draft_tokens is None and \
-            has_draft_model and not sampling.greedy and not seeded:  # as assemble.py's
+            behind_by_default(has_draft_model, sampling.greedy, seeded):  # as assemble.py's
         fallbacks.append(PromptLookupDrafter(vocab_size, sampling.greedy,
                                              max_ngram=request.prompt_lookup_max_ngram))
     if request.seed is not None:

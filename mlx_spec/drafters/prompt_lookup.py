@@ -50,6 +50,13 @@ def on_by_default(model_behind: bool, greedy: bool, seeded: bool = False) -> boo
     return greedy or not (model_behind or seeded)
 
 
+def behind_by_default(model_behind: bool, greedy: bool, seeded: bool = False) -> bool:
+    """Where `on_by_default` leaves it off in front of a paid drafter at T > 0, prompt lookup
+    (`prompt_lookup=None`) stands behind it instead: the adaptive policy's fallback, asked only
+    while the drafter sits out (policy.fall_back). Not in a seeded run (its k is fixed)."""
+    return model_behind and not greedy and not seeded
+
+
 def _continue(found: List[int], k: int) -> List[int]:
     """Up to k tokens: a match that runs into the end of the history repeats with its period.
 
