@@ -195,6 +195,7 @@ class BatchEngine:
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.model_drafter is not None or self.cross is not None)
+        row.acceptance = self.policy.new_estimate(row.greedy, request.num_draft_tokens or 0)
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (
@@ -245,14 +246,16 @@ class BatchEngine:
                        for s in SOURCES}
             k = max(lengths.values())
         else:
-            k = self.policy.choose(len(self.rows))
+            k = self.policy.choose(self.rows)
             lengths = dict.fromkeys(SOURCES, k)
+        rows = self.rows  # (the round drops the rows that end)
         outputs = self._round(lengths, alone)
         seconds = time.perf_counter() - start
         if alone:
             self.single.observe(outputs[0], seconds)
+            self.policy.count(rows[0], outputs[0])  # the row's acceptance, should others join
         else:
-            self.policy.observe(len(outputs), k, sum(len(o.tokens) for o in outputs), seconds)
+            self.policy.observe(rows, outputs, k, seconds)
         self.rounds[k] = self.rounds.get(k, 0) + 1
         return outputs
 

@@ -2,15 +2,19 @@
 
 For B rows drafting k each (k = 0: plain batched decoding)
 
-    rate_B(k) = B E(a, k) / T_B(k),      E(a, k) = (1 - a^(k+1)) / (1 - a),  E(a, 0) = 1
+    rate_B(k) = sum_i E_i(w_i(k)) / T_B(k),   E_i(k) = 1 + sum_{j <= k} prod_{l <= j} a_i,l
 
-- a, the rows' per-draft acceptance: each drafting round's tokens per row read through
-  E(a, k) (the i.i.d. model: the a that explains them), decayed, shrunk to the
-  single-stream prior (policy.DEFAULT_ACCEPTANCE_PRIOR) by policy.PRIOR_ACCEPTANCE_ROUNDS.
+- a_i, row i's own acceptance (per depth where it matters): the estimate a drafting source has
+  in a call of its own (policy.SourceEstimate, decayed, shrunk to the row's sampling's prior:
+  policy.DEFAULT_ACCEPTANCE_PRIOR greedy, SAMPLING_ACCEPTANCE_PRIOR sampled), counted from the
+  row's own rounds. It lives on the row (`Row.acceptance`), so it is the request's: nothing of
+  one request's text carries over to the next, nor to its neighbours. w_i(k) = the drafts row i
+  verifies in a round of k (`Row.wants`: its pinned k, its budget).
 - T_B(k), the seconds of a round of B rows at k: per batch size the same decayed, shrunk
   least-squares line a drafting source has (policy.SourceEstimate), k = 0 included; its
   prior the nearest measured batch size's line (none for the first: then proportional to
-  k + 1 until two k are timed).
+  k + 1 until two k are timed). This is what the machine measured: the policy keeps it for
+  the engine's life.
 
 Each round runs k* = argmax over 0..max_k. Exploration is explicit and bounded: a batch size
 seen for the first time runs FIRST_K (or the nearest size's k*) for TRIAL_ROUNDS rounds, then
@@ -24,33 +28,17 @@ k is never changed. Exactness never depends on k.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
-from ..costmodel import expected_tokens_per_round
-from ..policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_DECAY, PRIOR_ACCEPTANCE_ROUNDS,
-                      SourceEstimate)
+from ..policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_DECAY, SAMPLING_ACCEPTANCE_PRIOR,
+                      SourceEstimate, survivals)
 
 FIRST_K = 2
 TRIAL_ROUNDS = 2
 EXPLORE_EVERY = 8
 MAX_EXPLORE_EVERY = 128
-
-
-def acceptance_from_tokens(tokens_per_row: float, k: int) -> float:
-    """The a with E(a, k) = tokens_per_row (clipped to [0, 1])."""
-    if tokens_per_row >= k + 1:
-        return 1.0
-    if tokens_per_row <= 1.0:
-        return 0.0
-    low, high = 0.0, 1.0
-    for _ in range(40):
-        mid = (low + high) / 2
-        if expected_tokens_per_round(mid, k) < tokens_per_row:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
 
 
 @dataclass
@@ -70,40 +58,52 @@ class _Size:
 
 
 class BatchPolicy:
-    def __init__(self, max_k: int, fixed: Optional[int] = None, decay: float = DEFAULT_DECAY,
-                 acceptance_prior: float = DEFAULT_ACCEPTANCE_PRIOR):
+    """k* for the rows of each round; the rows' acceptance is theirs (`Row.acceptance`,
+    made by `new_estimate`), the round's cost lines the policy's."""
+
+    def __init__(self, max_k: int, fixed: Optional[int] = None, decay: float = DEFAULT_DECAY):
         if fixed is not None and fixed < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {fixed}.")
         if max_k < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_k}.")
         self.max_k, self.fixed, self.decay = max_k, fixed, decay
-        self.accepted = acceptance_prior * PRIOR_ACCEPTANCE_ROUNDS  # decayed a-weighted rounds
-        self.weight = PRIOR_ACCEPTANCE_ROUNDS
         self._sizes: Dict[int, _Size] = {}
+        # E per row at each k of the last rows chosen for (what another batch size's rows would
+        # keep, for `_hopeless`), and their mean acceptance (for reports)
+        self._per_row: Callable[[int], float] = lambda k: 1.0
+        self.acceptance: Optional[float] = None
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.weight
+    def new_estimate(self, greedy: bool, most: int = 0) -> SourceEstimate:
+        """A new request's acceptance: its sampling's prior, nothing of the rows before it;
+        deep enough for `most` drafts (a pinned k past max_k)."""
+        return SourceEstimate(max(self.max_k, most),
+                              DEFAULT_ACCEPTANCE_PRIOR if greedy else SAMPLING_ACCEPTANCE_PRIOR,
+                              self.decay, False, False)
 
     # --- the model ---
-    def rate(self, batch: int, k: int, acceptance: Optional[float] = None) -> Optional[float]:
-        """rate_B(k): tokens a second of B rows drafting k (None while unknown)."""
+    def rate(self, batch: int, k: int, per_row: Callable[[int], float]) -> Optional[float]:
+        """rate_B(k): tokens a second of B rows drafting k, each keeping per_row(k) tokens a
+        round (None while T_B(k) is unknown)."""
         size = self._size(batch)
         seconds = size.line.seconds(k, size.prior)
-        if not seconds:
-            return None
-        a = self.acceptance if acceptance is None else acceptance
-        return batch * (expected_tokens_per_round(a, k) if k else 1.0) / seconds
+        return None if not seconds else batch * per_row(k) / seconds
 
-    def best(self, batch: int) -> int:
-        rates = {k: self.rate(batch, k) for k in range(self.max_k + 1)}
+    def best(self, batch: int, per_row: Optional[Callable[[int], float]] = None) -> int:
+        per_row = per_row or self._per_row
+        rates = {k: self.rate(batch, k, per_row) for k in range(self.max_k + 1)}
         known = {k: r for k, r in rates.items() if r is not None}
         return max(known, key=known.get) if known else self._size(batch).chosen
 
     # --- the protocol the engine calls ---
-    def choose(self, batch: int) -> int:
+    def choose(self, rows: Sequence) -> int:
+        """The k of a round of `rows` (each with `.acceptance` and `.wants(k)`)."""
         if self.fixed is not None:
             return self.fixed
+        table = [statistics.fmean(row.acceptance.expected_tokens(row.wants(k)) for row in rows)
+                 for k in range(self.max_k + 1)]
+        self._per_row = table.__getitem__
+        self.acceptance = statistics.fmean(row.acceptance.acceptance for row in rows)
+        batch = len(rows)
         size = self._size(batch)
         if size.schedule:
             return size.schedule[0]
@@ -120,15 +120,23 @@ class BatchPolicy:
                     return k
         return size.chosen
 
-    def observe(self, batch: int, k: int, tokens: int, seconds: float) -> None:
+    @staticmethod
+    def count(row, output) -> None:
+        """A row's round, into the row's acceptance (as a call's source counts its rounds)."""
+        if output.num_drafted:
+            row.acceptance.count(output.num_accepted,
+                                 float(output.num_accepted < output.num_drafted),
+                                 survivals(output.num_drafted, output.num_accepted))
+
+    def observe(self, rows: Sequence, outputs: Sequence, k: int, seconds: float) -> None:
+        """A round of `rows` at k took `seconds`; `outputs`, each row's, in the same order."""
+        for row, output in zip(rows, outputs):
+            self.count(row, output)
         if self.fixed is not None or seconds <= 0:
             return
-        size = self._size(batch)
+        size = self._size(len(rows))
         size.line.add(k, seconds)
         size.timed.add(k)
-        if k:
-            self.accepted = self.decay * self.accepted + acceptance_from_tokens(tokens / batch, k)
-            self.weight = self.decay * self.weight + 1.0
         if size.schedule:
             size.schedule.pop(0)
             return
@@ -137,7 +145,7 @@ class BatchPolicy:
             return
         size.trial_left -= 1
         if size.trial_left == 0:
-            moved = self.best(batch) == size.trial
+            moved = self.best(len(rows)) == size.trial
             size.trial = None
             size.every = EXPLORE_EVERY if moved else min(2 * size.every, MAX_EXPLORE_EVERY)
 
@@ -149,8 +157,8 @@ class BatchPolicy:
             here = b == batch
             if b > batch or not (here or {k, size.chosen} <= size.timed):
                 continue
-            best, hopeful = self.rate(b, size.chosen if not here else chosen), \
-                self.rate(b, k, acceptance=1.0)
+            best = self.rate(b, size.chosen if not here else chosen, self._per_row)
+            hopeful = self.rate(b, k, lambda k: k + 1.0)
             if best is not None and hopeful is not None and hopeful < best:
                 return True
         return False
@@ -174,5 +182,6 @@ class BatchPolicy:
         return self._sizes[batch]
 
     def describe(self) -> dict:
-        return {"policy": "batch", "fixed": self.fixed, "acceptance": round(self.acceptance, 3),
+        return {"policy": "batch", "fixed": self.fixed,
+                "acceptance": None if self.acceptance is None else round(self.acceptance, 3),
                 "chosen": {b: size.chosen for b, size in self._sizes.items()}}

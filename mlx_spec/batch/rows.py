@@ -62,6 +62,9 @@ class Row:
     # Host searches asked after `searchers` only while the row decodes alone and the model
     # drafter sits out (the single-stream policy's fallback: prompt lookup at T > 0)
     fallbacks: List = field(default_factory=list)
+    # The request's own acceptance (a policy.SourceEstimate, counted from its own rounds): what
+    # the batch policy reads of it (batch/policy.py); set by the engine when it joins
+    acceptance: object = None
 
     @property
     def room(self) -> int:
