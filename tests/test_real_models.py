@@ -51,16 +51,17 @@ def test_smollm2_answers_a_chat_prompt(smollm2):
     assert "Paris" in text
 
 
-@pytest.mark.parametrize("name, bar", [(SMOLLM2, 0.01), (GEMMA3, 0.03)])
-def test_perplexity_within_the_bar_of_an_independent_dequantization(name, bar):
+@pytest.mark.parametrize("name, bar, tokens", [(SMOLLM2, 0.01, 64), (GEMMA3, 0.03, 32)])
+def test_perplexity_within_the_bar_of_an_independent_dequantization(name, bar, tokens):
     """mlx-spec's reading against every matrix dequantized by the gguf package (float32), on the
-    passage's first 64 tokens (bench.studies.gguf_fidelity scores it whole)."""
+    passage's first tokens (bench.studies.gguf_fidelity scores it whole; Gemma's 262,144-row
+    output layer makes its tokens dear on a CPU: 32, ppl 78.9 against 78.9)."""
     from bench.studies.gguf_fidelity import PASSAGE, _perplexity_and_logprobs
     from mlx_spec import load
 
     model, tokenizer = load(str(_path(name)))
     reference, _ = load(str(_path(name)), dequantize=True, dtype="float32")
-    ids = tokenizer.encode(PASSAGE)[:64]
+    ids = tokenizer.encode(PASSAGE)[:tokens]
     ppl, _ = _perplexity_and_logprobs(model, ids)
     ref_ppl, _ = _perplexity_and_logprobs(reference, ids)
     assert abs(ppl / ref_ppl - 1) < bar

@@ -36,6 +36,7 @@ from typing import Deque, Dict, List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
+from .. import prompt_look
 from ..arguments import check_arguments
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
@@ -142,6 +143,9 @@ class BatchEngine:
             draft_model = None
         self.target_model, self.draft_model = target_model, draft_model
         self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
+        # The target as trunk and output layer, for the prompt look of a sampled row (None: no
+        # draft model, or a target without mlx-lm's trunk-and-head layout)
+        self.look_split = _split(target_model) if self.draft is not None else None
         self.head = self.pairs or self.dflash  # a drafter with one-row caches beside the target's
         self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
         # Token trees of this (depth, width) from the draft model (batch/trees.py), where the
@@ -270,6 +274,38 @@ class BatchEngine:
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
+        if row.look_tail is not None:
+            self._take_look(row)
+
+    def _take_look(self, row: Row) -> None:
+        """The prompt look (prompt_look.py) of a request decoding alone, as a call's
+        (loop._take_look): the draft's acceptance on the prompt's last positions, over as many
+        of the rows its prefill kept as its reply buys (`AdaptivePolicy.look_rows`; the row's
+        prefill time per token, its draft's included), handed to its policy. One host sync,
+        before its first round alone."""
+        target_hidden, draft_hidden = row.look_tail
+        row.look_tail = None
+        per_token = row.prefill_seconds / row.prefilled if row.prefilled else None
+        rows = self.single.look_rows(per_token, row.room, target_hidden.shape[0])
+        target_tail = prompt_look.Tail.through(target_hidden, self.look_split[1], rows)
+        draft_tail = prompt_look.Tail.through(draft_hidden, self.draft.head, rows)
+        sampling = row.request.sampling
+        looks = prompt_look.look({"draft": lambda r: prompt_look.chances(
+            target_tail.rows(r), draft_tail.rows(r), sampling)}, rows=rows)
+        for source, (acceptance, seen) in looks.items():
+            self.single.observe_prompt_look(source, acceptance, seen, greedy=row.greedy)
+
+    def _gathers_look(self, j: Joining, chunk: List[int]) -> bool:
+        """Whether this chunk, its prompt's last, keeps the target's and the draft's hidden
+        states at its last positions for a prompt look: a sampled row whose k the policy
+        chooses, with no processors (they change p), under a policy that looks (no
+        calibration), the chunk at least prompt_look.MIN_ROWS long."""
+        request = j.row.request
+        return (self.look_split is not None and self.cross is None and not j.row.greedy
+                and j.done + len(chunk) == len(j.row.history) - 1
+                and len(chunk) >= prompt_look.MIN_ROWS and request.num_draft_tokens is None
+                and not request.logits_processors and self.policy.fixed is None
+                and self.single.wants_prompt_look(greedy=False))
 
     def _prefill_chunk(self) -> None:
         budget = self.prefill_step_size
@@ -283,6 +319,7 @@ class BatchEngine:
         prompt = j.row.history
         chunk = prompt[j.done:min(j.done + budget, len(prompt) - 1)]
         if chunk:
+            started, look = time.perf_counter(), False
             x = mx.array(chunk, mx.uint32)[None]
             if self.pairs is not None:  # the head's pairs: a position's state, the next token
                 if self.target.capture is not None:  # an EAGLE-3 head's fused taps
@@ -295,14 +332,22 @@ class BatchEngine:
             elif self.dflash is not None:  # the drafter's context: the taps at these positions
                 _, taps = self.dflash.capture(x, j.target_layers)
                 self.dflash.prefill(j.row, j.head_layers, taps, j.done)
+            elif self._gathers_look(j, chunk):  # the last positions' hidden states kept
+                look = True
+                j.row.look_tail = (
+                    self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
+                    self.draft.trunk(x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
             else:
                 self.target_model(x, cache=j.target_layers)
             states = arrays(j.target_layers) + arrays(j.head_layers or [])
             if self.draft is not None:
-                self.draft_model(x, cache=j.draft_layers)
+                if not look:
+                    self.draft_model(x, cache=j.draft_layers)
                 states += arrays(j.draft_layers)
-            mx.eval(states)
+            mx.eval(states + (list(j.row.look_tail) if look else []))
             j.done += len(chunk)
+            j.row.prefilled += len(chunk)
+            j.row.prefill_seconds += time.perf_counter() - started
             if j.row.cross is not None:  # its draft reads the same text, in its own vocabulary
                 j.row.cross.prefill(prompt[:j.done], budget)
         if j.done < len(prompt) - 1:
@@ -437,3 +482,11 @@ class BatchEngine:
             self.draft.cache.drop(keep)
         if self.head is not None:
             self.head.cache.drop(keep)
+
+
+def _split(model):
+    """(trunk, head) of `model` (mtp.split_target), or None when it has not that layout."""
+    try:
+        return split_target(model)
+    except (AttributeError, KeyError, TypeError):
+        return None

@@ -65,6 +65,12 @@ class Row:
     # The request's own acceptance (a policy.SourceEstimate, counted from its own rounds): what
     # the batch policy reads of it (batch/policy.py); set by the engine when it joins
     acceptance: object = None
+    # The prompt look (prompt_look.py): the target's and the draft's hidden states at the
+    # prompt's last positions (kept by a sampled row's last prefill chunk), until its policy
+    # reads them; and its prefill's time and tokens (what the look's rows cost)
+    look_tail: Optional[tuple] = None
+    prefill_seconds: float = 0.0
+    prefilled: int = 0
 
     @property
     def room(self) -> int:

@@ -1,0 +1,65 @@
+"""The prompt look of a batch row decoding alone: the value a call of its own hands its policy.
+
+A sampled request with a draft model, alone in the batch, gets its policy set up as a call
+gets it (`BatchEngine._single_policy`), the prompt look included: the draft's acceptance on
+the prompt's last positions. Each value is checked against the same independent computation
+as the loop's (test_prompt_look.py): the target and the draft from scratch over the whole
+prompt, the rows picked by hand, sum_x min(p, q) in numpy; an off-by-one fails.
+"""
+
+import mlx.core as mx
+import pytest
+
+from test_prompt_look import looked, numpy_chances, pair, prompt_of  # noqa: F401 (a fixture)
+
+from mlx_spec import prompt_look
+from mlx_spec.batch import BatchEngine, RowRequest
+from mlx_spec.sampling import SamplingConfig
+
+
+def run(target, draft, prompts, temp=0.7, step=512, **request):
+    engine = BatchEngine(target, draft, prefill_step_size=step)
+    for prompt in prompts:
+        engine.insert(RowRequest(prompt, 8, SamplingConfig(temp=temp), **request))
+    while engine.busy:
+        engine.step()
+    return engine
+
+
+@pytest.mark.parametrize("length,step,rows", [(50, 512, prompt_look.ROWS), (40, 16, 7)])
+def test_a_row_alone_looks_as_a_call_does(pair, monkeypatch, length, step, rows):  # noqa: F811
+    """Chunks 16, 16, 7: the last chunk's rows, as the loop's look takes them."""
+    target, draft = pair
+    prompt = prompt_of(length)
+    seen = looked(monkeypatch)
+    run(target, draft, [prompt], step=step)
+    assert [(s, r) for s, _, r in seen] == [("draft", rows)]
+    x = mx.array([prompt[:-1]])
+    expected = numpy_chances(target(x)[0, -rows:], draft(x)[0, -rows:], 0.7).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
+    shifted = numpy_chances(target(x)[0, 1 - rows:], draft(x)[0, -rows:-1], 0.7).mean()
+    assert abs(shifted - expected) > 1e-3  # (the check can tell an off-by-one)
+
+
+def test_the_batch_and_the_loop_hand_the_policy_the_same_look(pair, monkeypatch):  # noqa: F811
+    """The same prompt, a call of its own (the loop) and a batch row alone: the same value."""
+    from test_prompt_look import decode
+
+    target, draft = pair
+    prompt = prompt_of(45, seed=3)
+    seen = looked(monkeypatch)
+    decode(target, draft, prompt)
+    run(target, draft, [prompt])
+    assert len(seen) == 2 and seen[0][2] == seen[1][2] == prompt_look.ROWS
+    assert seen[0][1] == pytest.approx(seen[1][1], abs=1e-4)
+
+
+@pytest.mark.parametrize("case", ["greedy", "pinned", "short"])
+def test_no_look_where_a_call_takes_none(pair, monkeypatch, case):  # noqa: F811
+    """Greedy (the prompt is no guide), a pinned k (no policy chooses), a prompt shorter than
+    prompt_look.MIN_ROWS + 1: no look, and the rows decode as before."""
+    target, draft = pair
+    seen = looked(monkeypatch)
+    options = {"greedy": dict(temp=0.0), "pinned": dict(num_draft_tokens=2)}.get(case, {})
+    run(target, draft, [prompt_of(3 if case == "short" else 40)], **options)
+    assert seen == []
