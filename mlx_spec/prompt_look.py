@@ -16,7 +16,7 @@ gathered lazily right after the prefill and evaluated after the first round
 (loop._take_look): the first token does not wait, and a source already off
 then is not computed. A batch row decoding alone looks too, with a draft model
 (batch/engine.py, `_take_look`: the last prefill chunk's hidden states, the same
-chances, before its first round alone). How many rows: as many as a share of the reply's plain
+chances, after its first round alone). How many rows: as many as a share of the reply's plain
 time buys (policy.AdaptivePolicy.look_rows), the look's cost read in the target's prefill
 time per prompt token, which the loop times: about 8 tokens' worth plus 0.4 a
 row on this project's CPU pairs, where a prompt token costs 0.16-0.34 of a plain

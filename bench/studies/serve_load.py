@@ -2,7 +2,7 @@
 
     python -m bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8,16]
         [--repeats 2] [--modes spec,spec-plain,spec-serial,lm,lm-draft] [--baseline DIR]
-        [--json out.json]
+        [--temp 0] [--json out.json]
 
 Starts every server at once, each a child process on a free local port with
 the shipped pair's target: `mlx-spec serve` batched and speculating (the
@@ -11,7 +11,7 @@ speculating: what it was before batching), and mlx-lm's own server
 (`python -m mlx_lm server`: batched, no draft) and the same with the draft
 (mlx-lm then serves one request at a time). Then, for each repeat and each
 client count, every server in turn (interleaved, so drift on a shared machine
-hits all alike): the clients stream greedy /v1/completions requests for code
+hits all alike): the clients stream /v1/completions requests (greedy, or `--temp`) for code
 prompts one after another, max(MIN_REQUESTS, 2 x clients) requests in all.
 Per request: time to the first text chunk (TTFT), time to the end,
 completion tokens (from `usage`). Per level: tokens/s over the level's
@@ -111,8 +111,9 @@ def stop_server(proc) -> None:
         proc.kill()
 
 
-def one_request(client: httpx.Client, prompt: str, max_tokens: int, text: bool = False) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+def one_request(client: httpx.Client, prompt: str, max_tokens: int, text: bool = False,
+                temperature: float = 0.0) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first, usage, pieces = None, None, []
@@ -153,14 +154,14 @@ def reuse_ratios(reused_url: str, fresh_url: str, max_tokens: int, repeats: int)
     return out
 
 
-def run_level(url: str, clients: int, max_tokens: int) -> dict:
+def run_level(url: str, clients: int, max_tokens: int, temperature: float = 0.0) -> dict:
     total = max(MIN_REQUESTS, 2 * clients)
     shares = [total // clients + (i < total % clients) for i in range(clients)]
 
     def client_run(index: int):
         with httpx.Client(base_url=url, timeout=600) as client:
-            return [one_request(client, PROMPTS[(index + 3 * j) % len(PROMPTS)], max_tokens)
-                    for j in range(shares[index])]
+            return [one_request(client, PROMPTS[(index + 3 * j) % len(PROMPTS)], max_tokens,
+                                temperature=temperature) for j in range(shares[index])]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -185,7 +186,7 @@ def servers_to_run(modes, baseline=None) -> dict:
 
 
 def measure(levels, max_tokens: int, repeats: int, reuse: bool, modes=tuple(MODES),
-            baseline=None):
+            baseline=None, temperature: float = 0.0):
     servers = {}
     timed = servers_to_run(modes, baseline)
     try:
@@ -193,7 +194,7 @@ def measure(levels, max_tokens: int, repeats: int, reuse: bool, modes=tuple(MODE
                 [("fresh", (REUSE_FRESH, None))] if reuse else []):
             servers[mode] = start_server(command, cwd)
             with httpx.Client(base_url=servers[mode][1], timeout=600) as client:
-                one_request(client, PROMPTS[0], max_tokens)  # warm-up, left out
+                one_request(client, PROMPTS[0], max_tokens, temperature=temperature)  # warm-up
         runs = []
         reuse_runs = reuse_ratios(servers[list(MODES)[0]][1], servers["fresh"][1], max_tokens,
                                   repeats) if reuse else []
@@ -202,7 +203,7 @@ def measure(levels, max_tokens: int, repeats: int, reuse: bool, modes=tuple(MODE
                 order = list(timed) if repeat % 2 == 0 else list(reversed(timed))
                 for mode in order:
                     url = servers[mode][1]
-                    level = run_level(url, clients, max_tokens)
+                    level = run_level(url, clients, max_tokens, temperature)
                     level.update(mode=mode, repeat=repeat)
                     runs.append(level)
                     print(f"{mode:>36} {clients:2d} clients: {level['tokens_per_s']:6.1f} tok/s, "
@@ -235,8 +236,9 @@ def summary(runs: list) -> list:
                                       r["mode"].endswith(BASELINE), r["clients"]))
 
 
-def markdown(rows: list, max_tokens: int) -> str:
-    lines = [f"max_tokens {max_tokens}, greedy, streamed /v1/completions; per level the median "
+def markdown(rows: list, max_tokens: int, temperature: float = 0.0) -> str:
+    sampling = "greedy" if temperature == 0 else f"temperature {temperature:g}"
+    lines = [f"max_tokens {max_tokens}, {sampling}, streamed /v1/completions; per level the median "
              "over repeats of tokens/s (range) and of each level's median TTFT and latency", "",
              "| server | clients | requests | tokens/s | range | vs mlx-lm batched | "
              "TTFT median (ms) | latency median (s) |",
@@ -261,6 +263,8 @@ def main() -> None:
                         help=f"comma-separated servers to run, of {', '.join(SHORT)}")
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="also run the mlx-spec servers from this checkout (an A/B)")
+    parser.add_argument("--temp", type=float, default=0.0,
+                        help="the requests' temperature (default 0: greedy)")
     parser.add_argument("--json", default=None, help="also write every request's figures here")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
@@ -270,10 +274,12 @@ def main() -> None:
     if args.reuse and "spec" not in args.modes.split(","):
         parser.error("--reuse measures the spec server: keep it in --modes, or pass --no-reuse.")
     modes = [SHORT[m] for m in args.modes.split(",")]
+    if args.temp < 0:
+        parser.error(f"--temp must be >= 0, got {args.temp}.")
     runs, reuse_runs = measure(levels, args.max_tokens, args.repeats, args.reuse, modes,
-                               args.baseline)
+                               args.baseline, args.temp)
     rows = summary(runs)
-    print(markdown(rows, args.max_tokens))
+    print(markdown(rows, args.max_tokens, args.temp))
     if reuse_runs:
         ratios = sorted(r["ratio"] for r in reuse_runs)
         print(f"\nTurn 2 decode speed, reused / fresh prompt cache (batched speculative server, "
@@ -286,7 +292,8 @@ def main() -> None:
                    "mlx": mx.__version__, "device": str(mx.default_device()),
                    "ld_preload": os.environ.get("LD_PRELOAD", "")}
         with open(args.json, "w") as f:
-            json.dump({"machine": machine, "max_tokens": args.max_tokens, "summary": rows,
+            json.dump({"machine": machine, "max_tokens": args.max_tokens,
+                       "temperature": args.temp, "summary": rows,
                        "modes": modes, "baseline": args.baseline,
                        "runs": runs, "reuse": reuse_runs}, f, indent=1)
 

@@ -258,6 +258,8 @@ class BatchEngine:
         if alone:
             self.single.observe(outputs[0], seconds)
             self.policy.count(rows[0], outputs[0])  # the row's acceptance, should others join
+            if rows[0].look_tail is not None and outputs[0].finish_reason is None:
+                self._take_look(rows[0])  # after its first round: the first token does not wait
         else:
             self.policy.observe(rows, outputs, k, seconds)
         self.rounds[k] = self.rounds.get(k, 0) + 1
@@ -274,15 +276,14 @@ class BatchEngine:
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
-        if row.look_tail is not None:
-            self._take_look(row)
 
     def _take_look(self, row: Row) -> None:
         """The prompt look (prompt_look.py) of a request decoding alone, as a call's
         (loop._take_look): the draft's acceptance on the prompt's last positions, over as many
         of the rows its prefill kept as its reply buys (`AdaptivePolicy.look_rows`; the row's
-        prefill time per token, its draft's included), handed to its policy. One host sync,
-        before its first round alone."""
+        prefill time per token, its draft's included), handed to its policy, unless the first
+        round already switched the draft off (`still_looks`). One host sync, after its first
+        round alone (the first token does not wait for it)."""
         target_hidden, draft_hidden = row.look_tail
         row.look_tail = None
         per_token = row.prefill_seconds / row.prefilled if row.prefilled else None
@@ -291,7 +292,7 @@ class BatchEngine:
         draft_tail = prompt_look.Tail.through(draft_hidden, self.draft.head, rows)
         sampling = row.request.sampling
         looks = prompt_look.look({"draft": lambda r: prompt_look.chances(
-            target_tail.rows(r), draft_tail.rows(r), sampling)}, rows=rows)
+            target_tail.rows(r), draft_tail.rows(r), sampling)}, self.single.still_looks, rows)
         for source, (acceptance, seen) in looks.items():
             self.single.observe_prompt_look(source, acceptance, seen, greedy=row.greedy)
 
