@@ -37,6 +37,7 @@ from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head, tap_capture
 from ..drafters.dflash import DFlashContext, embedding_scale, visibility
 from ..drafters.dflash2 import logit_scale
+from ..drafters.waiting import joined, right_padded
 from ..precision import compute_dtype, head_for
 from .drafts import draw_rows
 from .kv import BatchCache
@@ -88,7 +89,7 @@ class BatchDFlash:
             return self.new_row_cache()
         held.truncate(cached)
         if held.queued:  # into keys/values first: the prefill appends after them
-            taps = held.queued[0] if len(held.queued) == 1 else mx.concatenate(held.queued)
+            taps = joined(held.queued)
             self._extend(held.cache, taps[None], mx.array([held.start + held.cache[0].offset]))
             held.queued = []
         row.dflash_ready = held.cache[0].offset > 0
@@ -141,15 +142,10 @@ class BatchDFlash:
 
     def _catch_up(self, rows: Sequence[Row]) -> None:
         """Every row's waiting taps into its context, in one pass right-padded to the longest."""
-        pending = [_joined(row.dflash_pending) for row in rows]
-        lengths = [0 if p is None else p.shape[0] for p in pending]
-        width = max(lengths)
-        if width == 0:
+        pending = [joined(row.dflash_pending) for row in rows]
+        if all(p is None for p in pending):
             return
-        some = next(p for p in pending if p is not None)
-        taps = mx.stack([mx.pad(p, [(0, width - p.shape[0]), (0, 0)]) if p is not None
-                         else mx.zeros((width, some.shape[-1]), some.dtype)
-                         for p in pending])  # (B, P, taps * H)
+        taps, lengths = right_padded(pending)  # (B, P, taps * H)
         # Row i's waiting taps sit just before its block: at len(history) - 1 - lengths[i]..
         offsets = mx.array([len(row.history) - 1 - n for row, n in zip(rows, lengths)])
         self._extend(self.cache.layers, taps, offsets)
@@ -189,9 +185,3 @@ class BatchDFlash:
             row.dflash_pending = row.dflash_pending + [taps[i, :len(tokens)]]
             row.dflash_ready = True
 
-
-def _joined(pending: List[mx.array]) -> Optional[mx.array]:
-    """A row's waiting taps as one (n, taps * H) block (None: none)."""
-    if not pending:
-        return None
-    return pending[0] if len(pending) == 1 else mx.concatenate(pending)

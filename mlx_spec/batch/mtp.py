@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from ..attention import round_attention
 from ..drafters.head_chain import chain, feed
+from ..drafters.waiting import joined, right_padded
 from .drafts import draw_rows
 from .kv import BatchCache
 from .rows import Row
@@ -57,13 +58,11 @@ class BatchMTP:
     def propose(self, rows: Sequence[Row], k: int,
                 drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
         """Drafts (B, k) and, per sampled row, q (drawn[i], V); lazy (as BatchDraft.propose)."""
-        pending = [_joined(row.mtp_pending) for row in rows]
-        width = max(len(tokens) for tokens, _ in pending)
-        some = next(h for _, h in pending if h is not None)
+        pending = [([t for block, _ in row.mtp_pending for t in block],
+                    joined([h for _, h in row.mtp_pending])) for row in rows]
+        hidden, _ = right_padded([h for _, h in pending])  # (B, P, H)
+        width = hidden.shape[1]
         x = mx.array([t + [0] * (width - len(t)) for t, _ in pending], mx.uint32)  # (B, P)
-        hidden = mx.stack([mx.pad(h, [(0, width - h.shape[0]), (0, 0)]) if h is not None
-                           else mx.zeros((width, some.shape[-1]), some.dtype)
-                           for _, h in pending])  # (B, P, H)
         layer = self.cache.layers[0]
         with round_attention():
             g = feed(self.head, x, hidden, layer)  # (B, P, H)
@@ -94,12 +93,3 @@ class BatchMTP:
         for i, (row, tokens) in enumerate(zip(rows, emitted)):
             row.mtp_pending = row.mtp_pending + [(tokens, hidden[i, :len(tokens)])]
             row.mtp_ready = True
-
-
-def _joined(pending) -> Tuple[List[int], Optional[mx.array]]:
-    """A row's waiting pairs as one token list and one (n, H) block (None: none)."""
-    tokens = [t for block, _ in pending for t in block]
-    if not pending:
-        return tokens, None
-    hidden = pending[0][1] if len(pending) == 1 else mx.concatenate([h for _, h in pending])
-    return tokens, hidden

@@ -38,6 +38,7 @@ from ..mtp.heads import model_type, text_model
 from ..precision import compute_dtype, head_for
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .protocol import Proposal
+from .waiting import joined
 
 
 LOOK_TOKENS = 64  # followed tokens kept for the prompt look (prompt_look.ROWS and one more)
@@ -157,8 +158,7 @@ class DFlashDrafter:
         """Turn the queued rows into context keys/values (lazily); the arrays holding them."""
         context, caches = self.context, self.context.cache
         if context.queued:
-            taps = context.queued[0] if len(context.queued) == 1 else \
-                mx.concatenate(context.queued)
+            taps = joined(context.queued)
             context.queued = []
             rows = self.drafter.context(taps.astype(self.drafter.fc.weight.dtype))  # (1, m, H)
             offset = context.start + caches[0].offset

@@ -32,6 +32,7 @@ from ..cache import rewind
 from ..sampling import SamplingConfig, logprobs_from_logits, sample
 from .chain import draft_chain
 from .protocol import Proposal
+from .waiting import joined
 
 
 def feed(head, tokens: mx.array, states: mx.array, layer) -> mx.array:
@@ -84,7 +85,7 @@ class HeadChainDrafter:
     def catch_up(self) -> list:
         """Feed the queued pairs (lazily, one pass); returns the arrays that hold the result."""
         if self._tokens:
-            hidden = self._hidden[0] if len(self._hidden) == 1 else mx.concatenate(self._hidden)
+            hidden = joined(self._hidden)
             g = feed(self.head, mx.array(self._tokens, mx.uint32)[None],
                      self.states(hidden)[None], self.cache[0])[0]  # (m, H)
             self._last = g[-1]
