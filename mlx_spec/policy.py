@@ -166,6 +166,8 @@ class SourceEstimate:
         self.k_max, self.decay, self.free, self.block = k_max, decay, free, block
         self.accepted = acceptance * PRIOR_ACCEPTANCE_ROUNDS
         self.rejected = (1.0 - acceptance) * PRIOR_ACCEPTANCE_ROUNDS
+        # the prior in those counts, and its weight left in them (decayed as they are)
+        self.prior, self.prior_left = acceptance, PRIOR_ACCEPTANCE_ROUNDS
         self.depths = [[0.0, 0.0] for _ in range(k_max + 1)]  # j >= 1: decayed kept, reached
         self.fit = [0.0] * 5  # decayed sums of 1, k, k^2, t, k t over timed rounds
         self.prior_weight = PRIOR_COST_ROUNDS  # the prior line's, in rounds; fades with each
@@ -197,6 +199,7 @@ class SourceEstimate:
         the round reached draft j and kept it (`survivals`: (reached, kept) for j = 1, 2, ...)."""
         self.accepted = self.decay * self.accepted + kept
         self.rejected = self.decay * self.rejected + rejections
+        self.prior_left *= self.decay
         for depth in self.depths:
             depth[0] *= self.decay
             depth[1] *= self.decay
@@ -286,9 +289,18 @@ class SourceEstimate:
             rounds = self.since / expected_tokens_per_round(self.acceptance, k)
             self.accepted *= self.decay ** rounds
             self.rejected *= self.decay ** rounds
+            self.prior_left *= self.decay ** rounds
             for depth in self.depths:
                 depth[0] *= self.decay ** rounds
                 depth[1] *= self.decay ** rounds
+
+    def reprior(self, acceptance: float) -> None:
+        """Put `acceptance` in the prior's place, at the weight the prior has left: the counts
+        are then those this prior would have given after the same rounds (a measured prior,
+        the prompt look, arriving after a round)."""
+        shift = (acceptance - self.prior) * self.prior_left
+        self.accepted, self.rejected = self.accepted + shift, self.rejected - shift
+        self.prior = acceptance
 
     def passed(self, tokens: int) -> None:
         self.since += tokens
@@ -750,19 +762,22 @@ class AdaptivePolicy:
 
     def observe_prompt_look(self, source: str, acceptance: float, rows: int,
                             greedy: bool = False) -> None:
-        """The look's acceptance replaces the guessed prior, weighing as much."""
+        """The look's acceptance replaces the guessed prior, weighing as much, also when it comes
+        after the source's first round (a request whose policy learnt the machine from the one
+        before it drafts at once: no plain trial) (`SourceEstimate.reprior`)."""
         self._best.clear()
         estimate = self.source(source)
-        if not self.wants_prompt_look(greedy) or estimate.rounds or rows < 1:
+        if not self.wants_prompt_look(greedy) or rows < 1:
             return
-        a, weight = min(max(acceptance, 0.0), 1.0), estimate.accepted + estimate.rejected
-        estimate.accepted, estimate.rejected = a * weight, (1.0 - a) * weight
+        estimate.reprior(min(max(acceptance, 0.0), 1.0))
         estimate.looked = True
 
     def still_looks(self, source: str) -> bool:
-        """Whether a prompt look at `source` can still change anything."""
+        """Whether a prompt look at `source` can still change anything: its prior still weighs
+        (at most one round drafted: the look comes after a request's first round) and it is
+        neither off nor hopeless."""
         estimate = self.sources.get(source)
-        return estimate is None or (estimate.rounds == 0 and estimate.off_left == 0
+        return estimate is None or (estimate.rounds <= 1 and estimate.off_left == 0
                                     and not self.hopeless(source))
 
     def look_rows(self, seconds_per_token: Optional[float], tokens: int, most: int) -> int:

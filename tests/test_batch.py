@@ -186,6 +186,21 @@ def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(pair):
     assert alone == crowd
 
 
+def test_a_seeded_row_pinned_past_the_longest_k_is_the_same_in_any_batch(pair):
+    """The batch policy choosing (no fixed k) with max_draft_tokens = 2: a seeded sampled row
+    still drafts the default k (4) every round; the policy reads its acceptance that deep, and
+    its text is the same alone and beside other rows."""
+    target, draft = pair
+    sampling = SamplingConfig(temp=1.0)
+    prompt = [5, 9, 2]
+    alone = run(BatchEngine(target, draft, max_draft_tokens=2),
+                [RowRequest(prompt, 24, sampling, seed=11)])[0]
+    crowd = run(BatchEngine(target, draft, max_draft_tokens=2),
+                [RowRequest(p, 24) for p in ragged_prompts(3)]
+                + [RowRequest(prompt, 24, sampling, seed=11)])[-1]
+    assert alone == crowd and len(alone) == 24
+
+
 def test_targets_it_cannot_batch_are_refused_in_one_sentence():
     """A pure Mamba-2 model: no attention layer to hold the rows' lengths."""
     from mlx_lm.models import mamba2
@@ -391,6 +406,21 @@ def test_a_request_starts_from_its_sampling_prior_not_the_rows_before_it():
     assert policy._size(2).line.fit == line
     drive(policy, [fresh, sampled], lambda k: 0.01 + 0.0005 * k, 20)
     assert fresh.acceptance.acceptance < 0.3 < 0.9 < sampled.acceptance.acceptance
+
+
+def test_pinned_rows_do_not_hide_a_longer_k_from_the_others():
+    """Three rows pinned to 6 drafts, every draft kept, beside one the batch decides for, also
+    keeping every draft, verify cost flat in k: the free row's k climbs to the top (a trial's
+    ceiling counts a pinned row's own k, not the batch's k + 1)."""
+    from mlx_spec.batch.policy import BatchPolicy
+
+    policy = BatchPolicy(max_k=6)
+    rows = [FakeRow(policy, 1.0, pinned=6) for _ in range(3)] + [FakeRow(policy, 1.0)]
+    ks = drive(policy, rows, lambda k: 0.01 + 0.00005 * k, 400)
+    assert ks[-1] == 6, ks[-20:]
+    # A trial of k = 3 against k = 2 is not hopeless: with every draft kept the pinned rows
+    # keep their 7 tokens a round, not the batch's k + 1 = 4 (that ceiling marked it hopeless).
+    assert not policy._hopeless(4, 3, 2)
 
 
 def test_a_pinned_k_is_never_changed():

@@ -63,3 +63,29 @@ def test_no_look_where_a_call_takes_none(pair, monkeypatch, case):  # noqa: F811
     options = {"greedy": dict(temp=0.0), "pinned": dict(num_draft_tokens=2)}.get(case, {})
     run(target, draft, [prompt_of(3 if case == "short" else 40)], **options)
     assert seen == []
+
+
+def test_a_later_request_s_look_counts_after_its_first_round(pair, monkeypatch):  # noqa: F811
+    """The engine's second request: its policy knows the machine from the first, so its first
+    round may draft at once; the look after that round still takes the guessed prior's place
+    (it was ignored while the draft had a round), and the first token did not wait for it."""
+    from mlx_spec.policy import AdaptivePolicy
+
+    target, draft = pair
+    looked(monkeypatch)
+    at = []
+    original = AdaptivePolicy.observe_prompt_look
+
+    def record(self, source, acceptance, rows, **options):
+        at.append(self.source(source).rounds)
+        return original(self, source, acceptance, rows, **options)
+    monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", record)
+    engine = BatchEngine(target, draft)
+    for seed in (0, 1):
+        engine.insert(RowRequest(prompt_of(40, seed=seed), 8, SamplingConfig(temp=0.7)))
+        first = engine.step()
+        assert first and first[0].tokens and len(at) == seed  # the look after the first round
+        while engine.busy:
+            engine.step()
+        assert len(at) == seed + 1 and engine.single.source("draft").looked
+    assert at[1] >= 1  # (the second request drafted before its look: the case this checks)

@@ -263,8 +263,9 @@ def test_sharded_target_matches_one_process(models, tensor_parallel, pipeline, f
     if "plain" in rank0:
         assert_ranks_agree(results, ["plain"])
         assert rank0["plain"]["tokens"] == one_process(target_dir, None, PROMPT, max_tokens=12)
-    for scenario in ("sampled_seeded", "sampled_adaptive"):
-        assert drafted_and_accepted(rank0[scenario])[1] > 0
+    # A fixed k's sampled rounds keep drafts (seeded: always the same ones); the adaptive
+    # sampled scenario's drafting is its timings' call, as the greedy one's (ranks agree above).
+    assert drafted_and_accepted(rank0["sampled_seeded"])[1] > 0
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek_v3"])

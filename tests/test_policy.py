@@ -381,3 +381,35 @@ def test_timing_a_draft_step_leaves_the_draft_as_it_was(family):
             assert drafter.step_seconds(prompt[-1]) > 0
         proposals.append(drafter.propose(prompt + [5], 4).tokens.tolist())
     assert proposals[0] == proposals[1]
+
+
+def test_a_look_after_a_round_takes_the_guess_s_place():
+    """SourceEstimate.reprior: a prior put in place after rounds leaves the counts that prior
+    would have given after the same rounds. (After an off period the two differ a little: how
+    much `forget` ages the counts depends on the acceptance they give.)"""
+    from mlx_spec.policy import SourceEstimate
+
+    def after(prior, look=None):
+        estimate = SourceEstimate(8, prior, 0.9, False, False)
+        estimate.count(1.0, 1.0)
+        estimate.count(2.0, 0.0)
+        if look is not None:
+            estimate.reprior(look)
+        return estimate.accepted, estimate.rejected
+
+    assert after(0.5, look=0.8) == pytest.approx(after(0.8))
+    assert after(0.5, look=0.8) != pytest.approx(after(0.5))
+
+
+def test_a_prompt_look_after_the_first_round_still_counts():
+    """A request whose policy learnt the machine drafts at once (no plain trial); the look,
+    after its first round, still replaces the guessed prior (it was dropped before)."""
+    policy = AdaptivePolicy(8)
+    policy.observe_prefill(64, 0.64)
+    for _ in range(8):
+        policy.observe(Round([0], 0, 0, "target", None), 0.01)
+    policy.observe(Round([0, 0], 2, 1, "draft", None, [0.6, 0.4]), 0.02)
+    assert policy.still_looks("draft") or policy.hopeless("draft")
+    before = policy.source("draft").acceptance
+    policy.observe_prompt_look("draft", 0.95, 32)
+    assert policy.source("draft").looked and policy.source("draft").acceptance > before + 0.1

@@ -199,7 +199,7 @@ class BatchEngine:
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.model_drafter is not None or self.cross is not None)
-        row.acceptance = self.policy.new_estimate(row.greedy, request.num_draft_tokens or 0)
+        row.acceptance = self.policy.new_estimate(row.greedy, row.pinned or 0)
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (
@@ -238,10 +238,11 @@ class BatchEngine:
         self._prefill_chunk()
         if not self.rows:
             return []
-        start = time.perf_counter()
         alone = len(self.rows) == 1 and self.policy.fixed is None
         if alone and self.rows[0].uid != self.single_uid:  # a request of its own: its text's
             self._single_policy(self.rows[0])  # policy
+        self._looks(alone)
+        start = time.perf_counter()
         if alone:  # the single-stream case: the single-stream policy, a k per source
             row = self.rows[0]
             sources = [s.source for s in row.searchers + row.fallbacks] + (
@@ -258,8 +259,6 @@ class BatchEngine:
         if alone:
             self.single.observe(outputs[0], seconds)
             self.policy.count(rows[0], outputs[0])  # the row's acceptance, should others join
-            if rows[0].look_tail is not None and outputs[0].finish_reason is None:
-                self._take_look(rows[0])  # after its first round: the first token does not wait
         else:
             self.policy.observe(rows, outputs, k, seconds)
         self.rounds[k] = self.rounds.get(k, 0) + 1
@@ -277,13 +276,22 @@ class BatchEngine:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
 
+    def _looks(self, alone: bool) -> None:
+        """A row alone whose first round was handed out takes its prompt look now (before its
+        second round, as the loop's: the first token did not wait for it); beside other rows
+        no row looks, and the hidden states kept for it go."""
+        for row in self.rows:
+            if row.look_tail is not None and (not alone or row.emitted):
+                if alone:
+                    self._take_look(row)
+                row.look_tail = None
+
     def _take_look(self, row: Row) -> None:
         """The prompt look (prompt_look.py) of a request decoding alone, as a call's
         (loop._take_look): the draft's acceptance on the prompt's last positions, over as many
         of the rows its prefill kept as its reply buys (`AdaptivePolicy.look_rows`; the row's
         prefill time per token, its draft's included), handed to its policy, unless the first
-        round already switched the draft off (`still_looks`). One host sync, after its first
-        round alone (the first token does not wait for it)."""
+        round already switched the draft off (`still_looks`). One host sync."""
         target_hidden, draft_hidden = row.look_tail
         row.look_tail = None
         per_token = row.prefill_seconds / row.prefilled if row.prefilled else None
@@ -304,7 +312,7 @@ class BatchEngine:
         request = j.row.request
         return (self.look_split is not None and self.cross is None and not j.row.greedy
                 and j.done + len(chunk) == len(j.row.history) - 1
-                and len(chunk) >= prompt_look.MIN_ROWS and request.num_draft_tokens is None
+                and len(chunk) >= prompt_look.MIN_ROWS and j.row.pinned is None
                 and not request.logits_processors and self.policy.fixed is None
                 and self.single.wants_prompt_look(greedy=False))
 

@@ -69,8 +69,10 @@ class BatchPolicy:
         self.max_k, self.fixed, self.decay = max_k, fixed, decay
         self._sizes: Dict[int, _Size] = {}
         # E per row at each k of the last rows chosen for (what another batch size's rows would
-        # keep, for `_hopeless`), and their mean acceptance (for reports)
+        # keep, for `_hopeless`), its ceiling (every draft kept), and their mean acceptance
+        # (for reports)
         self._per_row: Callable[[int], float] = lambda k: 1.0
+        self._ceiling: Callable[[int], float] = lambda k: k + 1.0
         self.acceptance: Optional[float] = None
 
     def new_estimate(self, greedy: bool, most: int = 0) -> SourceEstimate:
@@ -101,7 +103,9 @@ class BatchPolicy:
             return self.fixed
         table = [statistics.fmean(row.acceptance.expected_tokens(row.wants(k)) for row in rows)
                  for k in range(self.max_k + 1)]
-        self._per_row = table.__getitem__
+        ceiling = [statistics.fmean(row.wants(k) + 1.0 for row in rows)
+                   for k in range(self.max_k + 1)]  # every draft kept (a pinned row's: its k)
+        self._per_row, self._ceiling = table.__getitem__, ceiling.__getitem__
         self.acceptance = statistics.fmean(row.acceptance.acceptance for row in rows)
         batch = len(rows)
         size = self._size(batch)
@@ -158,7 +162,7 @@ class BatchPolicy:
             if b > batch or not (here or {k, size.chosen} <= size.timed):
                 continue
             best = self.rate(b, size.chosen if not here else chosen, self._per_row)
-            hopeful = self.rate(b, k, lambda k: k + 1.0)
+            hopeful = self.rate(b, k, self._ceiling)
             if best is not None and hopeful is not None and hopeful < best:
                 return True
         return False

@@ -80,13 +80,19 @@ class Row:
     def greedy(self) -> bool:
         return self.request.sampling.greedy
 
-    def wants(self, k: int) -> int:
-        """How many drafts this row verifies in a round of the batch's k: its own pinned k if
-        it has one (a seeded sampled row is pinned to the default k: its random stream, and
-        so its text, then never depends on the batch), else k; never past its budget."""
+    @property
+    def pinned(self) -> Optional[int]:
+        """The row's own k, if it has one: its request's, or the default k for a seeded sampled
+        row (its random stream, and so its text, then never depends on the batch)."""
         pinned = self.request.num_draft_tokens
         if pinned is None and self.request.seed is not None and not self.greedy:
             pinned = DEFAULT_NUM_DRAFT_TOKENS
+        return pinned
+
+    def wants(self, k: int) -> int:
+        """How many drafts this row verifies in a round of the batch's k: its pinned k if it
+        has one, else k; never past its budget."""
+        pinned = self.pinned
         return min(self.room, k if pinned is None else pinned)
 
     def next_key(self) -> mx.array:
