@@ -54,13 +54,14 @@ def test_the_batch_and_the_loop_hand_the_policy_the_same_look(pair, monkeypatch)
     assert seen[0][1] == pytest.approx(seen[1][1], abs=1e-4)
 
 
-@pytest.mark.parametrize("case", ["greedy", "pinned", "short"])
+@pytest.mark.parametrize("case", ["greedy", "pinned", "seeded", "short"])
 def test_no_look_where_a_call_takes_none(pair, monkeypatch, case):  # noqa: F811
-    """Greedy (the prompt is no guide), a pinned k (no policy chooses), a prompt shorter than
-    prompt_look.MIN_ROWS + 1: no look, and the rows decode as before."""
+    """Greedy (the prompt is no guide), a pinned k or a seeded sampled row (pinned to the
+    default k: no policy chooses), a prompt shorter than prompt_look.MIN_ROWS + 1: no look."""
     target, draft = pair
     seen = looked(monkeypatch)
-    options = {"greedy": dict(temp=0.0), "pinned": dict(num_draft_tokens=2)}.get(case, {})
+    options = {"greedy": dict(temp=0.0), "pinned": dict(num_draft_tokens=2),
+               "seeded": dict(seed=3)}.get(case, {})
     run(target, draft, [prompt_of(3 if case == "short" else 40)], **options)
     assert seen == []
 
