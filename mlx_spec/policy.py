@@ -207,6 +207,13 @@ class SourceEstimate:
             self.depths[j][0] += kept_j
             self.depths[j][1] += reached
 
+    def count_chain(self, drafted: int, kept: int, chances: Optional[Sequence[float]] = None
+                    ) -> None:
+        """A chain round that kept `kept` of its `drafted` drafts; at T > 0 with each draft's
+        chance of being kept (`chances`) the counts are their expectation (less noise)."""
+        evidence = expected_kept(chances) if chances else (kept, float(kept < drafted))
+        self.count(*evidence, survivals(drafted, kept, chances))
+
     def expected_tokens(self, k: int) -> float:
         """E_s(k) = 1 + sum_i prod_{j <= i} a_s,j: the chance of keeping draft j given those
         before it, each depth's own (a match that held says more of the next draft than the
@@ -428,7 +435,6 @@ class AdaptivePolicy:
         to `verify_seconds` (the host searches' timed rounds and the prefill's per token)."""
         if estimate is not None:
             return estimate.node_seconds(self._node_seconds())
-        plain = self.plain_seconds or 0.0
         if self.prior is not None and len(self.prior.verify_seconds) > 1:
             points = sorted(self.prior.verify_seconds.items())
             (n0, t0), (n1, t1) = points[0], points[-1]
@@ -682,13 +688,8 @@ class AdaptivePolicy:
         spine = getattr(round_, "spine_kept", None)  # a tree round: the spine's drafts kept
         drafted = round_.num_drafted if spine is None else (  # ... of its own drafts
             getattr(round_, "spine_length", None) or round_.num_drafted)
-        kept = round_.num_accepted if spine is None else spine
-        rejections = float(kept < drafted)
-        chances = getattr(round_, "chances", None) if spine is None else None
-        if chances:
-            kept, rejections = expected_kept(chances)
-        estimate.count(kept, rejections, survivals(
-            drafted, round_.num_accepted if spine is None else spine, chances))
+        estimate.count_chain(drafted, round_.num_accepted if spine is None else spine,
+                             getattr(round_, "chances", None) if spine is None else None)
         tried = spine is not None and spine < drafted  # siblings were looked at
         rescued = tried and round_.num_accepted > spine
         if tried and estimate.max_width > 1:

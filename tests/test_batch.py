@@ -174,15 +174,20 @@ def test_a_kept_cache_holds_exactly_the_rows_text(pair):
         assert mx.allclose(from_cache, fresh, atol=1e-4).item()
 
 
-def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(pair):
+def seeded_alone_and_beside(pair, others, **engine):
+    """A seeded T = 1 row's tokens decoded alone and after `others` in one batch, each on an
+    engine of its own made with `engine`."""
     target, draft = pair
+    seeded = RowRequest([5, 9, 2], 24, SamplingConfig(temp=1.0), seed=11)
+    return (run(BatchEngine(target, draft, **engine), [seeded])[0],
+            run(BatchEngine(target, draft, **engine), list(others) + [seeded])[-1])
+
+
+def test_a_seeded_row_is_the_same_whatever_else_is_in_the_batch(pair):
     sampling = SamplingConfig(temp=1.0)
-    prompt = [5, 9, 2]
-    alone = run(BatchEngine(target, draft, num_draft_tokens=3),
-                [RowRequest(prompt, 24, sampling, seed=11)])[0]
-    crowd = run(BatchEngine(target, draft, num_draft_tokens=3),
-                [RowRequest(p, 24, sampling, seed=i) for i, p in enumerate(ragged_prompts(4))]
-                + [RowRequest(prompt, 24, sampling, seed=11)])[-1]
+    alone, crowd = seeded_alone_and_beside(
+        pair, [RowRequest(p, 24, sampling, seed=i) for i, p in enumerate(ragged_prompts(4))],
+        num_draft_tokens=3)
     assert alone == crowd
 
 
@@ -190,14 +195,8 @@ def test_a_seeded_row_pinned_past_the_longest_k_is_the_same_in_any_batch(pair):
     """The batch policy choosing (no fixed k) with max_draft_tokens = 2: a seeded sampled row
     still drafts the default k (4) every round; the policy reads its acceptance that deep, and
     its text is the same alone and beside other rows."""
-    target, draft = pair
-    sampling = SamplingConfig(temp=1.0)
-    prompt = [5, 9, 2]
-    alone = run(BatchEngine(target, draft, max_draft_tokens=2),
-                [RowRequest(prompt, 24, sampling, seed=11)])[0]
-    crowd = run(BatchEngine(target, draft, max_draft_tokens=2),
-                [RowRequest(p, 24) for p in ragged_prompts(3)]
-                + [RowRequest(prompt, 24, sampling, seed=11)])[-1]
+    alone, crowd = seeded_alone_and_beside(
+        pair, [RowRequest(p, 24) for p in ragged_prompts(3)], max_draft_tokens=2)
     assert alone == crowd and len(alone) == 24
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_DECAY, SAMPLING_ACCEPTANCE_PRIOR,
-                      SourceEstimate, survivals)
+                      SourceEstimate)
 
 FIRST_K = 2
 TRIAL_ROUNDS = 2
@@ -90,9 +90,8 @@ class BatchPolicy:
         seconds = size.line.seconds(k, size.prior)
         return None if not seconds else batch * per_row(k) / seconds
 
-    def best(self, batch: int, per_row: Optional[Callable[[int], float]] = None) -> int:
-        per_row = per_row or self._per_row
-        rates = {k: self.rate(batch, k, per_row) for k in range(self.max_k + 1)}
+    def best(self, batch: int) -> int:
+        rates = {k: self.rate(batch, k, self._per_row) for k in range(self.max_k + 1)}
         known = {k: r for k, r in rates.items() if r is not None}
         return max(known, key=known.get) if known else self._size(batch).chosen
 
@@ -128,9 +127,7 @@ class BatchPolicy:
     def count(row, output) -> None:
         """A row's round, into the row's acceptance (as a call's source counts its rounds)."""
         if output.num_drafted:
-            row.acceptance.count(output.num_accepted,
-                                 float(output.num_accepted < output.num_drafted),
-                                 survivals(output.num_drafted, output.num_accepted))
+            row.acceptance.count_chain(output.num_drafted, output.num_accepted)
 
     def observe(self, rows: Sequence, outputs: Sequence, k: int, seconds: float) -> None:
         """A round of `rows` at k took `seconds`; `outputs`, each row's, in the same order."""
