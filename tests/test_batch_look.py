@@ -90,3 +90,24 @@ def test_a_later_request_s_look_counts_after_its_first_round(pair, monkeypatch):
             engine.step()
         assert len(at) == seed + 1 and engine.single.source("draft").looked
     assert at[1] >= 1  # (the second request drafted before its look: the case this checks)
+
+
+@pytest.mark.parametrize("family,bits", [("gemma3_text", None), ("qwen3_5", None),
+                                         ("gemma3_text", 4)],
+                         ids=["sliding-window", "hybrid-recurrent", "quantized"])
+def test_the_look_on_other_targets_equals_its_chances(monkeypatch, family, bits):
+    """Sliding-window, Gated DeltaNet hybrid and 4-bit quantized targets (tiny, random) with a
+    tiny draft: the look of a row alone is the same computation as above."""
+    from families import shared_family
+    from tiny import make_llama
+
+    target = shared_family(family, quantize_bits=bits)
+    draft = make_llama(vocab_size=64, seed=5, hidden=32, layers=1)
+    prompt = prompt_of(40, seed=2)
+    seen = looked(monkeypatch)
+    run(target, draft, [prompt])
+    assert [(s, r) for s, _, r in seen] == [("draft", prompt_look.ROWS)]
+    x = mx.array([prompt[:-1]])
+    expected = numpy_chances(target(x)[0, -prompt_look.ROWS:], draft(x)[0, -prompt_look.ROWS:],
+                             0.7).mean()
+    assert seen[0][1] == pytest.approx(expected, abs=1e-4)
