@@ -52,7 +52,8 @@ up to MAX_OFF_STEPS), then drafts PROBE_ROUNDS probe rounds. Exploration is expl
 bounded: a host search drafts one round before any verdict, a paid source PROBE_ROUNDS
 rounds, as a probe does; a first round or probe happens only when what it would save over
 the next PROBE_HORIZON tokens (no more than the reply has left, where the loop says how
-many it may take: `expect_reply`), at the better of its estimate and its prior, outweighs the
+many it may take: `expect_reply`), at the better of its estimate and its prior (the
+calibration's, the prompt look's or the guess), outweighs the
 round's predicted loss plus its catch-up (a draft model fed the tokens it missed), once its
 costs were measured with no calibration (a paid source: its step and the prefill; a host
 search: its probes only, once a timed round gave v; its first round in a request is its
@@ -593,8 +594,8 @@ class AdaptivePolicy:
                 self.verify_per_token is not None and name in self.step_seconds)
         if not measured:  # its costs are guesses: only a round can tell
             return True
-        prior = self.prior.acceptance.get(name) if self.prior is not None else None
-        hopeful = max(estimate.acceptance, self.acceptance_prior if prior is None else prior)
+        hopeful = max(estimate.acceptance, estimate.prior)  # its prior: the calibration's,
+        # the prompt look's (a look that found the source weak is no reason to try it) or the guess
         ratio = self.best(name, acceptance=hopeful)[1] or 0.0
         seconds = (estimate.seconds(k, self._prior_line(name, estimate)) or 0.0) \
             + self._catch_up(name, estimate)

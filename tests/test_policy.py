@@ -413,3 +413,22 @@ def test_a_prompt_look_after_the_first_round_still_counts():
     before = policy.source("draft").acceptance
     policy.observe_prompt_look("draft", 0.95, 32)
     assert policy.source("draft").looked and policy.source("draft").acceptance > before + 0.1
+
+
+@pytest.mark.parametrize("look, tried", [(None, True), (0.12, False), (0.9, True)])
+def test_a_first_round_is_tried_at_the_better_of_the_estimate_and_the_look(look, tried):
+    """A paid source's first round must pay for itself at the better of its estimate and its
+    prior; the prompt look, where there is one, is that prior: a look that found the draft weak
+    is no reason to try it, where the guessed sampling prior (0.5) would have been. The costs
+    are a random draft's at T = 1 (bench/zoo.py's weak pair, OpenBLAS): a step at 0.13 of a
+    plain step, a verified token at 0.17."""
+    policy = AdaptivePolicy(8, acceptance_prior=0.5)
+    policy.observe_prefill(31, 31 * 0.0032)
+    policy.observe_draft_step("draft", 0.0024)
+    policy.expect_reply(96)
+    for _ in range(TRIAL_STEPS):
+        policy.observe(Round([0], 0, 0, "target", None), 0.0187)
+    if look is not None:
+        policy.observe_prompt_look("draft", look, 8)
+    assert (policy.proposal_length("draft") > 0) == tried
+    assert (policy.source("draft").off_left > 0) == (not tried)
