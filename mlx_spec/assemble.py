@@ -304,19 +304,25 @@ def mtp_head_for(model, draft_model, mtp_weights):
     return None
 
 
+def resolve_calibration(calibration, target_model) -> Optional[Calibration]:
+    """A calibration argument as the policy reads it: "auto" is this machine's `mlx-spec tune`
+    file for `target_model`, if any (a corrupt one is warned about and left out)."""
+    if not (isinstance(calibration, str) and calibration == "auto"):
+        return calibration
+    try:
+        return load_calibration(target_model)
+    except ValueError as exc:  # a corrupt file must not stop generation
+        warnings.warn(f"{exc} Starting without it.", stacklevel=3)
+        return None
+
+
 def cost_prior(calibration, target_model, draft_model, sampling,
                mtp_head=None, block_drafter=None, eagle3_head=None) -> Optional[CostPrior]:
-    """The adaptive policy's starting point from a calibration (see the `calibration` argument)."""
+    """The adaptive policy's starting point from a calibration (see the `calibration` argument),
+    for a request of this `sampling`."""
+    calibration = resolve_calibration(calibration, target_model)
     if calibration is None:
         return None
-    if calibration == "auto":
-        try:
-            calibration = load_calibration(target_model)
-        except ValueError as exc:  # a corrupt file must not stop generation
-            warnings.warn(f"{exc} Starting without it.", stacklevel=4)
-            return None
-        if calibration is None:
-            return None
     steps, acceptance, extra = {"lookup": 0.0, "suffix": 0.0}, {}, {}
     measured_mtp = mtp_head is not None and any(fp.startswith("mtp:") for fp in calibration.drafts)
     measured_dflash = block_drafter is not None and \

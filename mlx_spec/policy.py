@@ -363,13 +363,15 @@ class AdaptivePolicy:
         self._aside: set = set()  # fallbacks that stood aside when last asked
         self.reply_left: Optional[int] = None  # tokens the reply may still take (expect_reply)
 
-    def next_request(self, acceptance_prior: Optional[float] = None) -> "AdaptivePolicy":
+    def next_request(self, acceptance_prior: Optional[float] = None,
+                     prior: Optional[CostPrior] = None) -> "AdaptivePolicy":
         """A policy for the next request of the same models: what this one measured of the
         machine (`learn_machine`), nothing of its text (acceptance, off periods) nor of its
         set-up (fallbacks); `acceptance_prior`: the request's own (its sampling's), else
-        this one's."""
+        this one's; `prior`: the request's calibration (a calibration's acceptance is its
+        sampling's), None for none."""
         fresh = AdaptivePolicy(self.k_max, self.initial, self.decay, self.auto_off,
-                               self.max_lookup_tokens, self.prior,
+                               self.max_lookup_tokens, prior,
                                self.acceptance_prior if acceptance_prior is None
                                else acceptance_prior, self.block_tokens)
         fresh.learn_machine(self)

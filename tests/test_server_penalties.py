@@ -80,3 +80,35 @@ def test_a_second_turn_with_penalties_does_not_depend_on_cache_hits_or_worker(mo
         answers[worker_class.__name__] = (hit[0], miss[0])
     assert answers == {"GenerationWorker": (expected, expected),
                        "batched_worker": (expected, expected)}
+
+
+def test_both_workers_start_each_request_from_the_calibration(model_dirs):
+    """`--calibration` (a calibration file, or "auto") steers both workers: the batch engine's
+    rows start from it as the one-request-at-a-time worker's calls do, and `speculation`
+    says so (`calibrated`); without one, neither does. A pinned k: None (no policy)."""
+    import time
+
+    from mlx_spec.calibration import Calibration, calibration_key
+
+    target, tokenizer = load(str(model_dirs["target"]))
+    draft = perturbed(target, 0.05, 1)
+    calibration = Calibration(calibration_key(target), time.time(), 0.01, {1: 0.01, 8: 0.02}, {})
+    said = {}
+    for worker_class in (GenerationWorker, batched_worker):
+        for given in (calibration, None):
+            worker = worker_class(target, tokenizer, draft, SpeculationOptions(calibration=given))
+            server, thread, url = serve_in_background(create_app(worker, "tiny"))
+            try:
+                for pinned in (None, 3):
+                    body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 4,
+                            "temperature": 0.7, **({"num_draft_tokens": pinned} if pinned else {})}
+                    answer = httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+                    said[worker_class.__name__, given is not None, pinned] = \
+                        answer["speculation"]["calibrated"]
+            finally:
+                server.should_exit = True
+                thread.join(30)
+            if worker_class is batched_worker:
+                assert worker.engine.calibration is given
+    for (_, calibrated, pinned), value in said.items():
+        assert value == (None if pinned else calibrated)

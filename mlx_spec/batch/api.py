@@ -47,7 +47,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    mtp_weights: Optional[str] = None,
                    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
-                   verbose: bool = False, tree=None, draft_tokenizer=None) -> BatchResponse:
+                   verbose: bool = False, tree=None, draft_tokenizer=None,
+                   calibration="auto") -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
     loaded model, a loaded DFlash drafter or EAGLE-3 head, or "mtp": the target's own MTP head, from
     `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
@@ -58,7 +59,9 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     its own, verified in the round's one pass (batch/trees.py); rows drafting from lookup,
     suffix drafting, a draft of another tokenizer, the MTP / EAGLE-3 heads or a DFlash drafter,
     rows with logits processors, and targets with recurrent state keep chains. None or False:
-    chains."""
+    chains. `calibration`: as speculative_generate_step's ("auto": this machine's `mlx-spec
+    tune` file, if any; None: none; or a Calibration): a row decoding alone starts from it
+    as a call does, and a row beside others from its acceptance at the row's temperature."""
     check_arguments(tree=tree)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
@@ -85,7 +88,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     engine = BatchEngine(model, draft_model, num_draft_tokens=num_draft_tokens,
                          max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,
                          stop_tokens=tokenizer.eos_token_ids, mtp_weights=mtp_weights,
-                         tokenizer=tokenizer, draft_tokenizer=draft_tokenizer, tree=tree)
+                         tokenizer=tokenizer, draft_tokenizer=draft_tokenizer, tree=tree,
+                         calibration=calibration)
     requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup)
                 for i, (p, b) in enumerate(zip(ids, budgets))]
     start = time.perf_counter()

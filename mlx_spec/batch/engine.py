@@ -38,6 +38,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from .. import prompt_look
 from ..arguments import check_arguments
+from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
@@ -82,8 +83,6 @@ def check_batchable(target_model, draft_model=None, tokenizer=None,
     another tokenizer than the target's `tokenizer` too: its own, `draft_tokenizer`, or the one
     `load` kept, needs the target's)."""
     if is_draft_model(draft_model):
-        from ..assemble import draft_bridge
-
         draft_bridge(target_model, draft_model, tokenizer, draft_tokenizer)  # (its refusal only)
     if draft_model == "mtp":
         draft_model = None  # the target's own head: the target's check is the one
@@ -112,10 +111,16 @@ class BatchEngine:
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
-                 draft_tokenizer=None, tree=None):
+                 draft_tokenizer=None, tree=None, calibration="auto"):
         check_arguments(tree=tree)
+        check_calibration(calibration)
         check_batchable(target_model, draft_model, tokenizer, draft_tokenizer)
         prepare_drafter(draft_model, target_model)  # float32 on the CPU backend (precision.py)
+        # This machine's calibration (`mlx-spec tune`), read once: each request's policy starts
+        # from it as a call's does (assemble.cost_prior, for the request's sampling)
+        self.calibration = resolve_calibration(calibration, target_model)
+        self._priced = {"draft_model": draft_model if is_draft_model(draft_model) else None}
+        self._priors: Dict[float, object] = {}  # its cost prior by temperature (_cost_prior)
         self.cross = None  # a draft of another tokenizer than `tokenizer`: one drafter a row
         if is_draft_model(draft_model):
             draft_model, self.cross = cross_draft(target_model, draft_model, tokenizer,
@@ -129,16 +134,19 @@ class BatchEngine:
         self.pairs = self.dflash = None
         if draft_model == "mtp":  # the target drafts with its own MTP head
             self.pairs = BatchMTP(load_mtp(target_model, mtp_weights).drafting())
+            self._priced["mtp_head"] = self.pairs.head
             self.target.split = split_target(target_model)
             draft_model = None
         elif is_eagle3_head(draft_model):
             check_eagle3_fits(draft_model, target_model)
             self.pairs = batch_eagle3(draft_model, target_model)
+            self._priced["eagle3_head"] = draft_model
             self.target.capture = self.pairs.head.capture  # the verify pass keeps fused taps
             draft_model = None
         elif draft_model is not None and is_dflash_model(draft_model):  # a block drafter
             check_fits(draft_model, target_model)
             self.dflash = BatchDFlash(draft_model, target_model)
+            self._priced["block_drafter"] = draft_model
             self.target.capture = self.dflash.capture  # the verify pass keeps its taps
             draft_model = None
         self.target_model, self.draft_model = target_model, draft_model
@@ -199,7 +207,10 @@ class BatchEngine:
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.model_drafter is not None or self.cross is not None)
-        row.acceptance = self.policy.new_estimate(row.greedy, row.pinned or 0)
+        prior = self._cost_prior(request.sampling)
+        row.acceptance = self.policy.new_estimate(
+            row.greedy, row.pinned or 0, None if prior is None or self.model_drafter is None
+            else prior.acceptance.get(self.model_drafter.source))
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (
@@ -264,12 +275,25 @@ class BatchEngine:
         self.rounds[k] = self.rounds.get(k, 0) + 1
         return outputs
 
+    def _cost_prior(self, sampling):
+        """A request's calibration, as a call of its sampling reads it (None: none); one per
+        temperature (what it depends on)."""
+        if self.calibration is None:
+            return None
+        temp = 0.0 if sampling.greedy else sampling.temp
+        if temp not in self._priors:
+            self._priors[temp] = cost_prior(self.calibration, self.target_model,
+                                            sampling=sampling, **self._priced)
+        return self._priors[temp]
+
     def _single_policy(self, row: Row) -> None:
         """The policy of a request decoding alone, as a call of its own gets it (assemble.py):
-        what the last one measured of the machine, its sampling's acceptance prior, its reply's
-        length, and prompt lookup behind the drafter at T > 0 (`Row.fallbacks`)."""
+        what the last one measured of the machine, the calibration, its sampling's acceptance
+        prior, its reply's length, and prompt lookup behind the drafter at T > 0
+        (`Row.fallbacks`)."""
         self.single = self.single.next_request(
-            DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR)
+            DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR,
+            self._cost_prior(row.request.sampling))
         self.single_uid = row.uid
         self.single.expect_reply(row.room)
         if row.fallbacks:
@@ -314,7 +338,7 @@ class BatchEngine:
                 and j.done + len(chunk) == len(j.row.history) - 1
                 and len(chunk) >= prompt_look.MIN_ROWS and j.row.pinned is None
                 and not request.logits_processors and self.policy.fixed is None
-                and self.single.wants_prompt_look(greedy=False))
+                and self.single.auto_off and self._cost_prior(request.sampling) is None)
 
     def _prefill_chunk(self) -> None:
         budget = self.prefill_step_size

@@ -5,7 +5,8 @@ For B rows drafting k each (k = 0: plain batched decoding)
     rate_B(k) = sum_i E_i(w_i(k)) / T_B(k),   E_i(k) = 1 + sum_{j <= k} prod_{l <= j} a_i,l
 
 - a_i, row i's own acceptance (per depth where it matters): the estimate a drafting source has
-  in a call of its own (policy.SourceEstimate, decayed, shrunk to the row's sampling's prior:
+  in a call of its own (policy.SourceEstimate, decayed, shrunk to its prior: a calibration's
+  acceptance at the row's temperature, else its sampling's guess,
   policy.DEFAULT_ACCEPTANCE_PRIOR greedy, SAMPLING_ACCEPTANCE_PRIOR sampled), counted from the
   row's own rounds. It lives on the row (`Row.acceptance`), so it is the request's: nothing of
   one request's text carries over to the next, nor to its neighbours. w_i(k) = the drafts row i
@@ -75,11 +76,13 @@ class BatchPolicy:
         self._ceiling: Callable[[int], float] = lambda k: k + 1.0
         self.acceptance: Optional[float] = None
 
-    def new_estimate(self, greedy: bool, most: int = 0) -> SourceEstimate:
-        """A new request's acceptance: its sampling's prior, nothing of the rows before it;
-        deep enough for `most` drafts (a pinned k past max_k)."""
-        return SourceEstimate(max(self.max_k, most),
-                              DEFAULT_ACCEPTANCE_PRIOR if greedy else SAMPLING_ACCEPTANCE_PRIOR,
+    def new_estimate(self, greedy: bool, most: int = 0,
+                     measured: Optional[float] = None) -> SourceEstimate:
+        """A new request's acceptance: a calibration's for its sampling (`measured`), else its
+        sampling's guess, nothing of the rows before it; deep enough for `most` drafts (a
+        pinned k past max_k)."""
+        guess = DEFAULT_ACCEPTANCE_PRIOR if greedy else SAMPLING_ACCEPTANCE_PRIOR
+        return SourceEstimate(max(self.max_k, most), guess if measured is None else measured,
                               self.decay, False, False)
 
     # --- the model ---

@@ -31,14 +31,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional
 
 import mlx.core as mx
 
 from ..acceptance import rule_name
-from ..assemble import draft_bridge
+from ..assemble import draft_bridge, resolve_calibration
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable, is_draft_model
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
@@ -163,7 +162,7 @@ class GenerationWorker:
         self.options, self.store, self.max_concurrency = options, store, max_concurrency
         self.batching = batching
         self.suffix = suffix if suffix is not None else SuffixScopes()
-        self.calibration = _resolve_calibration(options.calibration, target_model)
+        self.calibration = resolve_calibration(options.calibration, target_model)  # read once
         self.engine = self._new_engine()
         self._running: Dict[int, Running] = {}  # uid -> job state
         self._pending: Deque[Optional[Job]] = collections.deque()  # None: the thread's end
@@ -182,7 +181,7 @@ class GenerationWorker:
                            max_draft_tokens=self.options.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
                            mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer,
-                           tree=self.options.tree)
+                           tree=self.options.tree, calibration=self.calibration)
 
     def start(self) -> None:
         self._thread.start()
@@ -286,6 +285,8 @@ class GenerationWorker:
             logits_processors=tuple(_processors(s) or ()), logprobs=job.request.logprobs is not None,
             suffix=self.suffix.index_for(job.partition) if s.suffix else None,
             keep_cache=self.store is not None, prompt_lookup_max_ngram=o.prompt_lookup_max_ngram)
+        # as a call's stats say it: whether its adaptive policy starts from the calibration
+        calibrated = None if k is not None or o.adaptive is False else self.calibration is not None
         try:
             uid = self.engine.insert(request, cache, cached)
         except ValueError as exc:
@@ -293,7 +294,7 @@ class GenerationWorker:
             return
         self._running[uid] = Running(job, uid, cached, self.tokenizer.detokenizer,
                                      StopMatcher(job.request.stop), [], [],
-                                     StatsRecorder(len(job.prompt_ids), None,
+                                     StatsRecorder(len(job.prompt_ids), calibrated,
                                                    rule_name(request.sampling),
                                                    getattr(self.engine, "vocab_overlap", None)))
 
@@ -426,14 +427,3 @@ def _processors(settings) -> Optional[list]:
                                   frequency_penalty=settings.frequency_penalty or None)
 
 
-def _resolve_calibration(calibration, target_model):
-    """Read this machine's calibration once, not at every request."""
-    if calibration != "auto":
-        return calibration
-    from ..calibration import load_calibration
-
-    try:
-        return load_calibration(target_model)
-    except ValueError as exc:  # a corrupt file must not stop the server
-        warnings.warn(f"{exc} Serving without it.", stacklevel=2)
-        return None
