@@ -39,7 +39,8 @@ from .rows import Row
 
 class RowCross:
     """One row's drafter, as the engine's host searches are asked: `propose(history, k)`,
-    `commit(accepted)`; its proposals say how they crossed (`Proposal.cross_rule`)."""
+    `commit(accepted)`, `can_propose(history)` (whether it would: a plain block ends); its
+    proposals say how they crossed (`Proposal.cross_rule`)."""
 
     source = "draft"  # to the policy it is the draft model
 
@@ -54,6 +55,9 @@ class RowCross:
 
     def commit(self, num_accepted: int) -> None:
         self.drafter.commit(num_accepted)
+
+    def can_propose(self, history: List[int]) -> bool:
+        return self.drafter.can_propose(history)
 
     @property
     def layers(self) -> list:

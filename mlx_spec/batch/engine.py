@@ -56,12 +56,13 @@ from .cross import cross_draft
 from .dflash import BatchDFlash
 from .eagle3 import batch_eagle3
 from .drafts import BatchDraft
+from . import plain
 from .kv import BatchCache, arrays, batchable, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .trees import draft_trees, keep_paths, verify_trees
-from .verify import ACCEPT, emitted_tokens, spine_kept, verify
+from .verify import ACCEPT, emitted_tokens, spine_kept, verify, verify_input
 
 
 SOURCES = ("draft", "mtp", "eagle3", "dflash", "lookup", "suffix")  # where a row's drafts come from
@@ -175,6 +176,12 @@ class BatchEngine:
         self.joining: Deque[Joining] = deque()
         self._uids = itertools.count()
         self.rounds: Dict[int, int] = {}  # k -> rounds run (for reports)
+        # A plain block (batch/plain.py): the step dispatched for the next round, the steps
+        # still to dispatch after it, and the sources asked when it began (a proposal from
+        # one ends it)
+        self._queued: Optional[plain.Step] = None
+        self._block_left = 0
+        self._asked: frozenset = frozenset()
 
     @property
     def busy(self) -> bool:
@@ -246,7 +253,10 @@ class BatchEngine:
         return None
 
     def step(self) -> List[RowOutput]:
-        self._prefill_chunk()
+        if not self.rows:
+            self._queued = None
+        if self._queued is None:  # (rows join between plain blocks)
+            self._prefill_chunk()
         if not self.rows:
             return []
         alone = len(self.rows) == 1 and self.policy.fixed is None
@@ -254,7 +264,9 @@ class BatchEngine:
             self._single_policy(self.rows[0])  # policy
         self._looks(alone)
         start = time.perf_counter()
-        if alone:  # the single-stream case: the single-stream policy, a k per source
+        if self._queued is not None:  # a plain block's next step, dispatched last round
+            k, lengths = 0, dict.fromkeys(SOURCES, 0)
+        elif alone:  # the single-stream case: the single-stream policy, a k per source
             row = self.rows[0]
             sources = [s.source for s in row.searchers + row.fallbacks] + (
                 [self.model_drafter.source] if self.model_drafter is not None else [])
@@ -400,8 +412,30 @@ class BatchEngine:
         `lengths`: the drafts each source is asked for (0: not asked); `alone`: one row under
         the single-stream policy (its fallbacks are asked too)."""
         rows = self.rows
-        proposals, ran = self._propose(lengths, alone)
-        if any(p is not None and p.parents is not None for p in proposals):  # token trees
+        step, self._queued = self._queued, None
+        opens_block = False  # (the policy's steady plain laps are the block's after its first)
+        if step is not None:  # a plain block's: nothing is proposed
+            proposals, ran = [None] * len(rows), False
+        else:
+            proposals, ran = self._propose(lengths, alone)
+            if not ran and all(p is None for p in proposals) and self.head is None \
+                    and plain.queues(rows):
+                step = plain.dispatch(self.target, rows, verify_input(rows, proposals, 1),
+                                      self.accept)  # a plain block begins
+                opens_block = True
+                self._block_left = (self.single.plain_steps() if alone
+                                    else self.policy.plain_steps(len(rows))) - 1
+                self._asked = frozenset(s for s, n in lengths.items() if n > 0)
+        if step is not None:  # the next step dispatched before this one is read
+            if self._block_left > 0 and not self.joining:
+                self._queued = plain.dispatch(self.target, rows, step.tokens(rows), self.accept)
+                self._block_left -= 1
+            verdicts = plain.read(step, rows)  # the round's one sync
+            if any(s.source in self._asked and s.can_propose(row.history + [v.token])
+                   for row, v in zip(rows, verdicts)
+                   for s in row.searchers + (row.fallbacks if alone else [])):
+                self._block_left = 0  # a search would propose: the queued step ends the block
+        elif any(p is not None and p.parents is not None for p in proposals):  # token trees
             verdicts, fed = verify_trees(self.target, rows, proposals, self.accept)  # one sync
         else:
             verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
@@ -419,7 +453,7 @@ class BatchEngine:
             self.pairs.settle(rows, ran, self.target.hidden, [tokens for tokens, _ in emitted])
         if self.dflash is not None:
             self.dflash.settle(rows, self.target.hidden, [tokens for tokens, _ in emitted])
-        outputs = [self._emit(row, p, v, tokens, finish)
+        outputs = [self._emit(row, p, v, tokens, finish, opens_block)
                    for row, p, v, (tokens, finish) in zip(rows, proposals, verdicts, emitted)]
         ended = [i for i, (_, finish) in enumerate(emitted) if finish is not None]
         for i in ended:
@@ -462,7 +496,8 @@ class BatchEngine:
         return proposals, True
 
     @staticmethod
-    def _emit(row: Row, proposal, verdict, tokens: List[int], finish) -> RowOutput:
+    def _emit(row: Row, proposal, verdict, tokens: List[int], finish,
+              opens_block: bool = False) -> RowOutput:
         """Hand the row its tokens: its history, its budget, its host search's record."""
         accepted = min(verdict.accepted, len(tokens))
         if proposal is not None and proposal.drafter is not None:
@@ -477,7 +512,8 @@ class BatchEngine:
                         spine_length=len(proposal.spine))
         return RowOutput(row.uid, tokens, finish, verdict.num_drafted, accepted,
                          proposal.source if proposal is not None else "target", logprobs,
-                         cross_rule=proposal.cross_rule if proposal is not None else None, **tree)
+                         cross_rule=proposal.cross_rule if proposal is not None else None,
+                         opens_block=opens_block, **tree)
 
     def _row_cache(self, i: int) -> list:
         """Row i's caches as one-row lists holding exactly its history (target, then draft;
@@ -496,7 +532,9 @@ class BatchEngine:
         context = self.dflash.cache.extract(i) if self.dflash is not None else []
         mx.eval(arrays(target + draft + context))
         last = mx.array(row.history[-1:], mx.uint32)[None]
-        if self.dflash is None:
+        if self._queued is not None and any(r.uid == row.uid for r in self._queued.rows):
+            pass  # a queued plain step fed it already: the cache holds the whole history
+        elif self.dflash is None:
             self.target_model(last, cache=target)
         else:  # the drafter's context goes with the cache (for the next turn's row)
             _, taps = self.dflash.capture(last, target)

@@ -33,8 +33,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_DECAY, SAMPLING_ACCEPTANCE_PRIOR,
-                      SourceEstimate)
+from ..policy import (DEFAULT_ACCEPTANCE_PRIOR, DEFAULT_DECAY, PLAIN_BLOCK,
+                      SAMPLING_ACCEPTANCE_PRIOR, SourceEstimate)
 
 FIRST_K = 2
 TRIAL_ROUNDS = 2
@@ -125,6 +125,17 @@ class BatchPolicy:
                     size.trial, size.trial_left = k, TRIAL_ROUNDS
                     return k
         return size.chosen
+
+    def plain_steps(self, batch: int) -> int:
+        """Plain rounds the engine may queue back to back (batch/plain.py) after one where no
+        row proposed: PLAIN_BLOCK under a fixed k (a host search found nothing, or k = 0) or
+        when the model chose plain decoding for this batch size (not a first point of its
+        line, nor a trial), else 1."""
+        if self.fixed is not None:
+            return PLAIN_BLOCK
+        size = self._size(batch)
+        return PLAIN_BLOCK if not size.schedule and size.trial is None and size.chosen == 0 \
+            else 1
 
     @staticmethod
     def count(row, output) -> None:

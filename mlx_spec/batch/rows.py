@@ -151,3 +151,4 @@ class RowOutput:
     tree_width: int = 1  # ... its widest node
     spine_kept: Optional[int] = None  # ... the draft model's own drafts kept
     spine_length: Optional[int] = None  # ... and drafted
+    opens_block: bool = False  # the first round of a plain block (batch/plain.py), as Round's

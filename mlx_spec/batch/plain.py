@@ -1,0 +1,74 @@
+"""Plain batched rounds queued back to back: the next step dispatched before this one is read.
+
+A round where no row drafts (the policy chose plain decoding, no row's host search proposed)
+is one target step for every row. As the loop's `plain_rounds`, the engine dispatches the step
+after it on this step's lazy tokens (`mx.async_eval`) before reading them, so the host's work
+on one step overlaps the device's on the next. A dispatched step is always read: a block ends
+one step later than it could (as the loop's); a row that ended or left meanwhile drops its
+queued token with its cache.
+
+Each row is judged as verify.py judges a round of no drafts (`chain_parts`: greedy, the
+argmax; sampled, a draw with the row's own key), so a row's text and random stream do not
+depend on whether its rounds were queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import mlx.core as mx
+
+from ..judge import verdict_size
+from .kv import BatchCache
+from .rows import Row
+from .verify import ACCEPT, Verdict, chain_parts, read_chain
+
+
+@dataclass
+class Step:
+    """One dispatched plain step: the rows it was for (in the batch's order then), every
+    row's verdict parts in one lazy array, and each row's logits (1, V), lazy."""
+
+    rows: List[Row]
+    parts: mx.array
+    logits: List[mx.array]
+
+    def tokens(self, rows: Sequence[Row]) -> mx.array:
+        """(B, 1) uint32, lazy: the token of each of `rows` (the step's rows still in the
+        batch; the verdict's: greedy [token], sampled [0, token]), the next step's input."""
+        at, picked = 0, {}
+        for row in self.rows:
+            picked[row.uid] = self.parts[at + (0 if row.greedy else 1)]
+            at += verdict_size(0, row.greedy)
+        return mx.stack([picked[row.uid] for row in rows])[:, None]
+
+
+def queues(rows: Sequence[Row]) -> bool:
+    """Whether these rows' plain steps can be queued: no row's logits processors (they read
+    the tokens before each position on the host)."""
+    return not any(row.request.logits_processors for row in rows)
+
+
+def dispatch(target: BatchCache, rows: Sequence[Row], inputs: mx.array, accept=ACCEPT) -> Step:
+    """The target's step over `inputs` (B, 1), each row judged alone, evaluated
+    asynchronously: the cache holds the step's position from now on."""
+    logits = target.forward(inputs)  # (B, 1, V)
+    parts, row_logits = [], []
+    for i, row in enumerate(rows):
+        row_parts, row_logit = chain_parts(row, None, logits[i, :1], accept)
+        parts.append(row_parts)
+        row_logits.append(row_logit)
+    step = Step(list(rows), mx.concatenate(parts), row_logits)
+    mx.async_eval(step.parts)
+    return step
+
+
+def read(step: Step, rows: Sequence[Row]) -> List[Verdict]:
+    """The verdicts of `rows` (those of the step's rows still in the batch, in its order)
+    from the step's values: the round's one sync."""
+    values = step.parts.tolist()
+    verdicts, at = {}, 0
+    for row, logits in zip(step.rows, step.logits):
+        verdicts[row.uid], at = read_chain(row, 0, logits, values, at)
+    return [verdicts[row.uid] for row in rows]

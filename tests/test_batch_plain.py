@@ -1,0 +1,99 @@
+"""Plain batched rounds queued back to back (batch/plain.py): the same text, one step ahead.
+
+When no row drafts, the engine dispatches the next plain step before reading this one, as the
+loop's plain_rounds does. A queued step is always read; rows that end (a stop token, their
+budget) or leave (cancel) meanwhile drop their queued token, rows that arrive join after it,
+and a kept cache holds exactly the row's text. Every row's text is the one it gets without
+queuing: greedy, its own greedy decoding; sampled with a seed, the same tokens.
+"""
+
+import mlx.core as mx
+import pytest
+from families import shared_family, shared_plain_greedy
+from test_batch import pair, ragged_prompts, run  # noqa: F401 (a fixture)
+
+from mlx_spec.batch import BatchEngine, RowRequest, plain
+from mlx_spec.sampling import SamplingConfig
+
+TOKENS = 24
+
+
+def queued_steps(engine, monkeypatch):
+    """Count the steps an engine's rounds dispatched ahead (read by a later round)."""
+    seen = []
+    step = engine.step
+
+    def counting():
+        out = step()
+        seen.append(engine._queued is not None)
+        return out
+
+    monkeypatch.setattr(engine, "step", counting)
+    return seen
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_queued_plain_rows_equal_their_own_greedy_decoding(pair, family, rows,  # noqa: F811
+                                                           monkeypatch):
+    """num_draft_tokens=0 (plain batched decoding), a row joining and one cancelled mid-way:
+    attention, Gated DeltaNet and short-convolution targets."""
+    target = pair[0] if family == "llama" else shared_family(family)
+    prompts = ragged_prompts(rows)
+    engine = BatchEngine(target, None, num_draft_tokens=0)
+    seen = queued_steps(engine, monkeypatch)
+    late = RowRequest([7, 7, 1, 2], TOKENS, prompt_lookup=False)
+    cancels = [(6, 1)] if rows > 1 else []
+    got = run(engine, [RowRequest(p, TOKENS, prompt_lookup=False) for p in prompts],
+              joins=[(5, late)], cancels=cancels)
+    for i, prompt in enumerate(prompts + [late.prompt]):
+        if not (cancels and i == 1):
+            assert got[i] == shared_plain_greedy(target, prompt, TOKENS)
+    if cancels:
+        assert 0 < len(got[1]) < TOKENS
+    assert sum(seen) > TOKENS // 2  # most rounds left a step queued
+
+
+def test_a_row_that_stops_mid_block_keeps_exactly_its_text(pair, monkeypatch):  # noqa: F811
+    """A stop token ends a row while its next step is queued: its kept cache holds its prompt
+    and answer (the queued step fed its last token already: not fed twice), and the next
+    token from it is a fresh forward's; the other rows go on."""
+    target, _ = pair
+    prompts = ragged_prompts(3)
+    answer = shared_plain_greedy(target, prompts[0], TOKENS)
+    stop = answer[TOKENS // 2]  # the first row's token halfway: it stops there (or before)
+    engine = BatchEngine(target, None, num_draft_tokens=0, stop_tokens=[stop])
+    seen = queued_steps(engine, monkeypatch)
+    uids = [engine.insert(RowRequest(p, TOKENS, prompt_lookup=False, keep_cache=True))
+            for p in prompts]
+    tokens, ends = {u: [] for u in uids}, {}
+    while engine.busy:
+        for o in engine.step():
+            tokens[o.uid] += o.tokens
+            if o.finish_reason:
+                ends[o.uid] = (o.finish_reason, o.cache)
+    assert ends[uids[0]][0] == "stop" and tokens[uids[0]][-1] == stop
+    assert any(seen)
+    for uid, prompt in zip(uids, prompts):
+        text = prompt + tokens[uid]
+        cache = ends[uid][1]
+        assert [c.offset for c in cache] == [len(text)] * len(cache)
+        from_cache = target(mx.array([[3]]), cache=cache)[0, -1]
+        fresh = target(mx.array([text + [3]]))[0, -1]
+        assert mx.allclose(from_cache, fresh, atol=1e-4).item()
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_a_seeded_sampled_row_is_the_same_queued_or_not(pair, monkeypatch, draft):  # noqa: F811
+    """Seeded T = 1 rows beside a greedy one: each row's key is split once a round whether
+    its plain rounds were queued or not, so the texts are the same. With a draft model, under
+    the policy (rounds that draft, rounds that do not)."""
+    target, draft_model = pair
+    requests = [RowRequest(p, TOKENS, SamplingConfig(temp=1.0), seed=i, prompt_lookup=False)
+                for i, p in enumerate(ragged_prompts(3))] + [
+        RowRequest([4, 4, 2], TOKENS, prompt_lookup=False)]
+    options = dict(num_draft_tokens=None if draft else 0)
+    queued = run(BatchEngine(target, draft_model if draft else None, **options), requests)
+    monkeypatch.setattr(plain, "queues", lambda rows: False)
+    unqueued = run(BatchEngine(target, draft_model if draft else None, **options), requests)
+    assert queued == unqueued
