@@ -255,8 +255,7 @@ class BatchEngine:
     def step(self) -> List[RowOutput]:
         if not self.rows:
             self._queued = None
-        if self._queued is None:  # (rows join between plain blocks)
-            self._prefill_chunk()
+        self._prefill_chunk()
         if not self.rows:
             return []
         alone = len(self.rows) == 1 and self.policy.fixed is None
@@ -353,14 +352,26 @@ class BatchEngine:
                 and self.single.auto_off and self._cost_prior(request.sampling) is None)
 
     def _prefill_chunk(self) -> None:
+        """Up to prefill_step_size prompt tokens of the waiting rows, oldest first; then every
+        row whose prompt is in joins, unless a plain step is queued (it holds the batch's
+        rows: they join when it has been read, their prefill overlapping it)."""
         budget = self.prefill_step_size
-        while self.joining and budget > 0:
-            budget -= self._prefill_one(budget)
+        for j in self.joining:
+            if budget <= 0:
+                break
+            if not self._ready(j):
+                budget -= self._prefill_one(j, budget)
+        while self._queued is None and self.joining and self._ready(self.joining[0]):
+            self._join(self.joining.popleft())
 
-    def _prefill_one(self, budget: int) -> int:
-        """Prefill up to `budget` tokens of the oldest waiting row; returns how many (at least
-        1, so a loop over rows always ends)."""
-        j = self.joining[0]
+    @staticmethod
+    def _ready(j: Joining) -> bool:
+        """Whether a waiting row's caches hold its prompt but the last token (it may join)."""
+        return j.done >= len(j.row.history) - 1
+
+    def _prefill_one(self, j: Joining, budget: int) -> int:
+        """Prefill up to `budget` tokens of the waiting row `j`; returns how many (at least 1,
+        so a loop over rows always ends)."""
         prompt = j.row.history
         chunk = prompt[j.done:min(j.done + budget, len(prompt) - 1)]
         if chunk:
@@ -395,17 +406,17 @@ class BatchEngine:
             j.row.prefill_seconds += time.perf_counter() - started
             if j.row.cross is not None:  # its draft reads the same text, in its own vocabulary
                 j.row.cross.prefill(prompt[:j.done], budget)
-        if j.done < len(prompt) - 1:
-            return len(chunk)
-        self.joining.popleft()
+        return max(1, len(chunk))
+
+    def _join(self, j: Joining) -> None:
+        """A row whose prompt is in joins the batch."""
         self.target.join(j.target_layers)
         if self.draft is not None:
             self.draft.cache.join(j.draft_layers)
-            j.row.draft_pending = [prompt[-1]]
+            j.row.draft_pending = [j.row.history[-1]]
         if self.head is not None:
             self.head.cache.join(j.head_layers)
         self.rows.append(j.row)
-        return max(1, len(chunk))
 
     def _round(self, lengths: Dict[str, int], alone: bool = False) -> List[RowOutput]:
         """One round for every row: propose -> verify -> accept -> rewind -> emit.
@@ -427,7 +438,7 @@ class BatchEngine:
                                     else self.policy.plain_steps(len(rows))) - 1
                 self._asked = frozenset(s for s, n in lengths.items() if n > 0)
         if step is not None:  # the next step dispatched before this one is read
-            if self._block_left > 0 and not self.joining:
+            if self._block_left > 0 and not any(self._ready(j) for j in self.joining):
                 self._queued = plain.dispatch(self.target, rows, step.tokens(rows), self.accept)
                 self._block_left -= 1
             verdicts = plain.read(step, rows)  # the round's one sync
