@@ -105,3 +105,21 @@ def test_batch_generate_takes_a_calibration_and_keeps_its_answer(model_dirs):
     assert answers[0] == answers[1]
     with pytest.raises(ValueError, match="calibration"):
         batch_generate(target, tokenizer, prompts, draft_model=draft, calibration=3)
+
+
+def test_a_draft_of_another_tokenizer_starts_from_its_calibration_too(model_dirs):
+    """`mlx-spec tune` measures a draft of another tokenizer too (its acceptance across the
+    vocabularies); its rows start from it, as a call does."""
+    from mlx_spec import load
+
+    target, tokenizer = load(str(model_dirs["target"]))
+    foreign, foreign_tokenizer = load(str(model_dirs["foreign"]))
+    prepare_drafter(foreign, target)
+    cost = DraftCost(0.002, GREEDY_MEASURED, SAMPLED_MEASURED)
+    calibration = Calibration(calibration_key(target), time.time(), 0.01, {1: 0.01, 8: 0.02},
+                              {model_fingerprint(foreign): cost})
+    batch = BatchEngine(target, foreign, tokenizer=tokenizer, draft_tokenizer=foreign_tokenizer,
+                        calibration=calibration)
+    assert batch.cross is not None
+    batch.insert(RowRequest(tokenizer.encode("def add(a, b):"), 4))
+    assert batch.joining[0].row.acceptance.acceptance == pytest.approx(GREEDY_MEASURED)

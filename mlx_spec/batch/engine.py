@@ -16,9 +16,10 @@ MTP head or an EAGLE-3 head, or a DFlash block drafter (one pass for every row's
 the taps the verify pass captured)); a draft of another tokenizer drafts for each row on its
 own, row after row (cross.py), as a host search. With `tree=(depth, width)` the draft model's
 rows propose token trees, each verified in the same one pass (trees.py). Then the batched
-verify (verify.py), per-row acceptance and rewind (kv.py). A row that ends (a stop token, its budget,
-`cancel`) leaves the batch at once; with `keep_cache` its cache is handed
-back holding exactly its prompt and output, for the prompt-cache store.
+verify (verify.py), per-row acceptance and rewind (kv.py). Where no row drafts, the round is
+one target step, the next one dispatched before it is read (plain.py). A row that ends (a
+stop token, its budget, `cancel`) leaves the batch at once; with `keep_cache` its cache is
+handed back holding exactly its prompt and output, for the prompt-cache store.
 
 Not thread-safe: one thread calls insert, step and cancel (the server's
 generation thread).
@@ -215,9 +216,11 @@ class BatchEngine:
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.model_drafter is not None or self.cross is not None)
         prior = self._cost_prior(request.sampling)
+        drafter = self.model_drafter.source if self.model_drafter is not None else (
+            "draft" if self.cross is not None else None)  # (a draft of another tokenizer)
         row.acceptance = self.policy.new_estimate(
-            row.greedy, row.pinned or 0, None if prior is None or self.model_drafter is None
-            else prior.acceptance.get(self.model_drafter.source))
+            row.greedy, row.pinned or 0,
+            None if prior is None or drafter is None else prior.acceptance.get(drafter))
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
         if cache is None:
             cache = row_cache(self.target_model) + (
