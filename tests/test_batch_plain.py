@@ -32,13 +32,16 @@ def queued_steps(engine, monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_5", "lfm2", "gemma3_text", "qwen3_5-4bit"])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_queued_plain_rows_equal_their_own_greedy_decoding(pair, family, rows,  # noqa: F811
                                                            monkeypatch):
     """num_draft_tokens=0 (plain batched decoding), a row joining and one cancelled mid-way:
-    attention, Gated DeltaNet and short-convolution targets."""
-    target = pair[0] if family == "llama" else shared_family(family)
+    attention, Gated DeltaNet, short-convolution and sliding-window (window 8: every row runs
+    past it) targets, and a 4-bit one."""
+    name, _, bits = family.partition("-")
+    target = pair[0] if family == "llama" else shared_family(
+        name, quantize_bits=int(bits[:-3]) if bits else None)
     prompts = ragged_prompts(rows)
     engine = BatchEngine(target, None, num_draft_tokens=0)
     seen = queued_steps(engine, monkeypatch)
