@@ -427,28 +427,15 @@ class BatchEngine:
         the single-stream policy (its fallbacks are asked too)."""
         rows = self.rows
         step, self._queued = self._queued, None
-        opens_block = False  # (the policy's steady plain laps are the block's after its first)
-        if step is not None:  # a plain block's: nothing is proposed
-            proposals, ran = [None] * len(rows), False
+        if step is not None:  # a plain block's queued step: nothing is proposed
+            proposals, ran, opens_block = [None] * len(rows), False, False
         else:
             proposals, ran = self._propose(lengths, alone)
-            if not ran and all(p is None for p in proposals) and self.head is None \
-                    and plain.queues(rows):
-                step = plain.dispatch(self.target, rows, verify_input(rows, proposals, 1),
-                                      self.accept)  # a plain block begins
-                opens_block = True
-                self._block_left = (self.single.plain_steps() if alone
-                                    else self.policy.plain_steps(len(rows))) - 1
-                self._asked = frozenset(s for s, n in lengths.items() if n > 0)
-        if step is not None:  # the next step dispatched before this one is read
-            if self._block_left > 0 and not any(self._ready(j) for j in self.joining):
-                self._queued = plain.dispatch(self.target, rows, step.tokens(rows), self.accept)
-                self._block_left -= 1
-            verdicts = plain.read(step, rows)  # the round's one sync
-            if any(s.source in self._asked and s.can_propose(row.history + [v.token])
-                   for row, v in zip(rows, verdicts)
-                   for s in row.searchers + (row.fallbacks if alone else [])):
-                self._block_left = 0  # a search would propose: the queued step ends the block
+            step = self._begin_block(rows, lengths, alone) if not ran and all(
+                p is None for p in proposals) else None
+            opens_block = step is not None  # (the policy's steady plain laps follow the first)
+        if step is not None:
+            verdicts = self._plain_verdicts(step, rows, alone)  # the round's one sync
         elif any(p is not None and p.parents is not None for p in proposals):  # token trees
             verdicts, fed = verify_trees(self.target, rows, proposals, self.accept)  # one sync
         else:
@@ -476,6 +463,32 @@ class BatchEngine:
         if ended:
             self._drop(ended)
         return outputs
+
+    def _begin_block(self, rows: List[Row], lengths: Dict[str, int], alone: bool):
+        """A round where no row proposed: its step dispatched as a plain block's first
+        (batch/plain.py), the block as long as the policy's plain_steps(); None where steps
+        cannot be queued (a head reads each step's hidden states; logits processors)."""
+        if self.head is not None or not plain.queues(rows):
+            return None
+        self._block_left = (self.single.plain_steps() if alone
+                            else self.policy.plain_steps(len(rows))) - 1
+        self._asked = frozenset(s for s, n in lengths.items() if n > 0)
+        return plain.dispatch(self.target, rows, verify_input(rows, [None] * len(rows), 1),
+                              self.accept)
+
+    def _plain_verdicts(self, step: plain.Step, rows: List[Row], alone: bool):
+        """The verdicts of a plain block's step, the next one dispatched before they are read
+        (unless the block is over or a waiting row is ready to join); a host search that
+        would propose after it ends the block at the step already queued."""
+        if self._block_left > 0 and not any(self._ready(j) for j in self.joining):
+            self._queued = plain.dispatch(self.target, rows, step.tokens(rows), self.accept)
+            self._block_left -= 1
+        verdicts = plain.read(step, rows)  # the round's one sync
+        if any(s.source in self._asked and s.can_propose(row.history + [v.token])
+               for row, v in zip(rows, verdicts)
+               for s in row.searchers + (row.fallbacks if alone else [])):
+            self._block_left = 0
+        return verdicts
 
     def _propose(self, lengths: Dict[str, int], alone: bool = False):
         """(each row's proposal or None, whether the model drafter ran): the host searches
