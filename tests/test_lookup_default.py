@@ -77,9 +77,13 @@ def test_a_target_whose_cache_cannot_rewind_decodes_plainly_by_default():
 
 @pytest.mark.parametrize("temp", [0.0, 0.7])
 def test_stream_generate_reports_lookup_by_default(shipped, quoting, temp):
+    """Lookup is on by default in stream_generate and its stats say so. k is pinned so that
+    what is asserted does not depend on the policy's timings (a loaded 2-core run once read
+    one rejected lookup round and no other); the default policy's choice of lookup is the
+    tests above."""
     model, tokenizer = shipped
     responses = list(stream_generate(model, tokenizer, quoting[1], max_tokens=24, temp=temp,
-                                     calibration=None))
+                                     num_draft_tokens=4, calibration=None))
     stats = responses[-1].stats
     assert stats.rounds > 0 and stats.drafted > 0
     if temp == 0:
