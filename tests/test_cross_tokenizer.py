@@ -275,7 +275,8 @@ def test_greedy_parity(pairs, name, rule):
 TINY_TARGET = ["a", "b", "▁", "ab", "▁a", "ba", "▁b"]
 TINY_DRAFT = ["▁", "b", "a", "bb", "a▁", "aa", "b▁", "▁▁"]
 TINY_PROMPT = [1, 5, 2]  # "a", "ba", "b"
-SAMPLES = 800
+# Tokens 3 and 4 at 500 samples: both controls fail at p < 1e-11, the exact runs pass (p > 0.02).
+SAMPLES = 500
 ALPHA = 1e-3
 
 

@@ -441,7 +441,9 @@ def test_greedy_parity_on_other_families(family, tmp_path):
 # --- exact sampling ------------------------------------------------------------------------
 
 SMALL_VOCAB = 8
-SAMPLES = 800
+# 400 samples: the unmapped-q control fails at p < 1e-200 (t1, t2 and t3, t4), the exact head
+# passes at p > 0.2.
+SAMPLES = 400
 ALPHA = 1e-3
 
 
