@@ -522,12 +522,6 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_decode(pair):
     assert mx.get_active_memory() <= before + 2**20, (before, mx.get_active_memory())
 
 
-def test_a_hybrid_draft_is_refused_in_one_sentence(pair):
-    target, _ = pair
-    with pytest.raises(ValueError, match="draft model's cache layers"):
-        BatchEngine(target, make_family("qwen3_5"))
-
-
 @pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_sliding_window_rows_equal_their_own_greedy_decoding(family, k):

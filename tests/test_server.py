@@ -544,19 +544,23 @@ def test_logprobs_are_the_targets_own_with_speculation_on(served):
         assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "lfm2", "nemotron_h"])
-def test_a_recurrent_hybrid_target_is_served_batched(tmp_path, family):
-    """A hybrid target (attention and Gated DeltaNet, short-conv or Mamba-2 layers) batches:
-    three clients at once, with prompt lookup drafting, each get what mlx_spec.generate
-    gives for their prompt alone."""
+@pytest.mark.parametrize("family,with_draft", [("qwen3_5", False), ("lfm2", False),
+                                               ("nemotron_h", False), ("qwen3_5", True)])
+def test_a_recurrent_hybrid_target_is_served_batched(tmp_path, family, with_draft):
+    """A hybrid target (attention and Gated DeltaNet, short-conv or Mamba-2 layers) batches,
+    with a draft of its own family too: three clients at once, with prompt lookup drafting,
+    each get what mlx_spec.generate gives for their prompt alone."""
     from families import write_family_dir
 
     from mlx_spec import load
     from mlx_spec.server.worker import can_batch
 
     target, tokenizer = load(str(write_family_dir(tmp_path / family, family, seed=0)))
-    assert can_batch(target, None)
-    worker = batched_worker(target, tokenizer, None, store=PromptCacheStore(2**28), max_concurrency=4)
+    draft = load(str(write_family_dir(tmp_path / "draft", family, seed=5)))[0] \
+        if with_draft else None
+    assert can_batch(target, draft, tokenizer)
+    worker = batched_worker(target, tokenizer, draft, store=PromptCacheStore(2**28),
+                            max_concurrency=4)
     server, thread, url = serve_in_background(create_app(worker, MODEL_ID))
     prompts = ["def f(x):", "class A:\n", "return f(x) + f(x)"]
 

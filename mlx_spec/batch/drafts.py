@@ -8,10 +8,18 @@ longest and rolled into place afterwards, and reads each row's logits at its
 own last pending token; the next k - 1 passes feed one draft each. Drafts are
 drawn with each row's own sampling transform and random key, so q is the
 distribution each row's tokens were really drawn from.
+
+A draft with recurrent state (a Gated DeltaNet, short-convolution or Mamba-2 hybrid, as
+the target's families in kv.py) batches too: its first pass, where rows' pending tokens
+differ in number, is taken back past each row's own end as a verify pass is (restored and
+replayed: `BatchCache.undoable` and `keep`); the chain's one-position passes keep a
+reference to the states after each, and each row takes the one after its kept drafts
+(`BatchCache.pick_states`: a gather, no replay).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -35,6 +43,7 @@ class BatchDraft:
         self.trunk, self.head = split_target(draft_model)  # head(trunk(x)) == draft_model(x)
         self.keep_logits = False  # True: each proposal's per-step logits in kept_logits
         self.kept_logits: Optional[mx.array] = None  # (B, k, V_d) of the last proposal, lazy
+        self.states: list = []  # recurrent layers: their states after each position of the chain
 
     def ready(self, row: Row) -> bool:
         return True  # its cache holds the prompt from the start
@@ -47,17 +56,22 @@ class BatchDraft:
         proposes) and takes the argmax for the rest (never proposed), so its random stream
         does not depend on how many drafts the other rows want."""
         pending = [row.draft_pending for row in rows]
-        width = max(len(p) for p in pending)
+        lengths = [len(p) for p in pending]
+        width = max(lengths)
         x = mx.array([p + [0] * (width - len(p)) for p in pending], mx.uint32)  # (B, P)
         layers = self.cache.layers
-        last = mx.array([len(p) - 1 for p in pending])[:, None, None]
+        last = mx.array([n - 1 for n in lengths])[:, None, None]
+        # Recurrent layers take the filler in too: the forward is undone past each row's end
+        ragged = self.cache.undoable(width) if min(lengths) < width else nullcontext()
         with round_attention():
-            if width == 1:
-                logits = self.model(x, cache=layers)[:, -1]  # (B, V_d)
-            else:  # the output layer only at each row's last pending token (a catch-up is long)
-                hidden = self.trunk(x, cache=layers)  # (B, P, H)
-                logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
-            self.cache.align([len(p) for p in pending])
+            with ragged:
+                if width == 1:
+                    logits = self.model(x, cache=layers)[:, -1]  # (B, V_d)
+                else:  # the output layer only at each row's last pending token (a catch-up)
+                    hidden = self.trunk(x, cache=layers)  # (B, P, H)
+                    logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
+            self.cache.keep(width, lengths)  # each row's entries end where the others' do
+            self.states = [self.cache.states()]  # recurrent: after each draft fed (settle)
             probs, kept = [[] for _ in rows], []
 
             def draw(logits: mx.array, i: int) -> mx.array:
@@ -67,8 +81,13 @@ class BatchDraft:
                 mx.async_eval(y)
                 return y
 
-            tokens = draft_chain(logits, k, lambda y: self.model(y[:, None], cache=layers)[:, -1],
-                                 draw)
+            def feed(y: mx.array) -> mx.array:
+                logits = self.model(y[:, None], cache=layers)[:, -1]
+                if self.cache.recurrent:
+                    self.states.append(self.cache.states())
+                return logits
+
+            tokens = draft_chain(logits, k, feed, draw)
         self.fed = k - 1
         self.kept_logits = mx.stack(kept, axis=1) if kept else None
         q = [mx.stack(p) if p else None for p in probs]
@@ -87,6 +106,9 @@ class BatchDraft:
             return
         keep = [min(n, self.fed) for n in kept_drafts]
         self.cache.keep(self.fed, keep)
+        if self.cache.recurrent:  # one state a position: each row's, after its kept drafts
+            self.cache.pick_states(self.states, keep)
+        self.states = []
         for row, n, tokens in zip(rows, keep, emitted):
             row.draft_pending = tokens[n:]
 

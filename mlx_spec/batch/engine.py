@@ -97,9 +97,10 @@ def check_batchable(target_model, draft_model=None, tokenizer=None,
         raise ValueError("The target's cache layers are not plain KVCache layers beside "
                          "Gated DeltaNet, short-convolution or Mamba-2 state, which batched "
                          "decoding needs; decode it one request at a time.")
-    if draft_model is not None and not batchable(draft_model, recurrent=False):
-        raise ValueError("The draft model's cache layers are not all plain KVCache, which a "
-                         "batched draft needs; decode with it one request at a time.")
+    if draft_model is not None and not batchable(draft_model):
+        raise ValueError("The draft model's cache layers are not plain KVCache layers beside "
+                         "Gated DeltaNet, short-convolution or Mamba-2 state, which a batched "
+                         "draft needs; decode with it one request at a time.")
 
 
 def is_draft_model(draft_model) -> bool:

@@ -37,6 +37,7 @@ loop (`batchable`).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import List, Optional, Sequence
 
 import mlx.core as mx
@@ -57,13 +58,12 @@ GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REPLAYED_BY_LENGTH = ("lfm2", "nemotron_h")
 
 
-def batchable(model, recurrent: bool = True) -> bool:
-    """Whether every layer mlx-lm makes for `model` batches here: a plain KVCache, or (with
-    `recurrent`: a target; drafts step one token at a time and have no replay here) the
-    state of a Gated DeltaNet, a Mamba-2 mixer or a short convolution; and at least one
-    attention layer (it holds the rows' lengths)."""
+def batchable(model) -> bool:
+    """Whether every layer mlx-lm makes for `model` (a target or a draft) batches here: a
+    plain KVCache, a sliding window, or the state of a Gated DeltaNet, a Mamba-2 mixer or a
+    short convolution; and at least one attention layer (it holds the rows' lengths)."""
     layers = make_prompt_cache(model)
-    recurrent_ok = recurrent and model_type(model) in GATED_DELTANET + REPLAYED_BY_LENGTH
+    recurrent_ok = model_type(model) in GATED_DELTANET + REPLAYED_BY_LENGTH
     kinds = {"attention" if type(layer) is KVCache or _sliding(layer)
              else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"
              for layer in layers}
@@ -111,14 +111,38 @@ class BatchCache:
 
     def forward(self, x: mx.array) -> mx.array:
         """The model over x (B, T), lazily; recurrent layers keep where they started."""
+        with self.undoable(x.shape[1]):
+            return self._run(x)
+
+    @contextmanager
+    def undoable(self, length: int):
+        """A forward of `length` positions per row inside may be taken back by `keep`:
+        recurrent layers keep the states they start from (references: free) and record their
+        mixers' inputs (nothing to do where there are none)."""
         recurrent = self.recurrent
         if not recurrent:
-            return self._run(x)
+            yield
+            return
         if self._mixers is None or self._mixers.recurrent != recurrent:
             self._mixers = MixerReplay(self.model, recurrent)
         self._snapshot = [list(layer.cache) for layer in recurrent]
-        with self._mixers.recording(x.shape[1]):
-            return self._run(x)
+        with self._mixers.recording(length):
+            yield
+
+    def states(self) -> list:
+        """The recurrent layers' states as they stand (references), for `pick_states`."""
+        return [list(layer.cache) for layer in self.recurrent]
+
+    def pick_states(self, states: Sequence[list], kept: Sequence[int]) -> None:
+        """Row i's recurrent state becomes its own in `states[kept[i]]` (a list of `states()`
+        taken after successive one-position forwards: a draft's chain). Exact, with no replay."""
+        if all(n == len(states) - 1 for n in kept):
+            return  # every row keeps the last: the state as it stands
+        index, rows = mx.array(list(kept)), mx.arange(len(kept))
+        for j, layer in enumerate(self.recurrent):
+            layer.cache = [None if states[-1][j][c] is None else
+                           mx.stack([s[j][c] for s in states])[index, rows]
+                           for c in range(len(layer.cache))]
 
     def _run(self, x: mx.array) -> mx.array:
         if self.capture is not None:
