@@ -12,7 +12,7 @@ import pytest
 from families import shared_family, shared_plain_greedy
 from test_batch import pair, ragged_prompts, run  # noqa: F401 (a fixture)
 
-from mlx_spec.batch import BatchEngine, RowRequest, plain
+from mlx_spec.batch import BatchEngine, RowRequest
 from mlx_spec.sampling import SamplingConfig
 
 TOKENS = 24
@@ -97,6 +97,31 @@ def test_a_seeded_sampled_row_is_the_same_queued_or_not(pair, monkeypatch, draft
         RowRequest([4, 4, 2], TOKENS, prompt_lookup=False)]
     options = dict(num_draft_tokens=None if draft else 0)
     queued = run(BatchEngine(target, draft_model if draft else None, **options), requests)
-    monkeypatch.setattr(plain, "queues", lambda rows: False)
+    monkeypatch.setattr(BatchEngine, "_begin_block", lambda self, *args: None)  # no queue
     unqueued = run(BatchEngine(target, draft_model if draft else None, **options), requests)
     assert queued == unqueued
+
+
+def test_rows_with_logits_processors_queue_and_equal_mlx_lms_own_decoding(pair,  # noqa: F811
+                                                                          monkeypatch):
+    """Per-row processors (a repetition penalty, a logit bias, none) in queued plain steps: each
+    step's processors see the step before's token, lazily, before the host has read it; every
+    row equals mlx-lm's generate_step with the same processors."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+
+    target = pair[0]
+    prompts = ragged_prompts(3)
+    kinds = [dict(repetition_penalty=1.5), dict(logit_bias={5: 3.0, 7: -2.0}), {}]
+    engine = BatchEngine(target, None, num_draft_tokens=0)
+    seen = queued_steps(engine, monkeypatch)
+    got = run(engine, [RowRequest(p, TOKENS, prompt_lookup=False,
+                                  logits_processors=make_logits_processors(**kind))
+                       for p, kind in zip(prompts, kinds)])
+    for prompt, kind, tokens in zip(prompts, kinds, got):
+        expected = [int(t) for t, _ in generate_step(
+            mx.array(prompt), target, max_tokens=TOKENS,
+            sampler=lambda lp: mx.argmax(lp, axis=-1),
+            logits_processors=make_logits_processors(**kind))]
+        assert tokens == expected
+    assert sum(seen) > TOKENS // 2  # most rounds left a step queued

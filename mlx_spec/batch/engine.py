@@ -468,8 +468,8 @@ class BatchEngine:
     def _begin_block(self, rows: List[Row], lengths: Dict[str, int], alone: bool):
         """A round where no row proposed: its step dispatched as a plain block's first
         (batch/plain.py), the block as long as the policy's plain_steps(); None where steps
-        cannot be queued (a head reads each step's hidden states; logits processors)."""
-        if self.head is not None or not plain.queues(rows):
+        cannot be queued (a head reads each step's hidden states)."""
+        if self.head is not None:
             return None
         self._block_left = (self.single.plain_steps() if alone
                             else self.policy.plain_steps(len(rows))) - 1
@@ -482,7 +482,8 @@ class BatchEngine:
         (unless the block is over or a waiting row is ready to join); a host search that
         would propose after it ends the block at the step already queued."""
         if self._block_left > 0 and not any(self._ready(j) for j in self.joining):
-            self._queued = plain.dispatch(self.target, rows, step.tokens(rows), self.accept)
+            self._queued = plain.dispatch(self.target, rows, step.tokens(rows), self.accept,
+                                          queued=True)
             self._block_left -= 1
         verdicts = plain.read(step, rows)  # the round's one sync
         if any(s.source in self._asked and s.can_propose(row.history + [v.token])

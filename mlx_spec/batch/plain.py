@@ -44,19 +44,17 @@ class Step:
         return mx.stack([picked[row.uid] for row in rows])[:, None]
 
 
-def queues(rows: Sequence[Row]) -> bool:
-    """Whether these rows' plain steps can be queued: no row's logits processors (they read
-    the tokens before each position on the host)."""
-    return not any(row.request.logits_processors for row in rows)
-
-
-def dispatch(target: BatchCache, rows: Sequence[Row], inputs: mx.array, accept=ACCEPT) -> Step:
+def dispatch(target: BatchCache, rows: Sequence[Row], inputs: mx.array, accept=ACCEPT,
+             queued: bool = False) -> Step:
     """The target's step over `inputs` (B, 1), each row judged alone, evaluated
-    asynchronously: the cache holds the step's position from now on."""
+    asynchronously: the cache holds the step's position from now on. `queued`: the inputs
+    are the step before's lazy tokens, not yet in the rows' histories (a row's logits
+    processors see them lazily, as the loop's plain steps hand them over)."""
     logits = target.forward(inputs)  # (B, 1, V)
     parts, row_logits = [], []
     for i, row in enumerate(rows):
-        row_parts, row_logit = chain_parts(row, None, logits[i, :1], accept)
+        row_parts, row_logit = chain_parts(row, None, logits[i, :1], accept,
+                                           unread=inputs[i] if queued else None)
         parts.append(row_parts)
         row_logits.append(row_logit)
     step = Step(list(rows), mx.concatenate(parts), row_logits)

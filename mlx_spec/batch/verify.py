@@ -85,15 +85,19 @@ def verify_input(rows: Sequence[Row], proposals: Sequence[Optional[Proposal]],
     return mx.stack(x)
 
 
-def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept=ACCEPT):
+def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept=ACCEPT,
+                unread: Optional[mx.array] = None):
     """(the row's verdict parts (judge.verdict_parts), its logits (n + 1, V) after its
     processors), lazy: a chain of n drafts (none: the target's own token) judged by the row's
-    rule with its own key."""
+    rule with its own key. `unread`: a queued plain step's input (1,), lazy, which the row's
+    history does not hold yet (its processors see it)."""
     n = logits.shape[0] - 1
     drafts = proposal.tokens.astype(mx.uint32) if n else mx.zeros((0,), mx.uint32)
     if row.request.logits_processors:
-        logits = processed(row.request.logits_processors, mx.array(row.history, mx.uint32),
-                           drafts, logits)
+        seen = mx.array(row.history, mx.uint32)
+        if unread is not None:
+            seen = mx.concatenate([seen, unread.astype(mx.uint32)])
+        logits = processed(row.request.logits_processors, seen, drafts, logits)
     if row.greedy:
         return verdict_parts(greedy_accept, drafts, None, logits, None), logits
     logprobs = logprobs_from_logits(logits, row.request.sampling)
