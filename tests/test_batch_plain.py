@@ -9,7 +9,7 @@ queuing: greedy, its own greedy decoding; sampled with a seed, the same tokens.
 
 import mlx.core as mx
 import pytest
-from families import shared_family, shared_plain_greedy
+from families import plain_greedy, shared_family, shared_plain_greedy
 from test_batch import pair, ragged_prompts, run  # noqa: F401 (a fixture)
 
 from mlx_spec.batch import BatchEngine, RowRequest
@@ -125,3 +125,63 @@ def test_rows_with_logits_processors_queue_and_equal_mlx_lms_own_decoding(pair, 
             logits_processors=make_logits_processors(**kind))]
         assert tokens == expected
     assert sum(seen) > TOKENS // 2  # most rounds left a step queued
+
+
+def schedule_of(engine, ks, block):
+    """The batch policy replaced by a fixed schedule: round r drafts ks[r] (the last k after
+    them), plain blocks of `block` steps (ks's plain stretches are whole blocks, so a queued
+    block and `block` unqueued plain rounds are the same rounds)."""
+    engine.policy.choose = lambda rows: ks[min(sum(engine.rounds.values()), len(ks) - 1)]
+    engine.policy.plain_steps = lambda batch: block
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "deepseek_v3"])
+def test_an_mtp_head_drafts_the_same_after_queued_plain_steps(name, tmp_path, monkeypatch):
+    """The target's MTP head reads each step's hidden states: a queued step keeps its own
+    (the next step's pass replaces the cache's before it is read). Rows that decode plainly
+    in blocks, then draft, propose exactly what they propose with no queue, round after
+    round: a greedy row the same drafts, seeded T = 1 rows the same drafts and the same q
+    (a greedy draft's argmax hides a slightly wrong context; q does not); the greedy row
+    gives the target's greedy text."""
+    from test_mtp import make_target, mtp_params, write_original
+
+    target = make_target(name)
+    weights = write_original(tmp_path / "mtp", target, mtp_params(target))
+    prompts = ragged_prompts(3)
+    ks = [0] * 8 + [2] * 3 + [0] * 4 + [3]
+
+    def drafts_and_text(queue):
+        engine = BatchEngine(target, "mtp", mtp_weights=str(weights))
+        schedule_of(engine, ks, block=4)
+        seen = queued_steps(engine, monkeypatch)
+        proposed, propose = [], engine._propose
+
+        def spy(lengths, alone=False):
+            proposals, ran = propose(lengths, alone)
+            if any(p is not None for p in proposals):
+                proposed.append([None if p is None else (p.tokens.tolist(), p.probs)
+                                 for p in proposals])
+            return proposals, ran
+
+        engine._propose = spy
+        if not queue:
+            engine._begin_block = lambda *args: None
+        requests = [RowRequest(prompts[0], TOKENS, prompt_lookup=False)] + [
+            RowRequest(p, TOKENS, SamplingConfig(temp=1.0), seed=i, prompt_lookup=False)
+            for i, p in enumerate(prompts[1:])]
+        text = run(engine, requests)
+        return proposed, text, sum(seen)
+
+    queued, text, steps = drafts_and_text(True)
+    alone, text_alone, no_steps = drafts_and_text(False)
+    assert steps > 3 and no_steps == 0
+    assert text[0] == plain_greedy(target, prompts[0], TOKENS)
+    assert text == text_alone
+    assert len(queued) == len(alone) > 3  # the head drafted after plain blocks
+    for ours, theirs in zip(queued, alone):
+        for a, b in zip(ours, theirs):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a[0] == b[0]
+                assert (a[1] is None) == (b[1] is None)
+                assert a[1] is None or mx.allclose(a[1], b[1], atol=1e-5).item()

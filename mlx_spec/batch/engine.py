@@ -441,6 +441,9 @@ class BatchEngine:
             verdicts, fed = verify_trees(self.target, rows, proposals, self.accept)  # one sync
         else:
             verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
+        # What a head reads of this round's target pass (a queued step's own: the next step's
+        # pass has replaced the cache's)
+        hidden = step.hidden if step is not None else self.target.hidden
         emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
         kept = [len(tokens) for tokens, _ in emitted]
         if verdicts[0].nodes is not None:  # each row's accepted path, gathered
@@ -452,9 +455,9 @@ class BatchEngine:
                           else 0 for n, p, v in zip(kept, proposals, verdicts)]
             self.draft.settle(rows, ran, from_draft, [tokens for tokens, _ in emitted])
         if self.pairs is not None:
-            self.pairs.settle(rows, ran, self.target.hidden, [tokens for tokens, _ in emitted])
+            self.pairs.settle(rows, ran, hidden, [tokens for tokens, _ in emitted])
         if self.dflash is not None:
-            self.dflash.settle(rows, self.target.hidden, [tokens for tokens, _ in emitted])
+            self.dflash.settle(rows, hidden, [tokens for tokens, _ in emitted])
         outputs = [self._emit(row, p, v, tokens, finish, opens_block)
                    for row, p, v, (tokens, finish) in zip(rows, proposals, verdicts, emitted)]
         ended = [i for i, (_, finish) in enumerate(emitted) if finish is not None]
@@ -468,8 +471,9 @@ class BatchEngine:
     def _begin_block(self, rows: List[Row], lengths: Dict[str, int], alone: bool):
         """A round where no row proposed: its step dispatched as a plain block's first
         (batch/plain.py), the block as long as the policy's plain_steps(); None where steps
-        cannot be queued (a head reads each step's hidden states)."""
-        if self.head is not None:
+        cannot be queued (a DFlash drafter: a kept cache carries its context as of the last
+        step read)."""
+        if self.dflash is not None:
             return None
         self._block_left = (self.single.plain_steps() if alone
                             else self.policy.plain_steps(len(rows))) - 1

@@ -15,7 +15,7 @@ depend on whether its rounds were queued.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
@@ -28,11 +28,14 @@ from .verify import ACCEPT, Verdict, chain_parts, read_chain
 @dataclass
 class Step:
     """One dispatched plain step: the rows it was for (in the batch's order then), every
-    row's verdict parts in one lazy array, and each row's logits (1, V), lazy."""
+    row's verdict parts in one lazy array, each row's logits (1, V), lazy, and the target's
+    hidden states (B, 1, .) where a head reads them (the next step's forward replaces the
+    cache's own before this one is read)."""
 
     rows: List[Row]
     parts: mx.array
     logits: List[mx.array]
+    hidden: Optional[mx.array] = None
 
     def tokens(self, rows: Sequence[Row]) -> mx.array:
         """(B, 1) uint32, lazy: the token of each of `rows` (the step's rows still in the
@@ -57,7 +60,7 @@ def dispatch(target: BatchCache, rows: Sequence[Row], inputs: mx.array, accept=A
                                            unread=inputs[i] if queued else None)
         parts.append(row_parts)
         row_logits.append(row_logit)
-    step = Step(list(rows), mx.concatenate(parts), row_logits)
+    step = Step(list(rows), mx.concatenate(parts), row_logits, target.hidden)
     mx.async_eval(step.parts)
     return step
 
