@@ -90,12 +90,14 @@ def test_drafts_were_accepted_in_batches(pair):
     assert len(uids) == 5 and drafted > 100 and accepted >= 0.95 * drafted, (accepted, drafted)
 
 
-@pytest.mark.parametrize("temp", [0.0, 1.0])
-def test_one_batched_row_drafts_as_the_draft_model_alone(pair, monkeypatch, temp):
+@pytest.mark.parametrize("temp,penalty", [(0.0, None), (1.0, None), (0.0, 1.5)])
+def test_one_batched_row_drafts_as_the_draft_model_alone(pair, monkeypatch, temp, penalty):
     """One row at a fixed k feeds the draft model what a call of its own feeds it and drafts
     from the same logits, round after round: the draft's chain is one implementation
     (drafters/chain.py). Greedy: the same drafts and the same kept count; sampled (each draws
-    with its own random stream): the draft's distributions q over the first round's drafts."""
+    with its own random stream): the draft's distributions q over the first round's drafts.
+    With a repetition penalty both drafts see it (its text and the drafts before each)."""
+    from mlx_lm.sample_utils import make_logits_processors
     from mlx_spec.batch.drafts import BatchDraft
     from mlx_spec.drafters import DraftModelDrafter
     from mlx_spec.generate import speculative_generate_step
@@ -118,11 +120,13 @@ def test_one_batched_row_drafts_as_the_draft_model_alone(pair, monkeypatch, temp
     monkeypatch.setattr(DraftModelDrafter, "propose", spy)
     monkeypatch.setattr(BatchDraft, "propose", batch_spy)
     sampling = SamplingConfig(temp=temp)
+    processors = lambda: make_logits_processors(repetition_penalty=penalty) if penalty else None  # noqa: E731
     alone = sum(r.num_accepted for r in speculative_generate_step(
         prompt, target, draft, max_tokens=MAX_TOKENS, num_draft_tokens=3, prompt_lookup=False,
-        calibration=None, sampling=sampling))
+        calibration=None, sampling=sampling, logits_processors=processors()))
     engine = BatchEngine(target, draft, num_draft_tokens=3)
-    engine.insert(RowRequest(prompt, MAX_TOKENS, sampling, prompt_lookup=False))
+    engine.insert(RowRequest(prompt, MAX_TOKENS, sampling, prompt_lookup=False,
+                             logits_processors=processors()))
     batched = 0
     while engine.busy:
         batched += sum(out.num_accepted for out in engine.step())

@@ -73,11 +73,20 @@ class BatchDraft:
             self.cache.keep(width, lengths)  # each row's entries end where the others' do
             self.states = [self.cache.states()]  # recurrent: after each draft fed (settle)
             probs, kept = [[] for _ in rows], []
+            # A row's logits processors see its text and its drafts so far, as the target's
+            # verify pass hands them over (a draft of the target's vocabulary)
+            seen = {i: mx.array(row.history, mx.uint32) for i, row in enumerate(rows)
+                    if row.request.logits_processors} \
+                if logits.shape[-1] == self.target_vocab_size else {}
 
             def draw(logits: mx.array, i: int) -> mx.array:
+                if seen:
+                    logits = processed_rows(rows, logits, seen)
                 if self.keep_logits:  # (a token tree's siblings: batch/trees.py)
                     kept.append(logits)
                 y = draw_rows(rows, logits, probs, [i < n for n in drawn])  # (B,)
+                for j in seen:
+                    seen[j] = mx.concatenate([seen[j], y[j:j + 1]])
                 mx.async_eval(y)
                 return y
 
@@ -111,6 +120,17 @@ class BatchDraft:
         self.states = []
         for row, n, tokens in zip(rows, keep, emitted):
             row.draft_pending = tokens[n:]
+
+
+def processed_rows(rows: Sequence[Row], logits: mx.array, seen: dict) -> mx.array:
+    """Draft logits (B, V) with row j's processors applied where `seen` has its tokens so far."""
+    out = []
+    for j, row in enumerate(rows):
+        row_logits = logits[j:j + 1]
+        for processor in row.request.logits_processors if j in seen else ():
+            row_logits = processor(seen[j], row_logits)
+        out.append(row_logits)
+    return mx.concatenate(out)
 
 
 def draw_rows(rows: Sequence[Row], logits: mx.array, probs: list, sampled) -> mx.array:
