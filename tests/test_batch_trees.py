@@ -122,6 +122,32 @@ def test_sampled_tree_rows_keep_the_target_s_distribution_after_rejections(resid
     check_rows_after_a_rejection(target, draft, True, exact, min_rewound=300, tree=(2, 3))
 
 
+@pytest.fixture(scope="module")
+def small_mtp(tmp_path_factory):
+    """A tiny deepseek_v3 target over 8 tokens and a random MTP head for it."""
+    from test_mtp import make_target, mtp_params, write_original
+
+    target = make_target("deepseek_v3", vocab_size=8)
+    return target, write_original(tmp_path_factory.mktemp("mtp-trees") / "d", target,
+                                  mtp_params(target, seed=5))
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)])
+def test_sampled_mtp_tree_rows_keep_the_target_s_distribution(residual, exact, small_mtp,
+                                                             monkeypatch):
+    """The target's MTP head drafting 2x3 trees for a refilled batch's rows (its siblings from
+    the head's own per-step q, its pairs along each accepted path): tokens 3 and 4 at T = 1,
+    mostly after a rewind. 600 rows: the exact rule p = 0.05, the naive one p = 1e-7."""
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
+
+    if not residual:
+        monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
+    target, weights = small_mtp
+    check_rows_after_a_rejection(target, "mtp", True, exact, min_rewound=100, tree=(2, 3),
+                                 mtp_weights=str(weights))
+
+
 def test_a_tree_shape_is_checked_and_recurrent_targets_keep_chains(pair):
     target, draft = pair
     for bad in [(0, 2), (2, 0), "2x2", (2,)]:

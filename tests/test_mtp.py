@@ -341,12 +341,15 @@ def test_drafts_equal_a_slow_reference(name, prompt, lookup, pairs, monkeypatch)
         assert drafts == reference_drafts
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "deepseek_v3"])
-def test_one_row_and_a_batch_of_one_draft_alike(name, pairs, monkeypatch):
+@pytest.mark.parametrize("name,tree", [("qwen3_5", None), ("deepseek_v3", None),
+                                       ("deepseek_v3", (3, 2))])
+def test_one_row_and_a_batch_of_one_draft_alike(name, tree, pairs, monkeypatch):
     """The head's chain is one implementation (head_chain.feed and chain) for a request alone
     and for a batch's rows: the same request, alone and as the batch's one row at the same k,
     drafts the same tokens round after round (the prompt's pairs, each round's kept pairs,
-    the chained steps and their rewind after rejections), and gives the same text."""
+    the chained steps and their rewind after rejections), and gives the same text. With token
+    trees (depth 3, width 2) both draft the same spines: after a round whose accepted path
+    left the spine, the head's pairs are the target's states along that path."""
     from mlx_spec.batch import BatchEngine, RowRequest
     from mlx_spec.batch.mtp import BatchMTP
 
@@ -360,7 +363,11 @@ def test_one_row_and_a_batch_of_one_draft_alike(name, pairs, monkeypatch):
             alone.append(proposal.tokens.tolist())
         return proposal
 
+    pending = []  # the row's text and the pairs' states waiting for each proposal
+
     def batch_spy(self, rows, k, drawn):
+        waiting = [h for _, h in rows[0].mtp_pending]
+        pending.append((list(rows[0].history), mx.concatenate(waiting) if waiting else None))
         tokens, q = batch_propose(self, rows, k, drawn)
         in_batch.append(tokens[0, :drawn[0]].tolist())
         return tokens, q
@@ -368,16 +375,26 @@ def test_one_row_and_a_batch_of_one_draft_alike(name, pairs, monkeypatch):
     monkeypatch.setattr(MTPDrafter, "propose", spy)
     monkeypatch.setattr(BatchMTP, "propose", batch_spy)
     tokens, drafted, accepted = run(target, PROMPT, n=30, num_draft_tokens=3,
-                                    mtp_weights=str(original), prompt_lookup=False)
-    engine = BatchEngine(target, "mtp", num_draft_tokens=3, mtp_weights=str(original))
+                                    mtp_weights=str(original), prompt_lookup=False, tree=tree)
+    engine = BatchEngine(target, "mtp", num_draft_tokens=3, mtp_weights=str(original),
+                         tree=tree)
     engine.insert(RowRequest(PROMPT, 30, prompt_lookup=False))
-    same = []
+    same, off_spine = [], 0
     while engine.busy:
         for out in engine.step():
             same += out.tokens
+            off_spine += out.spine_kept is not None and out.num_accepted > out.spine_kept
     assert same == tokens
     assert in_batch == alone
     assert len(alone) > 5 and 0 < accepted < drafted  # rounds with rejections and with matches
+    assert tree is None or off_spine > 0  # a sibling was kept: the path left the spine
+    trunk = split_target(target)[0]
+    for history, states in pending:  # each waiting pair: the target's state before its token
+        if states is not None:
+            whole = trunk(mx.array(history, mx.uint32)[None])[0]  # (len(history), H)
+            m = states.shape[0]
+            assert mx.allclose(states, whole[len(history) - m - 1:len(history) - 1],
+                               atol=1e-4).item()
 
 
 @pytest.mark.parametrize("accept,exact", [(None, True), (resample_from_target_accept, False)])

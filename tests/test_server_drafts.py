@@ -106,19 +106,23 @@ def test_the_batched_worker_serves_an_eagle3_head(models):
     assert sum(a["speculation"]["drafted"] for a in answers) > 0
 
 
-def test_the_batched_worker_serves_a_draft_model_s_trees_and_others_one_at_a_time(models):
+@pytest.mark.parametrize("kind", ["tree", "eagle3"])
+def test_the_batched_worker_serves_trees_and_others_one_at_a_time(models, kind):
+    """Trees batch from a draft model of the target's tokenizer and from a head (an EAGLE-3
+    head here; the MTP head in tests/test_mtp.py): each row its own tree. A draft of another
+    tokenizer's, or lookup's, are served one request at a time."""
     target, tokenizer, drafts = models
     foreign, _ = drafts["cross"]
-    head, _ = drafts["eagle3"]
-    draft, tree_options = drafts["tree"]
+    draft, tree_options = drafts["tree"] if kind == "tree" else (drafts["eagle3"][0],
+                                                                 drafts["tree"][1])
     assert can_batch(target, foreign, tokenizer)  # a draft of another tokenizer batches
     assert can_batch(target, draft, tokenizer, tree=(3, 2))  # each row its own tree
     assert can_batch(target, draft, tokenizer) and can_batch(target, draft, tokenizer, None)
-    for other in (head, foreign, None):  # their trees: one request at a time
+    for other in (foreign, None):  # their trees: one request at a time
         assert not can_batch(target, other, tokenizer, tree=(3, 2))
     with pytest.raises(ValueError, match="Batched serving drafts token trees from a draft "
-                                         "model of the target's tokenizer only"):
-        batched_worker(target, tokenizer, head, tree_options)
+                                         "model of the target's tokenizer, the target's MTP"):
+        batched_worker(target, tokenizer, foreign, tree_options)
     prompts = ["def fibonacci(n):", "return", "    if n < 2:\n"]
     expected = [generate(target, tokenizer, p, max_tokens=MAX_TOKENS) for p in prompts]
     worker = batched_worker(target, tokenizer, draft, tree_options)

@@ -62,7 +62,7 @@ from .kv import BatchCache, arrays, batchable, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
-from .trees import draft_trees, keep_paths, verify_trees
+from .trees import draft_trees, keep_paths, path_states, verify_trees
 from .verify import ACCEPT, emitted_tokens, spine_kept, verify, verify_input
 
 
@@ -159,12 +159,14 @@ class BatchEngine:
         self.look_split = _split(target_model) if self.draft is not None else None
         self.head = self.pairs or self.dflash  # a drafter with one-row caches beside the target's
         self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
-        # Token trees of this (depth, width) from the draft model (batch/trees.py), where the
-        # target's cache can verify them (no recurrent state); otherwise every row drafts chains.
-        self.tree = tuple(tree) if tree and self.draft is not None and not any(
+        # Token trees of this (depth, width) from the draft model, the MTP or the EAGLE-3 head
+        # (batch/trees.py), where the target's cache can verify them (no recurrent state);
+        # otherwise every row drafts chains.
+        tree_drafter = self.draft if self.draft is not None else self.pairs
+        self.tree = tuple(tree) if tree and tree_drafter is not None and not any(
             isinstance(layer, ArraysCache) for layer in make_prompt_cache(target_model)) else None
         if self.tree is not None:
-            self.draft.keep_logits = self.tree[1] > 1
+            tree_drafter.keep_logits = self.tree[1] > 1
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
         # source, with its automatic off switch) chooses, as `generate` does.
@@ -444,6 +446,8 @@ class BatchEngine:
         # What a head reads of this round's target pass (a queued step's own: the next step's
         # pass has replaced the cache's)
         hidden = step.hidden if step is not None else self.target.hidden
+        if verdicts[0].nodes is not None and self.pairs is not None:  # a tree's: along each path
+            hidden = path_states(hidden, [v.nodes for v in verdicts])
         emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
         kept = [len(tokens) for tokens, _ in emitted]
         if verdicts[0].nodes is not None:  # each row's accepted path, gathered
@@ -519,7 +523,7 @@ class BatchEngine:
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
         if self.tree is not None and self.tree[1] > 1:
             for i, tree in enumerate(draft_trees(rows, wants, tokens, probs, model.kept_logits,
-                                                 self.tree[1])):
+                                                 self.tree[1], model.source)):
                 proposals[i] = tree or proposals[i]
             return proposals, True
         for i, n in enumerate(wants):

@@ -34,6 +34,8 @@ class BatchMTP:
         self.source = source
         self.cache = BatchCache(None)
         self.chained = 0  # entries the last proposal's chained steps added (every row)
+        self.keep_logits = False  # True: each proposal's per-step logits in kept_logits
+        self.kept_logits: Optional[mx.array] = None  # (B, k, V) of the last proposal, lazy
 
     def new_row_cache(self) -> list:
         return self.head.make_cache()
@@ -71,15 +73,18 @@ class BatchMTP:
             g = mx.take_along_axis(g, last, axis=1)[:, 0]  # (B, H)
             for row in rows:
                 row.mtp_pending = []
-            probs = [[] for _ in rows]
+            probs, kept = [[] for _ in rows], []
 
             def draw(logits: mx.array, i: int) -> mx.array:
+                if self.keep_logits:  # (a token tree's siblings: batch/trees.py)
+                    kept.append(logits)
                 y = draw_rows(rows, logits, probs, [i < n for n in drawn])
                 mx.async_eval(y)
                 return y
 
             tokens = chain(self.head, g, layer, k, draw)
         self.chained = k - 1
+        self.kept_logits = mx.stack(kept, axis=1) if kept else None
         return mx.stack(tokens, axis=1), [mx.stack(p) if p else None for p in probs]
 
     def settle(self, rows: Sequence[Row], ran: bool, hidden: mx.array,

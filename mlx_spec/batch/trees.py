@@ -48,22 +48,23 @@ from .verify import ACCEPT, Verdict, chain_parts, read_chain, verify_input
 
 def draft_trees(rows: Sequence[Row], wants: Sequence[int], tokens: mx.array,
                 probs: Sequence[Optional[mx.array]], logits: mx.array,
-                width: int) -> List[Optional[Proposal]]:
-    """Each drafting row's proposal from the draft model's: drafts (B, K), q per sampled row
-    (wants[i], V), the per-step logits (B, K, V_d): a tree (drafters/tree.beside_the_spine,
-    the row's own key), or a chain for a row with logits processors (they are applied along a
-    chain's positions); None for a row that drafts nothing."""
+                width: int, source: str = "draft") -> List[Optional[Proposal]]:
+    """Each drafting row's proposal from the model drafter's (`source`: a draft model, or an
+    MTP or EAGLE-3 head): drafts (B, K), q per sampled row (wants[i], V), the per-step logits
+    (B, K, V_d): a tree (drafters/tree.beside_the_spine, the row's own key), or a chain for a
+    row with logits processors (they are applied along a chain's positions); None for a row
+    that drafts nothing."""
     out: List[Optional[Proposal]] = []
     for i, (row, n) in enumerate(zip(rows, wants)):
         q = None if not n or probs[i] is None else probs[i][:n]  # (n, V)
         if not n:
             out.append(None)
         elif row.request.logits_processors:
-            out.append(Proposal(tokens[i, :n], q, "draft"))
+            out.append(Proposal(tokens[i, :n], q, source))
         else:
             nodes, node_q = beside_the_spine(tokens[i, :n], logits[i, :n], q, width,
                                              None if q is None else row.next_key())
-            out.append(Proposal(nodes, node_q, "draft", parents=spine_and_siblings(n, width),
+            out.append(Proposal(nodes, node_q, source, parents=spine_and_siblings(n, width),
                                    spine=tuple(1 + j * width for j in range(n))))
     return out
 
@@ -131,6 +132,14 @@ def tree_mask(layer, ancestors: mx.array, steps: mx.array,
     keys = mx.concatenate([context, nodes], axis=1)  # (B, K)
     seen = visible(nodes, keys, window_size) & (keys >= layer.left_padding[:, None])[:, None]
     return seen & mx.concatenate([mx.ones((rows, n, layer._idx), mx.bool_), ancestors], axis=-1)
+
+
+def path_states(hidden: mx.array, kept_rows: Sequence[Sequence[int]]) -> mx.array:
+    """The target's states (B, N, H) of a tree pass at each row's kept nodes (the root, then
+    its accepted path), gathered to the front (B, L, H): what a head's pairs read."""
+    longest = max(len(r) for r in kept_rows)
+    index = mx.array([list(r) + [0] * (longest - len(r)) for r in kept_rows])[..., None]
+    return mx.take_along_axis(hidden, index, axis=1)
 
 
 def keep_paths(target: BatchCache, fed: int, kept_rows: Sequence[Sequence[int]],
