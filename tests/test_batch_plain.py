@@ -135,26 +135,37 @@ def schedule_of(engine, ks, block):
     engine.policy.plain_steps = lambda batch: block
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "deepseek_v3"])
-def test_an_mtp_head_drafts_the_same_after_queued_plain_steps(name, tmp_path, monkeypatch):
-    """The target's MTP head reads each step's hidden states: a queued step keeps its own
-    (the next step's pass replaces the cache's before it is read). Rows that decode plainly
-    in blocks, then draft, propose exactly what they propose with no queue, round after
-    round: a greedy row the same drafts, seeded T = 1 rows the same drafts and the same q
-    (a greedy draft's argmax hides a slightly wrong context; q does not); the greedy row
-    gives the target's greedy text."""
-    from test_mtp import make_target, mtp_params, write_original
+@pytest.mark.parametrize("drafter", ["mtp-qwen3_5", "mtp-deepseek_v3", "dflash"])
+def test_a_head_drafts_the_same_after_queued_plain_steps(drafter, tmp_path, monkeypatch):
+    """An MTP head (its pairs) and a DFlash drafter (its context) read each step's hidden
+    states: a queued step keeps its own (the next step's pass replaces the cache's before it is
+    read). Rows that decode plainly in blocks, then draft, propose exactly what they propose
+    with no queue, round after round: a greedy row the same drafts, T = 1 rows (keyed alike)
+    the same drafts and the same q (a greedy draft's argmax hides a slightly wrong context; q does not).
+    The greedy row ends inside a plain block, a step queued past it, and keeps its cache: a
+    second turn on it (a DFlash drafter's context rides with it) drafts the same as well."""
+    if drafter == "dflash":
+        from dflash_tiny import make_dflash
+        from tiny import make_llama
 
-    target = make_target(name)
-    weights = write_original(tmp_path / "mtp", target, mtp_params(target))
+        target = make_llama(layers=4, seed=2)
+        model, options = make_dflash(tmp_path / "dflash", 48, [0, 2], block_size=6, seed=5), {}
+    else:
+        from test_mtp import make_target, mtp_params, write_original
+
+        target = make_target(drafter.split("-")[1])
+        model = "mtp"
+        options = dict(mtp_weights=str(write_original(tmp_path / "mtp", target,
+                                                      mtp_params(target))))
     prompts = ragged_prompts(3)
     ks = [0] * 8 + [2] * 3 + [0] * 4 + [3]
+    first = 6  # the greedy row's tokens: it ends in the second plain block
 
     def drafts_and_text(queue):
-        engine = BatchEngine(target, "mtp", mtp_weights=str(weights))
+        engine = BatchEngine(target, model, **options)
         schedule_of(engine, ks, block=4)
         seen = queued_steps(engine, monkeypatch)
-        proposed, propose = [], engine._propose
+        proposed, propose, kept, step = [], engine._propose, {}, engine.step
 
         def spy(lengths, alone=False):
             proposals, ran = propose(lengths, alone)
@@ -163,19 +174,34 @@ def test_an_mtp_head_drafts_the_same_after_queued_plain_steps(name, tmp_path, mo
                                  for p in proposals])
             return proposals, ran
 
-        engine._propose = spy
+        def keeping():
+            out = step()
+            kept.update({o.uid: o.cache for o in out if o.cache is not None})
+            return out
+
+        engine._propose, engine.step = spy, keeping
         if not queue:
             engine._begin_block = lambda *args: None
-        requests = [RowRequest(prompts[0], TOKENS, prompt_lookup=False)] + [
-            RowRequest(p, TOKENS, SamplingConfig(temp=1.0), seed=i, prompt_lookup=False)
-            for i, p in enumerate(prompts[1:])]
+        requests = [RowRequest(prompts[0], first, prompt_lookup=False, keep_cache=True)] + [
+            RowRequest(p, TOKENS, SamplingConfig(temp=1.0), prompt_lookup=False)
+            for p in prompts[1:]]
+        mx.random.seed(7)  # the sampled rows' keys (unseeded: a seed would pin their k)
         text = run(engine, requests)
-        return proposed, text, sum(seen)
+        second = prompts[0] + text[0] + [5, 9]  # two rows (the schedule's, not one alone's):
+        uids = [engine.insert(RowRequest(second, 8, prompt_lookup=False)),  # fresh
+                engine.insert(RowRequest(second, 8, prompt_lookup=False), kept[min(kept)],
+                              cached=len(prompts[0]) + first)]  # on the kept cache
+        turn = {uid: [] for uid in uids}
+        while engine.busy:
+            for o in engine.step():
+                turn[o.uid] += o.tokens
+        return proposed, text + [turn[uid] for uid in uids], sum(seen), second
 
-    queued, text, steps = drafts_and_text(True)
-    alone, text_alone, no_steps = drafts_and_text(False)
+    queued, text, steps, second = drafts_and_text(True)
+    alone, text_alone, no_steps, _ = drafts_and_text(False)
     assert steps > 3 and no_steps == 0
-    assert text[0] == plain_greedy(target, prompts[0], TOKENS)
+    assert text[0] == plain_greedy(target, prompts[0], first)
+    assert text[3] == text[4] == plain_greedy(target, second, 8)  # fresh, and from the cache
     assert text == text_alone
     assert len(queued) == len(alone) > 3  # the head drafted after plain blocks
     for ours, theirs in zip(queued, alone):

@@ -445,7 +445,7 @@ class BatchEngine:
             verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
         # What a head reads of this round's target pass (a queued step's own: the next step's
         # pass has replaced the cache's)
-        hidden = step.hidden if step is not None else self.target.hidden
+        hidden = step.states(rows) if step is not None else self.target.hidden  # (B, T, .)
         if verdicts[0].nodes is not None and self.pairs is not None:  # a tree's: along each path
             hidden = path_states(hidden, [v.nodes for v in verdicts])
         emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
@@ -472,13 +472,9 @@ class BatchEngine:
             self._drop(ended)
         return outputs
 
-    def _begin_block(self, rows: List[Row], lengths: Dict[str, int], alone: bool):
+    def _begin_block(self, rows: List[Row], lengths: Dict[str, int], alone: bool) -> plain.Step:
         """A round where no row proposed: its step dispatched as a plain block's first
-        (batch/plain.py), the block as long as the policy's plain_steps(); None where steps
-        cannot be queued (a DFlash drafter: a kept cache carries its context as of the last
-        step read)."""
-        if self.dflash is not None:
-            return None
+        (batch/plain.py), the block as long as the policy's plain_steps()."""
         self._block_left = (self.single.plain_steps() if alone
                             else self.policy.plain_steps(len(rows))) - 1
         self._asked = frozenset(s for s, n in lengths.items() if n > 0)
@@ -569,12 +565,15 @@ class BatchEngine:
         context = self.dflash.cache.extract(i) if self.dflash is not None else []
         mx.eval(arrays(target + draft + context))
         last = mx.array(row.history[-1:], mx.uint32)[None]
-        if self._queued is not None and any(r.uid == row.uid for r in self._queued.rows):
-            pass  # a queued plain step fed it already: the cache holds the whole history
+        queued = [j for j, r in enumerate(self._queued.rows) if r.uid == row.uid] \
+            if self._queued is not None else []
+        if queued:  # a queued plain step fed it already: the cache holds the whole history
+            taps = self._queued.states([row]) if self.dflash is not None else None
         elif self.dflash is None:
             self.target_model(last, cache=target)
-        else:  # the drafter's context goes with the cache (for the next turn's row)
+        else:
             _, taps = self.dflash.capture(last, target)
+        if self.dflash is not None:  # the drafter's context goes with the cache (the next turn's)
             setattr(target[0], CONTEXT, self.dflash.kept_context(row, context, taps[0]))
         if draft and row.draft_pending:
             self.draft_model(mx.array(row.draft_pending, mx.uint32)[None], cache=draft)

@@ -37,6 +37,14 @@ class Step:
     logits: List[mx.array]
     hidden: Optional[mx.array] = None
 
+    def states(self, rows: Sequence[Row]) -> Optional[mx.array]:
+        """(B, 1, .) the target's hidden states of `rows` (the step's rows still in the batch,
+        in the batch's order now), lazy; None where no head reads them."""
+        if self.hidden is None:
+            return None
+        at = {row.uid: i for i, row in enumerate(self.rows)}
+        return self.hidden[mx.array([at[row.uid] for row in rows])]
+
     def tokens(self, rows: Sequence[Row]) -> mx.array:
         """(B, 1) uint32, lazy: the token of each of `rows` (the step's rows still in the
         batch; the verdict's: greedy [token], sampled [0, token]), the next step's input."""
