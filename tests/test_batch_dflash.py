@@ -90,15 +90,18 @@ def record_proposals(engine):
     return calls
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_each_rows_block_equals_a_from_scratch_forward(target, drafters, layout):
+@pytest.mark.parametrize("layout,tree", [(name, None) for name in LAYOUTS] + [("full", (3, 2))])
+def test_each_rows_block_equals_a_from_scratch_forward(target, drafters, layout, tree):
     """Mixed greedy and sampled rows of ragged lengths, prompts prefilled in chunks of 4,
     with rejections: row by row, every q equals softmax of the dense forward's logits over
     the row's kept context, and every greedy draft is their argmax (a tap, position,
-    padding or mask off by one fails)."""
+    padding or mask off by one fails). With token trees (3x2, siblings from each block
+    position's q) the spine is checked so, the context then the target's taps along each
+    accepted path, through siblings too."""
     drafter = drafters[layout]
     checked = {"greedy": 0, "sampled": 0}
-    for i, history, drafted, q in mixed_rows_proposals(target, drafter):
+    off_spine = []
+    for i, history, drafted, q in mixed_rows_proposals(target, drafter, tree, off_spine):
         logits = from_scratch_block_logits(target, drafter, history, len(drafted))  # (n, V)
         if q is None:
             assert drafted == logits.argmax(-1).tolist()
@@ -109,13 +112,24 @@ def test_each_rows_block_equals_a_from_scratch_forward(target, drafters, layout)
             assert np.allclose(q, expected, atol=2e-4), (layout, i)
             checked["sampled"] += 1
     assert min(checked.values()) >= 10, checked
+    assert tree is None or sum(off_spine) > 0  # a kept sibling: a path off the spine
 
 
-def mixed_rows_proposals(target, drafter):
+def mixed_rows_proposals(target, drafter, tree=None, off_spine=None):
     """Five ragged rows, greedy and sampled (T = 1) in turn, prompts prefilled in chunks of
-    4, 16 tokens each: every row's proposal as (row, its history, its drafts, q or None)."""
-    engine = BatchEngine(target, drafter, num_draft_tokens=3, prefill_step_size=4)
+    4, 16 tokens each: every row's proposal as (row, its history, its drafts, q or None).
+    `off_spine` (a list) gets each round's count of rows whose kept path left the spine."""
+    engine = BatchEngine(target, drafter, num_draft_tokens=3, prefill_step_size=4, tree=tree)
     calls = record_proposals(engine)
+    step = engine.step
+
+    def counting():
+        out = step()
+        if off_spine is not None:
+            off_spine.append(sum(o.spine_kept is not None and o.num_accepted > o.spine_kept
+                                 for o in out))
+        return out
+    engine.step = counting
     run(engine, [RowRequest(p, 16, SamplingConfig(temp=1.0) if i % 2 else SamplingConfig(),
                             seed=i, prompt_lookup=False)
                  for i, p in enumerate(ragged_prompts(5))])
@@ -210,6 +224,23 @@ def test_rows_after_a_rejection_are_distributed_as_the_target(small_target_and_d
                                  min_rewound=SAMPLES // 4)
 
 
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "naive-tree-rule"])
+def test_tree_rows_after_a_rejection_are_distributed_as_the_target(small_target_and_drafter,
+                                                                   residual, exact,
+                                                                   monkeypatch):
+    """2x3 trees from the block (siblings from each position's q), the drafter's context then
+    the target's taps along each accepted path: tokens 3 and 4 at T = 1 of 600 refilled rows
+    (exact p = 0.06; the naive rule, each candidate against an unchanged p, 4e-40)."""
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
+
+    if not residual:
+        monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
+    check_rows_after_a_rejection(*small_target_and_drafter, True, exact,
+                                 min_rewound=SAMPLES // 4, tree=(2, 3))
+
+
 def test_a_dflash2_drafter_is_served_batched(chat_drafter, tmp_path):
     """`mlx-spec serve` batches a DFlash2 drafter too (can_batch is what it decides by): two
     clients at once get the target's own text, both rows drafted by the selector's walk."""
@@ -222,11 +253,14 @@ def test_a_dflash2_drafter_is_served_batched(chat_drafter, tmp_path):
     from workers import batched_worker
     from mlx_spec.server.cache_store import PromptCacheStore
 
-    target, tokenizer, _, _ = chat_drafter
+    target, tokenizer, _, dflash = chat_drafter
     vocab = target.args.vocab_size
     drafter = make_dflash2(tmp_path / "d2", 48, [0, 1], block_size=6, seed=5, is_causal=True,
                            mask_token_id=vocab - 1, vocab_size=vocab)
     assert isinstance(drafter, DFlash2Model) and can_batch(target, drafter)
+    # Trees batch from a DFlash drafter's block; a DFlash2 selector walks chains
+    assert can_batch(target, dflash, tokenizer, tree=(3, 2))
+    assert not can_batch(target, drafter, tokenizer, tree=(3, 2))
     worker = batched_worker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
                          max_concurrency=4)
     server, thread, url = serve_in_background(create_app(worker, "default"))

@@ -49,6 +49,8 @@ class BatchDFlash:
 
     def __init__(self, drafter: DFlashModel, target_model):
         self.drafter = drafter
+        self.keep_logits = False  # True: each proposal's block logits in kept_logits (trees)
+        self.kept_logits: Optional[mx.array] = None  # (B, k, V) of the last proposal, lazy
         self.config = drafter.dflash_config
         self.capture = tap_capture(target_model, self.config.target_layer_ids)
         self.embed = embedding(target_model)
@@ -123,6 +125,7 @@ class BatchDFlash:
             if self.selector is not None:
                 return self._walk(rows, hidden, drawn)
             logits = self.head(hidden)  # (B, k, V)
+            self.kept_logits = logits if self.keep_logits else None  # (a tree's siblings)
             tokens, probs = [], [[] for _ in rows]
             for i in range(k):  # one draw per block row, each independent of the others
                 tokens.append(draw_rows(rows, logits[:, i], probs, [i < n for n in drawn]))

@@ -159,10 +159,11 @@ class BatchEngine:
         self.look_split = _split(target_model) if self.draft is not None else None
         self.head = self.pairs or self.dflash  # a drafter with one-row caches beside the target's
         self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
-        # Token trees of this (depth, width) from the draft model, the MTP or the EAGLE-3 head
-        # (batch/trees.py), where the target's cache can verify them (no recurrent state);
-        # otherwise every row drafts chains.
-        tree_drafter = self.draft if self.draft is not None else self.pairs
+        # Token trees of this (depth, width) from the model drafter (batch/trees.py), where the
+        # target's cache can verify them (no recurrent state); otherwise every row drafts
+        # chains, as with a DFlash2 drafter (its selector walks a chain).
+        tree_drafter = None if self.dflash is not None and self.dflash.selector is not None \
+            else self.model_drafter
         self.tree = tuple(tree) if tree and tree_drafter is not None and not any(
             isinstance(layer, ArraysCache) for layer in make_prompt_cache(target_model)) else None
         if self.tree is not None:
@@ -446,7 +447,7 @@ class BatchEngine:
         # What a head reads of this round's target pass (a queued step's own: the next step's
         # pass has replaced the cache's)
         hidden = step.states(rows) if step is not None else self.target.hidden  # (B, T, .)
-        if verdicts[0].nodes is not None and self.pairs is not None:  # a tree's: along each path
+        if verdicts[0].nodes is not None and self.head is not None:  # a tree's: along each path
             hidden = path_states(hidden, [v.nodes for v in verdicts])
         emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
         kept = [len(tokens) for tokens, _ in emitted]

@@ -40,6 +40,7 @@ from ..acceptance import rule_name
 from ..assemble import draft_bridge, resolve_calibration
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable, is_draft_model
+from ..dflash import is_dflash_model
 from ..eagle3 import is_eagle3_head
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
@@ -401,12 +402,23 @@ def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
 def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
     """ValueError, in one sentence, unless the batch engine serves these."""
     check_batchable(target_model, draft_model, tokenizer)
-    if tree and not (is_mtp(draft_model) or is_eagle3_head(draft_model) or (
-            is_draft_model(draft_model)
-            and draft_bridge(target_model, draft_model, tokenizer) is None)):
+    if tree and not _batches_trees(target_model, draft_model, tokenizer):
         raise ValueError("Batched serving drafts token trees from a draft model of the target's "
-                         "tokenizer, the target's MTP head or an EAGLE-3 head; serve trees from "
-                         "other sources one request at a time (mlx-spec serve --no-batching).")
+                         "tokenizer, the target's MTP head, an EAGLE-3 head or a DFlash drafter; "
+                         "serve trees from other sources one request at a time (mlx-spec serve "
+                         "--no-batching).")
+
+
+def _batches_trees(target_model, draft_model, tokenizer) -> bool:
+    """Whether the batch's rows draft token trees from this drafter (batch/trees.py): a draft
+    model of the target's tokenizer, a head, or a DFlash drafter (a DFlash2 selector walks
+    chains)."""
+    if is_mtp(draft_model) or is_eagle3_head(draft_model):
+        return True
+    if is_dflash_model(draft_model):
+        return draft_model.dflash_config.dflash2 is None
+    return is_draft_model(draft_model) and \
+        draft_bridge(target_model, draft_model, tokenizer) is None
 
 
 def is_mtp(draft_model) -> bool:
