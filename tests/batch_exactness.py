@@ -23,7 +23,7 @@ SAMPLES = 600
 ALPHA = 1e-3
 
 
-def sample_rows(target, draft, accept, samples, width=6, **engine_options):
+def sample_rows(target, draft, accept, samples, width=6, prompt=PROMPT, **engine_options):
     """Counts of (t3, t4) of `samples` rows of PROMPT, generated 4 tokens each in a batch
     kept `width` rows wide, half of them other prompts of other lengths. `engine_options` go
     to BatchEngine (mtp_weights with draft "mtp")."""
@@ -35,7 +35,7 @@ def sample_rows(target, draft, accept, samples, width=6, **engine_options):
     while started < samples or engine.busy:
         while started < samples and len(engine.rows) + len(engine.joining) < width:
             if rng.random() < 0.5:
-                uid = engine.insert(RowRequest(PROMPT, 4, sampling))
+                uid = engine.insert(RowRequest(prompt, 4, sampling))
                 ours.add(uid)
                 started += 1
             else:
@@ -54,13 +54,15 @@ def sample_rows(target, draft, accept, samples, width=6, **engine_options):
     return counts, rewound
 
 
-def check_rows_after_a_rejection(target, draft, residual, exact, min_rewound, **engine_options):
+def check_rows_after_a_rejection(target, draft, residual, exact, min_rewound, prompt=PROMPT,
+                                 **engine_options):
     """The chi-square of SAMPLES rows' tokens 3 and 4 passes exactly when `exact`; more than
     `min_rewound` of the rows rewound a rejected draft before token 3."""
     mx.random.seed(0)
-    counts, rewound = sample_rows(target, draft, keyed_rule(residual), SAMPLES, **engine_options)
+    counts, rewound = sample_rows(target, draft, keyed_rule(residual), SAMPLES, prompt=prompt,
+                                  **engine_options)
     assert sum(counts.values()) == SAMPLES
     assert rewound > min_rewound, rewound
     statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(
-        target, PROMPT, SamplingConfig(temp=1.0)))
+        target, prompt, SamplingConfig(temp=1.0)))
     assert (p_value > ALPHA) == exact, (statistic, dof, p_value)

@@ -30,37 +30,29 @@ def pair():
     return target, perturbed(target, 0.3, 1)  # a poor draft: rejections, so siblings matter
 
 
-def _tree_outputs(engine, requests, monkeypatch=None):
-    """Every row's tokens, and the rounds' (tree nodes, drafted depth, accepted) per output;
-    with `monkeypatch`, also how many rows' accepted paths went through a sibling."""
-    siblings = []
-    if monkeypatch is not None:
-        import mlx_spec.batch.engine as engine_module
-
-        keep = engine_module.keep_paths
-        width = engine.tree[1]
-
-        def recorded(target, fed, kept_rows, kept):
-            siblings.extend(any((node - 1) % width for node in rows[1:]) for rows in kept_rows)
-            keep(target, fed, kept_rows, kept)
-        monkeypatch.setattr(engine_module, "keep_paths", recorded)
+def _tree_outputs(engine, requests):
+    """Every row's tokens, the draft model's rounds' (tree nodes, drafted depth, accepted)
+    per output, and how many of its trees' accepted paths went through a sibling (left the
+    spine: a gathered cache)."""
     uids = [engine.insert(r) for r in requests]
-    out, rounds = {u: [] for u in uids}, []
+    out, rounds, siblings = {u: [] for u in uids}, [], 0
     while engine.busy:
         for o in engine.step():
             out[o.uid] += o.tokens
-            rounds.append((o.tree_nodes, o.num_drafted, o.num_accepted))
-    return [out[u] for u in uids], rounds, sum(siblings)
+            if o.source == "draft":  # (prompt lookup's rows propose tries of other shapes)
+                rounds.append((o.tree_nodes, o.num_drafted, o.num_accepted))
+                siblings += o.spine_kept is not None and o.num_accepted > o.spine_kept
+    return [out[u] for u in uids], rounds, siblings
 
 
 @pytest.mark.parametrize("shape,k", [((3, 2), 3), ((4, 3), 4), ((2, 2), None)])
-def test_greedy_tree_rows_keep_the_target_s_text(pair, shape, k, monkeypatch):
+def test_greedy_tree_rows_keep_the_target_s_text(pair, shape, k):
     target, draft = pair
     prompts = ragged_prompts(5, seed=3)
     engine = BatchEngine(target, draft, num_draft_tokens=k, tree=shape)
     requests = [RowRequest(p, MAX_TOKENS, prompt_lookup=i % 2 == 0)
                 for i, p in enumerate(prompts)]
-    got, rounds, through_siblings = _tree_outputs(engine, requests, monkeypatch)
+    got, rounds, through_siblings = _tree_outputs(engine, requests)
     for prompt, tokens in zip(prompts, got):
         assert tokens == plain_greedy(target, prompt, MAX_TOKENS)
     trees = [r for r in rounds if r[0]]
@@ -146,6 +138,50 @@ def test_sampled_mtp_tree_rows_keep_the_target_s_distribution(residual, exact, s
     target, weights = small_mtp
     check_rows_after_a_rejection(target, "mtp", True, exact, min_rewound=100, tree=(2, 3),
                                  mtp_weights=str(weights))
+
+
+def test_lookup_and_suffix_rows_propose_tries_and_keep_their_greedy_text():
+    """With no model drafter, a row's prompt lookup (and suffix drafting) under tree=(4, 3)
+    proposes the trie of the earlier text's continuations of its last n-gram, verified in the
+    round's one pass: every row equals its own greedy decoding, through kept siblings too."""
+    import random
+
+    from mlx_spec.drafters.suffix_index import SuffixIndex
+
+    rng = random.Random(0)
+    target = make_llama(vocab_size=64, seed=0)
+    prompts = [[rng.randrange(8) for _ in range(n)] * 3 for n in [5, 3, 7, 4]]
+    engine = BatchEngine(target, None, num_draft_tokens=4, tree=(4, 3))
+    index = SuffixIndex()
+    requests = [RowRequest(p, 30, suffix=index if i == 3 else None)
+                for i, p in enumerate(prompts)]
+    uids = [engine.insert(r) for r in requests]
+    out, trees, off_spine = {u: [] for u in uids}, 0, 0
+    while engine.busy:
+        for o in engine.step():
+            out[o.uid] += o.tokens
+            trees += o.tree_nodes > 0
+            off_spine += o.spine_kept is not None and o.num_accepted > o.spine_kept
+    for uid, prompt in zip(uids, prompts):
+        assert out[uid] == plain_greedy(target, prompt, 30)
+    assert trees > 10 and off_spine > 0
+
+
+# "3 1" is followed by 4, 5 and 6 before the prompt's end: lookup's first proposal is a tree
+QUOTING = [3, 1, 4, 3, 1, 5, 3, 1, 6, 2, 3, 1]
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)])
+def test_sampled_lookup_tree_rows_keep_the_target_s_distribution(residual, exact, monkeypatch):
+    """Point-mass tries from prompt lookup for a refilled batch's rows (no draft model):
+    tokens 3 and 4 at T = 1 (600 rows: exact p = 0.91; the naive rule 3e-5)."""
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
+
+    if not residual:
+        monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
+    check_rows_after_a_rejection(make_llama(vocab_size=8, seed=0), None, True, exact,
+                                 min_rewound=300, prompt=QUOTING, tree=(2, 3))
 
 
 def test_a_tree_shape_is_checked_and_recurrent_targets_keep_chains(pair):

@@ -108,9 +108,9 @@ def test_the_batched_worker_serves_an_eagle3_head(models):
 
 @pytest.mark.parametrize("kind", ["tree", "eagle3"])
 def test_the_batched_worker_serves_trees_and_others_one_at_a_time(models, kind):
-    """Trees batch from a draft model of the target's tokenizer and from a head (an EAGLE-3
-    head here; the MTP head in tests/test_mtp.py): each row its own tree. A draft of another
-    tokenizer's, or lookup's, are served one request at a time."""
+    """Trees batch from a draft model of the target's tokenizer, a head (an EAGLE-3 head here;
+    the MTP head in tests/test_mtp.py) and prompt lookup: each row its own tree. A draft of
+    another tokenizer's are served one request at a time."""
     target, tokenizer, drafts = models
     foreign, _ = drafts["cross"]
     draft, tree_options = drafts["tree"] if kind == "tree" else (drafts["eagle3"][0],
@@ -118,10 +118,10 @@ def test_the_batched_worker_serves_trees_and_others_one_at_a_time(models, kind):
     assert can_batch(target, foreign, tokenizer)  # a draft of another tokenizer batches
     assert can_batch(target, draft, tokenizer, tree=(3, 2))  # each row its own tree
     assert can_batch(target, draft, tokenizer) and can_batch(target, draft, tokenizer, None)
-    for other in (foreign, None):  # their trees: one request at a time
-        assert not can_batch(target, other, tokenizer, tree=(3, 2))
-    with pytest.raises(ValueError, match="Batched serving drafts token trees from a draft "
-                                         "model of the target's tokenizer, the target's MTP"):
+    assert can_batch(target, None, tokenizer, tree=(3, 2))  # prompt lookup's tries
+    assert not can_batch(target, foreign, tokenizer, tree=(3, 2))  # one request at a time
+    with pytest.raises(ValueError, match="Batched serving drafts token trees from prompt "
+                                         "lookup, suffix drafting, a draft model"):
         batched_worker(target, tokenizer, foreign, tree_options)
     prompts = ["def fibonacci(n):", "return", "    if n < 2:\n"]
     expected = [generate(target, tokenizer, p, max_tokens=MAX_TOKENS) for p in prompts]
@@ -139,15 +139,16 @@ def test_the_batched_worker_serves_trees_and_others_one_at_a_time(models, kind):
 
 
 def test_the_serve_command_takes_a_head_and_a_tree(model_dirs, models, tmp_path):
-    """`mlx-spec serve --draft-model HEAD` batches; `--tree 3x2` serves one at a time."""
+    """`mlx-spec serve --draft-model HEAD --tree 3x2` batches (each row its tree); with
+    `--no-batching` one request at a time."""
     from serve_process import serving, stop
 
     target, tokenizer, _ = models
     head_dir = write_head(tmp_path / "head", SPECFORGE, target,
                           head_tensors(target, 200, seed=6), [0, 1, 1])
     expected = generate(target, tokenizer, "def f(x):", max_tokens=MAX_TOKENS)
-    for flags, how in ((["--draft-model", head_dir], "batched"),
-                       (["--tree", "3x2"], "one request at a time")):
+    for flags, how in ((["--draft-model", head_dir, "--tree", "3x2"], "batched"),
+                       (["--tree", "3x2", "--no-batching"], "one request at a time")):
         with serving("--model", model_dirs["chat"], *flags) as (proc, line, url):
             assert how in line, line
             body = {"model": "default", "prompt": "def f(x):", "max_tokens": MAX_TOKENS,

@@ -164,9 +164,11 @@ class BatchEngine:
         # chains, as with a DFlash2 drafter (its selector walks a chain).
         tree_drafter = None if self.dflash is not None and self.dflash.selector is not None \
             else self.model_drafter
-        self.tree = tuple(tree) if tree and tree_drafter is not None and not any(
+        # (a row's prompt lookup and suffix drafting too: their trees are tries of earlier text)
+        self.tree = tuple(tree) if tree and self.cross is None and not any(
             isinstance(layer, ArraysCache) for layer in make_prompt_cache(target_model)) else None
-        if self.tree is not None:
+        self.model_tree = self.tree if tree_drafter is not None else None
+        if self.model_tree is not None:
             tree_drafter.keep_logits = self.tree[1] > 1
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
@@ -218,7 +220,7 @@ class BatchEngine:
         if not 0 <= cached < len(request.prompt):
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
-                       self.model_drafter is not None or self.cross is not None)
+                       self.model_drafter is not None or self.cross is not None, self.tree)
         prior = self._cost_prior(request.sampling)
         drafter = self.model_drafter.source if self.model_drafter is not None else (
             "draft" if self.cross is not None else None)  # (a draft of another tokenizer)
@@ -513,12 +515,12 @@ class BatchEngine:
                  for row, p in zip(rows, proposals)]
         if model is self.dflash:  # never past its block (a row's pinned k may ask more)
             wants = [min(n, model.max_draft_tokens) for n in wants]
-        if self.tree is not None:
+        if self.model_tree is not None:
             wants = [min(n, self.tree[0]) for n in wants]
         if max(wants) == 0:
             return proposals, False
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
-        if self.tree is not None and self.tree[1] > 1:
+        if self.model_tree is not None and self.tree[1] > 1:
             for i, tree in enumerate(draft_trees(rows, wants, tokens, probs, model.kept_logits,
                                                  self.tree[1], model.source)):
                 proposals[i] = tree or proposals[i]
@@ -534,8 +536,9 @@ class BatchEngine:
               opens_block: bool = False) -> RowOutput:
         """Hand the row its tokens: its history, its budget, its host search's record."""
         accepted = min(verdict.accepted, len(tokens))
-        if proposal is not None and proposal.drafter is not None:
-            proposal.drafter.commit(accepted)
+        if proposal is not None and proposal.drafter is not None:  # (a tree's: its path)
+            proposal.drafter.commit(accepted if proposal.parents is None
+                                    else verdict.nodes[1:accepted + 1])
         row.history.extend(tokens)
         row.emitted += len(tokens)
         logprobs = model_logprobs(verdict.logits[:len(tokens)]) if row.request.logprobs else None

@@ -10,7 +10,7 @@ is in the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Collection, List, Optional, Sequence
+from typing import Collection, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -18,6 +18,7 @@ from ..defaults import DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
 from ..drafters.prompt_lookup import (PAIRED_MIN_NGRAM, PromptLookupDrafter,
                                       behind_by_default, on_by_default)
 from ..drafters.suffix import SuffixDrafter, suffix_min_match
+from ..drafters.tree import TreeDrafter
 from ..sampling import SamplingConfig
 
 
@@ -101,7 +102,10 @@ class Row:
 
 
 def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collection[int],
-             has_draft_model: bool) -> Row:
+             has_draft_model: bool, tree: Optional[Tuple[int, int]] = None) -> Row:
+    """A row for `request`; with `tree` (depth, width) its prompt lookup and suffix drafting
+    propose tries of the earlier text's continuations (drafters/tree.TreeDrafter), unless its
+    logits processors ask for chains (they are applied along a chain's positions)."""
     sampling = request.sampling
     seeded = request.seed is not None
     use_lookup = request.prompt_lookup if request.prompt_lookup is not None else \
@@ -120,6 +124,8 @@ def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collec
                                                  max_ngram=request.prompt_lookup_max_ngram,
                                                  min_ngram=min(min_ngram,
                                                                request.prompt_lookup_max_ngram)))
+    if tree is not None and not request.logits_processors:
+        searchers = [TreeDrafter(searcher, *tree) for searcher in searchers]
     fallbacks = []
     if request.prompt_lookup is None and request.num_draft_tokens is None and \
             behind_by_default(has_draft_model, sampling.greedy, seeded):  # as assemble.py's

@@ -403,17 +403,18 @@ def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
     """ValueError, in one sentence, unless the batch engine serves these."""
     check_batchable(target_model, draft_model, tokenizer)
     if tree and not _batches_trees(target_model, draft_model, tokenizer):
-        raise ValueError("Batched serving drafts token trees from a draft model of the target's "
-                         "tokenizer, the target's MTP head, an EAGLE-3 head or a DFlash drafter; "
-                         "serve trees from other sources one request at a time (mlx-spec serve "
-                         "--no-batching).")
+        raise ValueError("Batched serving drafts token trees from prompt lookup, suffix "
+                         "drafting, a draft model of the target's tokenizer, the target's MTP "
+                         "head, an EAGLE-3 head or a DFlash drafter; serve trees from a DFlash2 "
+                         "drafter or a draft of another tokenizer one request at a time "
+                         "(mlx-spec serve --no-batching).")
 
 
 def _batches_trees(target_model, draft_model, tokenizer) -> bool:
-    """Whether the batch's rows draft token trees from this drafter (batch/trees.py): a draft
-    model of the target's tokenizer, a head, or a DFlash drafter (a DFlash2 selector walks
-    chains)."""
-    if is_mtp(draft_model) or is_eagle3_head(draft_model):
+    """Whether the batch's rows draft token trees with this drafter (batch/trees.py): none
+    (prompt lookup's and suffix drafting's tries), a draft model of the target's tokenizer, a
+    head, or a DFlash drafter (a DFlash2 selector walks chains)."""
+    if draft_model is None or is_mtp(draft_model) or is_eagle3_head(draft_model):
         return True
     if is_dflash_model(draft_model):
         return draft_model.dflash_config.dflash2 is None
