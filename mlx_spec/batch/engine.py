@@ -569,8 +569,7 @@ class BatchEngine:
         context = self.dflash.cache.extract(i) if self.dflash is not None else []
         mx.eval(arrays(target + draft + context))
         last = mx.array(row.history[-1:], mx.uint32)[None]
-        queued = [j for j, r in enumerate(self._queued.rows) if r.uid == row.uid] \
-            if self._queued is not None else []
+        queued = self._queued is not None and any(r.uid == row.uid for r in self._queued.rows)
         if queued:  # a queued plain step fed it already: the cache holds the whole history
             taps = self._queued.states([row]) if self.dflash is not None else None
         elif self.dflash is None:
