@@ -71,6 +71,7 @@ class BatchDraft:
                     hidden = self.trunk(x, cache=layers)  # (B, P, H)
                     logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
             self.cache.keep(width, lengths)  # each row's entries end where the others' do
+            recurrent = bool(self.cache.recurrent)
             self.states = [self.cache.states()]  # recurrent: after each draft fed (settle)
             probs, kept = [[] for _ in rows], []
             # A row's logits processors see its text and its drafts so far, as the target's
@@ -92,7 +93,7 @@ class BatchDraft:
 
             def feed(y: mx.array) -> mx.array:
                 logits = self.model(y[:, None], cache=layers)[:, -1]
-                if self.cache.recurrent:
+                if recurrent:
                     self.states.append(self.cache.states())
                 return logits
 

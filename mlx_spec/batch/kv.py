@@ -138,6 +138,10 @@ class BatchCache:
         taken after successive one-position forwards: a draft's chain). Exact, with no replay."""
         if all(n == len(states) - 1 for n in kept):
             return  # every row keeps the last: the state as it stands
+        if len(set(kept)) == 1:  # every row keeps as many (a row alone): that state, no gather
+            for layer, state in zip(self.recurrent, states[kept[0]]):
+                layer.cache = list(state)
+            return
         index, rows = mx.array(list(kept)), mx.arange(len(kept))
         for j, layer in enumerate(self.recurrent):
             layer.cache = [None if states[-1][j][c] is None else

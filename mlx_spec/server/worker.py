@@ -41,7 +41,6 @@ from ..assemble import draft_bridge, resolve_calibration
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable, is_draft_model
 from ..dflash import is_dflash_model
-from ..eagle3 import is_eagle3_head
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
 from ..stats import GenerationStats, StatsRecorder
@@ -411,14 +410,13 @@ def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
 
 
 def _batches_trees(target_model, draft_model, tokenizer) -> bool:
-    """Whether the batch's rows draft token trees with this drafter (batch/trees.py): none
-    (prompt lookup's and suffix drafting's tries), a draft model of the target's tokenizer, a
-    head, or a DFlash drafter (a DFlash2 selector walks chains)."""
-    if draft_model is None or is_mtp(draft_model) or is_eagle3_head(draft_model):
-        return True
+    """Whether the batch's rows draft token trees with this drafter (batch/trees.py): every
+    one the batch takes (none: prompt lookup's and suffix drafting's tries) but a DFlash2
+    drafter (its selector walks a chain) and a draft of another tokenizer (its rows keep
+    chains)."""
     if is_dflash_model(draft_model):
         return draft_model.dflash_config.dflash2 is None
-    return is_draft_model(draft_model) and \
+    return not is_draft_model(draft_model) or \
         draft_bridge(target_model, draft_model, tokenizer) is None
 
 
