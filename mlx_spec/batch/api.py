@@ -48,7 +48,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
                    verbose: bool = False, tree=None, draft_tokenizer=None,
-                   calibration="auto") -> BatchResponse:
+                   calibration="auto", auto_off: bool = True,
+                   draft_confidence: float = 0.0) -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
     loaded model, a loaded DFlash drafter or EAGLE-3 head, or "mtp": the target's own MTP head, from
     `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
@@ -61,7 +62,10 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     rows with logits processors, and targets with recurrent state keep chains. None or False:
     chains. `calibration`: as speculative_generate_step's ("auto": this machine's `mlx-spec
     tune` file, if any; None: none; or a Calibration): a row decoding alone starts from it
-    as a call does, and a row beside others from its acceptance at the row's temperature."""
+    as a call does, and a row beside others from its acceptance at the row's temperature.
+    `auto_off=False`: the policy never turns the drafts off (plain decoding is not a choice);
+    `draft_confidence`: a row's draft model stops drafting at its first draft drawn with a top
+    probability below it, as speculative_generate_step's."""
     check_arguments(tree=tree)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
@@ -89,7 +93,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                          max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,
                          stop_tokens=tokenizer.eos_token_ids, mtp_weights=mtp_weights,
                          tokenizer=tokenizer, draft_tokenizer=draft_tokenizer, tree=tree,
-                         calibration=calibration)
+                         calibration=calibration, auto_off=auto_off,
+                         draft_confidence=draft_confidence)
     requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup)
                 for i, (p, b) in enumerate(zip(ids, budgets))]
     start = time.perf_counter()

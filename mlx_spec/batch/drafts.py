@@ -15,6 +15,11 @@ differ in number, is taken back past each row's own end as a verify pass is (res
 replayed: `BatchCache.undoable` and `keep`); the chain's one-position passes keep a
 reference to the states after each, and each row takes the one after its kept drafts
 (`BatchCache.pick_states`: a gather, no replay).
+
+A confidence stop (`confidence` > 0, as a call's `draft_confidence`): a row's chain ends at
+the first draft whose top probability under the row's sampling is below it, that draft kept
+(`cut`), as the one-row drafter's; the chain goes on while any row is still sure, and its
+steps read the rows' top probabilities on the host, as the one-row drafter's do.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from .rows import Row
 class BatchDraft:
     source = "draft"
 
-    def __init__(self, draft_model, target_vocab_size: int):
+    def __init__(self, draft_model, target_vocab_size: int, confidence: float = 0.0):
         self.cache = BatchCache(draft_model)
+        self.confidence = confidence
+        self.cut: List[int] = []  # each row's drafts before its confidence stop (the last proposal)
         self.model = draft_model
         self.target_vocab_size = target_vocab_size
         self.fed = 0  # positions the last proposal fed after the pending ones (k - 1)
@@ -54,7 +61,8 @@ class BatchDraft:
 
         Row i draws its first `drawn[i]` drafts with its own sampling and key (the drafts it
         proposes) and takes the argmax for the rest (never proposed), so its random stream
-        does not depend on how many drafts the other rows want."""
+        does not depend on how many drafts the other rows want. With a confidence stop the
+        chain may end early, and row i proposes only its first `cut[i]` drafts."""
         pending = [row.draft_pending for row in rows]
         lengths = [len(p) for p in pending]
         width = max(lengths)
@@ -80,11 +88,15 @@ class BatchDraft:
                     if row.request.logits_processors} \
                 if logits.shape[-1] == self.target_vocab_size else {}
 
+            last = []  # the logits of the last drafts drawn (a confidence stop reads them)
+            self.cut = list(drawn)
+
             def draw(logits: mx.array, i: int) -> mx.array:
                 if seen:
                     logits = processed_rows(rows, logits, seen)
                 if self.keep_logits:  # (a token tree's siblings: batch/trees.py)
                     kept.append(logits)
+                last[:] = [logits]
                 y = draw_rows(rows, logits, probs, [i < n for n in drawn])  # (B,)
                 for j in seen:
                     seen[j] = mx.concatenate([seen[j], y[j:j + 1]])
@@ -97,14 +109,28 @@ class BatchDraft:
                     self.states.append(self.cache.states())
                 return logits
 
-            tokens = draft_chain(logits, k, feed, draw)
-        self.fed = k - 1
+            more = (lambda i: self._still_sure(rows, last[0], i)) if self.confidence else None
+            tokens = draft_chain(logits, k, feed, draw, more)
+        self.fed = len(tokens) - 1
         self.kept_logits = mx.stack(kept, axis=1) if kept else None
         q = [mx.stack(p) if p else None for p in probs]
         pad = self.target_vocab_size - logits.shape[-1]
         if pad > 0:  # a draft vocabulary padded shorter than the target's
             q = [None if p is None else mx.pad(p, [(0, 0), (0, pad)]) for p in q]
         return mx.stack(tokens, axis=1), q
+
+    def _still_sure(self, rows: Sequence[Row], logits: mx.array, i: int) -> bool:
+        """After draft i (0-based): cut each row still drafting whose draft was drawn with a top
+        probability below the confidence (one host sync); whether any row drafts on."""
+        going = [j for j, n in enumerate(self.cut) if n > i]
+        if not going:
+            return False
+        tops = mx.stack([mx.max(logprobs_from_logits(logits[j], rows[j].request.sampling))
+                         for j in going])
+        for j, top in zip(going, mx.exp(tops).tolist()):  # (the one-row drafter's test)
+            if top < self.confidence:
+                self.cut[j] = i + 1
+        return any(self.cut[j] > i + 1 for j in going)
 
     def settle(self, rows: Sequence[Row], ran: bool, kept_drafts: Sequence[int],
                emitted: Sequence[List[int]]) -> None:

@@ -114,8 +114,9 @@ class BatchEngine:
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
-                 draft_tokenizer=None, tree=None, calibration="auto"):
-        check_arguments(tree=tree)
+                 draft_tokenizer=None, tree=None, calibration="auto", auto_off: bool = True,
+                 draft_confidence: float = 0.0):
+        check_arguments(tree=tree, draft_confidence=draft_confidence)
         check_calibration(calibration)
         check_batchable(target_model, draft_model, tokenizer, draft_tokenizer)
         prepare_drafter(draft_model, target_model)  # float32 on the CPU backend (precision.py)
@@ -153,7 +154,8 @@ class BatchEngine:
             self.target.capture = self.dflash.capture  # the verify pass keeps its taps
             draft_model = None
         self.target_model, self.draft_model = target_model, draft_model
-        self.draft = BatchDraft(draft_model, self.vocab_size) if draft_model is not None else None
+        self.draft = BatchDraft(draft_model, self.vocab_size, draft_confidence) \
+            if draft_model is not None else None
         # The target as trunk and output layer, for the prompt look of a sampled row (None: no
         # draft model, or a target without mlx-lm's trunk-and-head layout)
         self.look_split = _split(target_model) if self.draft is not None else None
@@ -170,10 +172,10 @@ class BatchEngine:
         self.model_tree = self.tree if tree_drafter is not None else None
         if self.model_tree is not None:
             tree_drafter.keep_logits = self.tree[1] > 1
-        self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens)
+        self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens, auto_off=auto_off)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
         # source, with its automatic off switch) chooses, as `generate` does.
-        self.single = AdaptivePolicy(max_draft_tokens, block_tokens={
+        self.single = AdaptivePolicy(max_draft_tokens, auto_off=auto_off, block_tokens={
             "dflash": self.dflash.max_draft_tokens} if self.dflash is not None else None)
         self.single_uid = None  # the row the single policy has decoded for
         self.prefill_step_size = prefill_step_size
@@ -520,6 +522,8 @@ class BatchEngine:
         if max(wants) == 0:
             return proposals, False
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
+        if model is self.draft:  # a row's confidence stop may end its chain sooner
+            wants = [min(n, cut) for n, cut in zip(wants, model.cut)]
         if self.model_tree is not None and self.tree[1] > 1:
             for i, tree in enumerate(draft_trees(rows, wants, tokens, probs, model.kept_logits,
                                                  self.tree[1], model.source)):

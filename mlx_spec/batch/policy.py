@@ -17,7 +17,8 @@ For B rows drafting k each (k = 0: plain batched decoding)
   k + 1 until two k are timed). This is what the machine measured: the policy keeps it for
   the engine's life.
 
-Each round runs k* = argmax over 0..max_k. Exploration is explicit and bounded: a batch size
+Each round runs k* = argmax over 0..max_k (1..max_k with `auto_off=False`: the draft is never
+switched off, as a call's `--no-auto-off`). Exploration is explicit and bounded: a batch size
 seen for the first time runs FIRST_K (or the nearest size's k*) for TRIAL_ROUNDS rounds, then
 plain decoding for as many (two points of its line; the two are usually far apart); then
 every `every` rounds it tries k* - 1 or k* + 1 in turn for TRIAL_ROUNDS rounds, unless even
@@ -62,12 +63,14 @@ class BatchPolicy:
     """k* for the rows of each round; the rows' acceptance is theirs (`Row.acceptance`,
     made by `new_estimate`), the round's cost lines the policy's."""
 
-    def __init__(self, max_k: int, fixed: Optional[int] = None, decay: float = DEFAULT_DECAY):
+    def __init__(self, max_k: int, fixed: Optional[int] = None, decay: float = DEFAULT_DECAY,
+                 auto_off: bool = True):
         if fixed is not None and fixed < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {fixed}.")
         if max_k < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_k}.")
         self.max_k, self.fixed, self.decay = max_k, fixed, decay
+        self.min_k = 0 if auto_off else 1  # plain batched decoding is a choice, or never
         self._sizes: Dict[int, _Size] = {}
         # E per row at each k of the last rows chosen for (what another batch size's rows would
         # keep, for `_hopeless`), its ceiling (every draft kept), and their mean acceptance
@@ -94,7 +97,7 @@ class BatchPolicy:
         return None if not seconds else batch * per_row(k) / seconds
 
     def best(self, batch: int) -> int:
-        rates = {k: self.rate(batch, k, self._per_row) for k in range(self.max_k + 1)}
+        rates = {k: self.rate(batch, k, self._per_row) for k in range(self.min_k, self.max_k + 1)}
         known = {k: r for k, r in rates.items() if r is not None}
         return max(known, key=known.get) if known else self._size(batch).chosen
 
@@ -120,7 +123,7 @@ class BatchPolicy:
             size.since = 0
             for step in (size.direction, -size.direction):
                 k = size.chosen + step
-                if 0 <= k <= self.max_k and not self._hopeless(batch, k, size.chosen):
+                if self.min_k <= k <= self.max_k and not self._hopeless(batch, k, size.chosen):
                     size.direction = -step
                     size.trial, size.trial_left = k, TRIAL_ROUNDS
                     return k
@@ -191,12 +194,14 @@ class BatchPolicy:
                     1, self._sizes[near].prior)
                 if zero is not None and one is not None:
                     prior = (zero, one - zero)
-            schedule = [start] * TRIAL_ROUNDS + ([0] * TRIAL_ROUNDS if start else [])
+            start = max(start, self.min_k)
+            plain = [0] * TRIAL_ROUNDS if start and not self.min_k else []
+            schedule = [start] * TRIAL_ROUNDS + plain
             self._sizes[batch] = _Size(SourceEstimate(self.max_k, 0.0, self.decay, False, False),
                                        prior, schedule, chosen=start)
         return self._sizes[batch]
 
     def describe(self) -> dict:
-        return {"policy": "batch", "fixed": self.fixed,
+        return {"policy": "batch", "fixed": self.fixed, "auto_off": not self.min_k,
                 "acceptance": None if self.acceptance is None else round(self.acceptance, 3),
                 "chosen": {b: size.chosen for b, size in self._sizes.items()}}

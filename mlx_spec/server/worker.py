@@ -182,7 +182,9 @@ class GenerationWorker:
                            max_draft_tokens=self.options.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
                            mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer,
-                           tree=self.options.tree, calibration=self.calibration)
+                           tree=self.options.tree, calibration=self.calibration,
+                           auto_off=self.options.auto_off,
+                           draft_confidence=self.options.draft_confidence)
 
     def start(self) -> None:
         self._thread.start()

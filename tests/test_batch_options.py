@@ -1,0 +1,106 @@
+"""The speculation options a call takes, in the batch: `draft_confidence` and `auto_off`.
+
+- A confidence stop: one row alone drafts, round for round, as many drafts as the call's
+  one-row draft model with the same stop (and the same tokens: greedy parity); ragged rows
+  beside each other each stop on their own and still decode their own greedy text; at T = 1
+  the rows' tokens 3 and 4 after rejections are the target's distribution (the broken rule,
+  resampling from p, must fail the same test).
+- `auto_off=False`: the batch policy never chooses plain decoding, where with it on plain
+  decoding is what it settles on; the server's batched worker hands both options over.
+"""
+
+import pytest
+
+from batch_exactness import SAMPLES, check_rows_after_a_rejection
+from families import shared_plain_greedy
+from test_batch import FakeRow, drive, ragged_prompts, run, small_pair  # noqa: F401 (a fixture)
+from tiny import make_llama, perturbed
+
+from mlx_spec import speculative_generate_step
+from mlx_spec.batch import BatchEngine, RowRequest
+from mlx_spec.batch.policy import BatchPolicy
+
+CONFIDENCE = 0.2
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_llama(seed=0)
+    return target, perturbed(target, 0.05, 1)
+
+
+def test_a_row_alone_stops_drafting_where_a_call_does(pair):
+    target, draft = pair
+    prompt = [2, 7, 1, 8]
+    call = [(r.tokens, r.num_drafted) for r in speculative_generate_step(
+        prompt, target, draft_model=draft, num_draft_tokens=6, draft_confidence=CONFIDENCE,
+        prompt_lookup=False, max_tokens=40)]
+    engine = BatchEngine(target, draft, num_draft_tokens=6, draft_confidence=CONFIDENCE)
+    uid = engine.insert(RowRequest(prompt, 40, prompt_lookup=False))
+    rows = []
+    while engine.busy:
+        rows += [(o.tokens, o.num_drafted) for o in engine.step() if o.uid == uid]
+    assert rows == call
+    assert [t for tokens, _ in rows for t in tokens] == shared_plain_greedy(target, prompt, 40)
+    drafted = [n for _, n in rows]
+    assert min(drafted) < 6 and max(drafted) > 1, drafted  # chains of every length: it cut
+
+
+def test_ragged_rows_stop_on_their_own_and_keep_their_text(pair):
+    target, draft = pair
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, draft, num_draft_tokens=5, draft_confidence=CONFIDENCE)
+    without = BatchEngine(target, draft, num_draft_tokens=5)
+    requests = [RowRequest(p, 30, prompt_lookup=False) for p in prompts]
+    got = run(engine, requests)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == shared_plain_greedy(target, prompt, 30)
+    assert run(without, requests) == got
+    assert sum(engine.rounds.values()) > sum(without.rounds.values())  # shorter chains
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "negative-control"])
+def test_rows_with_a_confidence_stop_are_distributed_as_the_target(small_pair, residual, exact):
+    """Drafts of a vocabulary of 8 are often drawn with a top probability below 0.4: chains
+    of 1 and 2 drafts side by side; most rows still rewound a rejected draft before token 3."""
+    check_rows_after_a_rejection(*small_pair, residual, exact, min_rewound=SAMPLES // 3,
+                                 draft_confidence=0.4)
+
+
+def test_without_auto_off_the_batch_never_goes_plain():
+    """The compute-bound batch that settles on plain decoding with the switch on (test_batch)
+    drafts at least one token every round without it."""
+    def seconds(k):
+        return 0.004 * 8 * (k + 1) + 0.002 * k
+
+    on, off = BatchPolicy(max_k=8), BatchPolicy(max_k=8, auto_off=False)
+    assert drive(on, [FakeRow(on, 0.6) for _ in range(8)], seconds, 60)[-1] == 0
+    ks = drive(off, [FakeRow(off, 0.6) for _ in range(8)], seconds, 60)
+    assert min(ks) == 1 and ks[-1] == 1, ks
+    assert off.describe()["auto_off"] is False
+
+
+def test_without_auto_off_a_row_alone_keeps_its_draft(pair):
+    """A draft that agrees with the target nowhere: a row alone under the call's policy
+    switches it off with the switch on, and drafts every round without it."""
+    target = pair[0]
+    weak = make_llama(seed=5)
+    for auto_off in (True, False):
+        engine = BatchEngine(target, weak, auto_off=auto_off, calibration=None)
+        engine.insert(RowRequest([2, 7, 1, 8], 60, prompt_lookup=False))
+        drafted = []
+        while engine.busy:
+            drafted += [o.num_drafted for o in engine.step()]
+        assert (0 in drafted[-10:]) == auto_off, (auto_off, drafted)
+
+
+def test_the_batched_server_hands_both_options_over():
+    from mlx_spec import load_default_pair
+    from mlx_spec.server.worker import GenerationWorker, SpeculationOptions
+
+    target, draft, tokenizer = load_default_pair()
+    options = SpeculationOptions(auto_off=False, draft_confidence=0.3)
+    worker = GenerationWorker(target, tokenizer, draft, options, batching=True)  # not started
+    assert worker.engine.draft.confidence == 0.3
+    assert worker.engine.policy.min_k == 1 and not worker.engine.single.auto_off
