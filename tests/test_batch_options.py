@@ -104,3 +104,26 @@ def test_the_batched_server_hands_both_options_over():
     worker = GenerationWorker(target, tokenizer, draft, options, batching=True)  # not started
     assert worker.engine.draft.confidence == 0.3
     assert worker.engine.policy.min_k == 1 and not worker.engine.single.auto_off
+
+
+@pytest.mark.parametrize("seconds,drafts", [(1.0, False), (1e-6, True)],
+                         ids=["costly-draft", "free-draft"])
+def test_a_row_alone_times_a_draft_step_before_its_first_round(pair, monkeypatch, seconds,
+                                                                drafts):
+    """As a call's policy, a row alone's knows what a draft step costs before it drafts (one
+    timed step, handed on to the next request): a step said to cost a second is never tried,
+    one said to cost nothing is; no calibration, as a call times it only then."""
+    from mlx_spec.batch.drafts import BatchDraft
+
+    timed = []
+    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, token: timed.append(token)
+                        or seconds)
+    target, draft = pair
+    engine = BatchEngine(target, draft, calibration=None)
+    for prompt in ([2, 7, 1, 8], [3, 1, 4]):  # two requests, one after the other
+        engine.insert(RowRequest(prompt, 24, prompt_lookup=False))
+        drafted = []
+        while engine.busy:
+            drafted += [o.num_drafted for o in engine.step()]
+        assert (max(drafted) > 0) == drafts, drafted
+    assert timed == [8]  # once, on the first request's last prompt token

@@ -24,6 +24,7 @@ steps read the rows' top probabilities on the host, as the one-row drafter's do.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from typing import List, Optional, Sequence, Tuple
 
@@ -33,7 +34,7 @@ from ..attention import round_attention
 from ..drafters.chain import draft_chain
 from ..mtp.heads import split_target
 from ..sampling import logprobs_from_logits
-from .kv import BatchCache
+from .kv import BatchCache, row_cache
 from .rows import Row
 
 
@@ -54,6 +55,19 @@ class BatchDraft:
 
     def ready(self, row: Row) -> bool:
         return True  # its cache holds the prompt from the start
+
+    def step_seconds(self, token: int, repeats: int = 2) -> float:
+        """Seconds of one draft step on `token` on an empty one-row cache, the fastest of
+        `repeats`: what each drafted token costs, for a row alone's policy before its first
+        round (as the one-row drafter's step, timed before its lazy prefill)."""
+        x = mx.array([[token]], mx.uint32)
+        fastest = float("inf")
+        for _ in range(repeats):
+            layers = row_cache(self.model)
+            start = time.perf_counter()
+            mx.eval(self.model(x, cache=layers)[:, -1])
+            fastest = min(fastest, time.perf_counter() - start)
+        return fastest
 
     def propose(self, rows: Sequence[Row], k: int,
                 drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:

@@ -321,6 +321,9 @@ class BatchEngine:
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
+        if self.draft is not None and self.single.wants_draft_step("draft") \
+                and "draft" not in self.single.step_seconds:  # (then handed on, request to request)
+            self.single.observe_draft_step("draft", self.draft.step_seconds(row.history[-1]))
 
     def _looks(self, alone: bool) -> None:
         """A row alone whose first round was handed out takes its prompt look now (before its
