@@ -70,6 +70,7 @@ def test_a_later_request_s_look_counts_after_its_first_round(pair, monkeypatch):
     """The engine's second request: its policy knows the machine from the first, so its first
     round may draft at once; the look after that round still takes the guessed prior's place
     (it was ignored while the draft had a round), and the first token did not wait for it."""
+    from mlx_spec.batch.drafts import BatchDraft
     from mlx_spec.policy import AdaptivePolicy
 
     target, draft = pair
@@ -81,6 +82,8 @@ def test_a_later_request_s_look_counts_after_its_first_round(pair, monkeypatch):
         at.append(self.source(source).rounds)
         return original(self, source, acceptance, rows, **options)
     monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", record)
+    # a draft step timed as free: the second request drafts in its first round
+    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, token: 1e-6)
     engine = BatchEngine(target, draft)
     for seed in (0, 1):
         engine.insert(RowRequest(prompt_of(40, seed=seed), 8, SamplingConfig(temp=0.7)))

@@ -167,8 +167,8 @@ def test_a_head_drafts_the_same_after_queued_plain_steps(drafter, tmp_path, monk
         seen = queued_steps(engine, monkeypatch)
         proposed, propose, kept, step = [], engine._propose, {}, engine.step
 
-        def spy(lengths, alone=False):
-            proposals, ran = propose(lengths, alone)
+        def spy(lengths, alone=False, width=1):
+            proposals, ran = propose(lengths, alone, width)
             if any(p is not None for p in proposals):
                 proposed.append([None if p is None else (p.tokens.tolist(), p.probs)
                                  for p in proposals])

@@ -249,3 +249,72 @@ def test_a_draft_with_a_smaller_vocabulary_drafts_trees(pair):
     for prompt, tokens in zip(prompts, got):
         assert tokens == plain_greedy(target, prompt, 30)
     assert sum(1 for r in rounds if r[0]) > 10
+
+
+# --- a row alone: its trees as wide as its policy chooses (tree=None), as a call's ---
+
+@pytest.fixture
+def two_by_two(monkeypatch):
+    """The call's policy asking the model drafter for 2 drafts, 2 wide, every round."""
+    from mlx_spec.policy import AdaptivePolicy
+
+    monkeypatch.setattr(AdaptivePolicy, "proposal_length",
+                        lambda self, source: 2 if source in ("draft", "mtp") else 0)
+    monkeypatch.setattr(AdaptivePolicy, "tree_width", lambda self, source: 2)
+
+
+def _alone(engine, prompt, max_tokens, sampling=None):
+    """A row decoded alone: its tokens and its outputs."""
+    from mlx_spec.sampling import SamplingConfig
+
+    engine.insert(RowRequest(prompt, max_tokens, sampling or SamplingConfig(),
+                             prompt_lookup=False))
+    outputs = []
+    while engine.busy:
+        outputs += engine.step()
+    return [t for o in outputs for t in o.tokens], outputs
+
+
+def test_a_row_alone_drafts_trees_as_wide_as_its_policy_chooses(pair, two_by_two):
+    target, draft = pair
+    prompt = [2, 7, 1, 8]
+    tokens, outputs = _alone(BatchEngine(target, draft, calibration=None), prompt, 30)
+    assert tokens == plain_greedy(target, prompt, 30)
+    drafted = [o for o in outputs if o.num_drafted]
+    assert drafted and all(o.tree_nodes == 2 * o.num_drafted and o.tree_width == 2
+                           for o in drafted)
+    assert any(o.num_accepted > o.spine_kept for o in drafted)  # a sibling was kept
+    _, chains = _alone(BatchEngine(target, draft, calibration=None, tree=False), prompt, 30)
+    assert not any(o.tree_nodes for o in chains)
+    beside = BatchEngine(target, draft, calibration=None, num_draft_tokens=2)
+    got = run(beside, [RowRequest(prompt, 30, prompt_lookup=False)] * 2)  # rows beside others
+    assert got == [plain_greedy(target, prompt, 30)] * 2
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)])
+def test_sampled_rows_alone_with_their_policy_s_trees_keep_the_distribution(
+        residual, exact, two_by_two, monkeypatch):
+    """600 rows, each alone, T = 1, drafting 2x2 trees the policy chose: tokens 3 and 4
+    against the target's exact distribution; the naive tree rule must fail the same test."""
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from batch_exactness import ALPHA, PROMPT, SAMPLES
+    from test_exactness import exact_third_and_fourth
+    from test_trees import naive_tree_outcomes
+
+    from mlx_spec.exactness import chi_square
+    from mlx_spec.sampling import SamplingConfig
+
+    if not residual:
+        monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
+    target = make_llama(vocab_size=8, hidden=64, heads=2, kv_heads=1, seed=3)
+    engine = BatchEngine(target, perturbed(target, 0.5, 4), calibration=None)
+    mx.random.seed(0)
+    sampling, counts, rewound = SamplingConfig(temp=1.0), {}, 0
+    for _ in range(SAMPLES):
+        tokens, outputs = _alone(engine, PROMPT, 4, sampling)
+        counts[tuple(tokens[2:4])] = counts.get(tuple(tokens[2:4]), 0) + 1
+        first = outputs[0]
+        rewound += first.tree_nodes > 0 and len(first.tokens) < 3  # a rejection before token 3
+    assert rewound > SAMPLES // 2, rewound
+    statistic, dof, p_value = chi_square(counts, exact_third_and_fourth(target, PROMPT, sampling))
+    assert (p_value > ALPHA) == exact, (statistic, dof, p_value)

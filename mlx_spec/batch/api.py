@@ -59,8 +59,9 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     `tree=(depth, width)`: the draft model's rows propose token trees of that shape, each row
     its own, verified in the round's one pass (batch/trees.py); rows drafting from lookup,
     suffix drafting, a draft of another tokenizer, the MTP / EAGLE-3 heads or a DFlash drafter,
-    rows with logits processors, and targets with recurrent state keep chains. None or False:
-    chains. `calibration`: as speculative_generate_step's ("auto": this machine's `mlx-spec
+    rows with logits processors, and targets with recurrent state keep chains. None: a row
+    decoding alone proposes trees as wide as its policy chooses (as `generate`'s), rows beside
+    others chains; False: chains. `calibration`: as speculative_generate_step's ("auto": this machine's `mlx-spec
     tune` file, if any; None: none; or a Calibration): a row decoding alone starts from it
     as a call does, and a row beside others from its acceptance at the row's temperature.
     `auto_off=False`: the policy never turns the drafts off (plain decoding is not a choice);

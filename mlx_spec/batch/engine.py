@@ -44,6 +44,7 @@ from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
 from ..drafters.protocol import Proposal
+from ..drafters.tree import MAX_CHOSEN_WIDTH
 from ..eagle3 import check_fits as check_eagle3_fits
 from ..eagle3 import is_eagle3_head
 from ..loading import vocab_size
@@ -167,11 +168,15 @@ class BatchEngine:
         tree_drafter = None if self.dflash is not None and self.dflash.selector is not None \
             else self.model_drafter
         # (a row's prompt lookup and suffix drafting too: their trees are tries of earlier text)
-        self.tree = tuple(tree) if tree and self.cross is None and not any(
-            isinstance(layer, ArraysCache) for layer in make_prompt_cache(target_model)) else None
+        trees_fit = self.cross is None and not any(
+            isinstance(layer, ArraysCache) for layer in make_prompt_cache(target_model))
+        self.tree = tuple(tree) if tree and trees_fit else None
         self.model_tree = self.tree if tree_drafter is not None else None
-        if self.model_tree is not None:
-            tree_drafter.keep_logits = self.tree[1] > 1
+        # tree=None: a row alone proposes trees as wide as its policy chooses each round (up to
+        # MAX_CHOSEN_WIDTH), as a call's drafter does (drafters/tree.with_trees); rows beside
+        # others, chains. False: chains.
+        self.chosen_width = tree is None and trees_fit and tree_drafter is not None \
+            and accept is ACCEPT
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens, auto_off=auto_off)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
         # source, with its automatic off switch) chooses, as `generate` does.
@@ -274,6 +279,7 @@ class BatchEngine:
             self._single_policy(self.rows[0])  # policy
         self._looks(alone)
         start = time.perf_counter()
+        width = 1  # the model drafter's trees' width, when a row alone's policy chooses it
         if self._queued is not None:  # a plain block's next step, dispatched last round
             k, lengths = 0, dict.fromkeys(SOURCES, 0)
         elif alone:  # the single-stream case: the single-stream policy, a k per source
@@ -283,11 +289,13 @@ class BatchEngine:
             lengths = {s: self.single.proposal_length(s) if s in sources else 0
                        for s in SOURCES}
             k = max(lengths.values())
+            if self.chosen_width and lengths[self.model_drafter.source]:
+                width = self.single.tree_width(self.model_drafter.source)
         else:
             k = self.policy.choose(self.rows)
             lengths = dict.fromkeys(SOURCES, k)
         rows = self.rows  # (the round drops the rows that end)
-        outputs = self._round(lengths, alone)
+        outputs = self._round(lengths, alone, width)
         seconds = time.perf_counter() - start
         if alone:
             self.single.observe(outputs[0], seconds)
@@ -318,6 +326,8 @@ class BatchEngine:
             self._cost_prior(row.request.sampling))
         self.single_uid = row.uid
         self.single.expect_reply(row.room)
+        if self.chosen_width:
+            self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
@@ -432,16 +442,18 @@ class BatchEngine:
             self.head.cache.join(j.head_layers)
         self.rows.append(j.row)
 
-    def _round(self, lengths: Dict[str, int], alone: bool = False) -> List[RowOutput]:
+    def _round(self, lengths: Dict[str, int], alone: bool = False,
+               width: int = 1) -> List[RowOutput]:
         """One round for every row: propose -> verify -> accept -> rewind -> emit.
         `lengths`: the drafts each source is asked for (0: not asked); `alone`: one row under
-        the single-stream policy (its fallbacks are asked too)."""
+        the single-stream policy (its fallbacks are asked too); `width`: its policy's tree
+        width for the model drafter (1: chains; a forced `tree` shape wins)."""
         rows = self.rows
         step, self._queued = self._queued, None
         if step is not None:  # a plain block's queued step: nothing is proposed
             proposals, ran, opens_block = [None] * len(rows), False, False
         else:
-            proposals, ran = self._propose(lengths, alone)
+            proposals, ran = self._propose(lengths, alone, width)
             step = self._begin_block(rows, lengths, alone) if not ran and all(
                 p is None for p in proposals) else None
             opens_block = step is not None  # (the policy's steady plain laps follow the first)
@@ -504,10 +516,11 @@ class BatchEngine:
             self._block_left = 0
         return verdicts
 
-    def _propose(self, lengths: Dict[str, int], alone: bool = False):
+    def _propose(self, lengths: Dict[str, int], alone: bool = False, width: int = 1):
         """(each row's proposal or None, whether the model drafter ran): the host searches
         first, row by row (one row alone: its fallbacks after them); then the draft model,
-        MTP head or DFlash drafter for every row that has none, in one batch."""
+        MTP head or DFlash drafter for every row that has none, in one batch: chains, or
+        trees of the forced `tree` shape, or `width` wide."""
         rows = self.rows
         proposals: List[Optional[Proposal]] = [None] * len(rows)
         for i, row in enumerate(rows):
@@ -521,15 +534,17 @@ class BatchEngine:
         if model is self.dflash:  # never past its block (a row's pinned k may ask more)
             wants = [min(n, model.max_draft_tokens) for n in wants]
         if self.model_tree is not None:
-            wants = [min(n, self.tree[0]) for n in wants]
+            depth, width = self.model_tree
+            wants = [min(n, depth) for n in wants]
         if max(wants) == 0:
             return proposals, False
+        model.keep_logits = width > 1  # (a tree's siblings are drawn from them)
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
         if model is self.draft:  # a row's confidence stop may end its chain sooner
             wants = [min(n, cut) for n, cut in zip(wants, model.cut)]
-        if self.model_tree is not None and self.tree[1] > 1:
+        if width > 1:
             for i, tree in enumerate(draft_trees(rows, wants, tokens, probs, model.kept_logits,
-                                                 self.tree[1], model.source)):
+                                                 width, model.source)):
                 proposals[i] = tree or proposals[i]
             return proposals, True
         for i, n in enumerate(wants):
