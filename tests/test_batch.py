@@ -610,3 +610,30 @@ def test_mtp_rows_after_a_rejection_are_distributed_as_the_target(small_mtp_targ
     target, weights = small_mtp_target
     check_rows_after_a_rejection(target, "mtp", residual, exact, min_rewound=SAMPLES // 2,
                                  mtp_weights=str(weights))
+
+
+def test_rows_with_no_left_padding_take_a_one_row_cache_s_mask(pair):
+    """A batch of one (or rows of one length) needs no padding mask: its attention layers
+    answer as a one-row KVCache does (none for one query, "causal" for more, a sliding
+    window's array once the window is passed); rows of other lengths get the padding mask."""
+    from mlx_spec.batch.kv import BatchCache, row_cache
+
+    target = pair[0]
+    cache = BatchCache(target)
+
+    def joined(length):
+        layers = row_cache(target)
+        target(mx.array([list(range(1, length + 1))]), cache=layers)
+        cache.join(layers)
+
+    joined(5)
+    layer = cache.attention[0]
+    assert layer.make_mask(1) is None and layer.make_mask(4) == "causal"
+    assert layer.make_mask(1, window_size=6) is None
+    assert layer.make_mask(2, window_size=6).shape[-1] == 7  # past the window: its mask
+    assert layer.make_mask(3, return_array=True).shape[-1] == 8
+    joined(3)  # a shorter row: left padding
+    assert cache.padding == [0, 2]
+    assert all(layer.make_mask(1).shape == (2, 1, 1, 6) for layer in cache.attention)
+    cache.drop([1])  # the short row alone: its padding sliced off
+    assert cache.padding == [0] and cache.attention[0].make_mask(2) == "causal"

@@ -83,8 +83,32 @@ def row_cache(model) -> list:
             for layer in make_prompt_cache(model)]
 
 
+class RowsKVCache(BatchKVCache):
+    """mlx-lm's BatchKVCache that knows (from BatchCache, which keeps the rows' padding on
+    the host) when no row has left padding: a batch of one, or rows of one length. Its mask is
+    then what a one-row KVCache's is (none for one query, "causal" for more, within a sliding
+    window's reach), so a row alone runs the attention a call runs."""
+
+    unpadded = False
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
+        if self.unpadded and not return_array and (window_size is None
+                                                   or self._idx + N <= window_size):
+            return None if N == 1 else "causal"
+        return super().make_mask(N, return_array=return_array, window_size=window_size,
+                                 **kwargs)
+
+
 def _merged(layer):
-    return (ArraysCache if isinstance(layer, ArraysCache) else BatchKVCache).merge([layer])
+    """One row's prefilled layer (a KVCache or recurrent state) in the batch's kinds."""
+    if isinstance(layer, ArraysCache):
+        return ArraysCache.merge([layer])
+    merged = RowsKVCache([0])
+    if layer.keys is not None and layer.offset:
+        n = layer.offset
+        merged.keys, merged.values = layer.keys[..., :n, :], layer.values[..., :n, :]
+        merged.offset, merged._idx = mx.array([n]), n
+    return merged
 
 
 class BatchCache:
@@ -92,14 +116,25 @@ class BatchCache:
 
     def __init__(self, model):
         self.model = model
-        self.layers: Optional[list] = None  # BatchKVCache and ArraysCache; None: no rows yet
-        self.padding: List[int] = []
+        self.layers: Optional[list] = None  # RowsKVCache and ArraysCache; None: no rows yet
+        self._padding: List[int] = []
         self._snapshot: Optional[list] = None  # recurrent states before the last forward
         self._mixers: Optional[MixerReplay] = None
         self.split = None  # (trunk, head) when an MTP head needs the hidden states
         self.hidden: Optional[mx.array] = None  # (B, T, H) of the last forward, with `split`
         # (x, layers) -> (logits, hidden): a DFlash drafter's taps, as `hidden` (B, T, taps * H)
         self.capture = None
+
+    @property
+    def padding(self) -> List[int]:
+        """Each row's left padding, in every attention layer."""
+        return self._padding
+
+    @padding.setter
+    def padding(self, padding: List[int]) -> None:
+        self._padding = padding
+        for layer in self.attention if self.layers is not None else ():
+            layer.unpadded = not any(padding)
 
     @property
     def attention(self) -> List[BatchKVCache]:
@@ -109,8 +144,13 @@ class BatchCache:
     def recurrent(self) -> List[ArraysCache]:
         return [layer for layer in self.layers if isinstance(layer, ArraysCache)]
 
-    def forward(self, x: mx.array) -> mx.array:
-        """The model over x (B, T), lazily; recurrent layers keep where they started."""
+    def forward(self, x: mx.array, undoable: bool = True) -> mx.array:
+        """The model over x (B, T), lazily; recurrent layers keep where they started, unless
+        nothing of it will be taken back (`undoable=False`: a plain step, every row keeping its
+        one position: no recording of the mixers' inputs)."""
+        if not undoable:
+            self._snapshot = None
+            return self._run(x)
         with self.undoable(x.shape[1]):
             return self._run(x)
 

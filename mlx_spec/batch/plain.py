@@ -61,7 +61,7 @@ def dispatch(target: BatchCache, rows: Sequence[Row], inputs: mx.array, accept=A
     asynchronously: the cache holds the step's position from now on. `queued`: the inputs
     are the step before's lazy tokens, not yet in the rows' histories (a row's logits
     processors see them lazily, as the loop's plain steps hand them over)."""
-    logits = target.forward(inputs)  # (B, 1, V)
+    logits = target.forward(inputs, undoable=False)  # (B, 1, V): every row keeps it
     parts, row_logits = [], []
     for i, row in enumerate(rows):
         row_parts, row_logit = chain_parts(row, None, logits[i, :1], accept,
