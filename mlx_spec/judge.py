@@ -22,7 +22,8 @@ from typing import Collection, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from .acceptance import greedy_accept, speculative_accept, speculative_accept_with_chances
+from .acceptance import (acceptance_chances, greedy_accept, speculative_accept,
+                         speculative_accept_with_chances)
 
 CHANCE_SCALE = 2**20  # a chance rides in the round's integer summary as chance * this
 
@@ -46,6 +47,8 @@ def verdict_parts(accept, drafts: mx.array, probs: Optional[mx.array], target_lo
         token = mx.random.categorical(target_logprobs[0], key=key)
     elif key is not None:
         n, token = accept(drafts, probs, target_logprobs, key)
+        if chances:  # (a batch row alone: its policy reads them, as a call's)
+            kept = acceptance_chances(drafts, probs, target_logprobs)
     elif chances and accept is speculative_accept:  # the same rule, its chances from one p
         n, token, kept = speculative_accept_with_chances(drafts, probs, target_logprobs)
     else:

@@ -127,3 +127,40 @@ def test_a_row_alone_times_a_draft_step_before_its_first_round(pair, monkeypatch
             drafted += [o.num_drafted for o in engine.step()]
         assert (max(drafted) > 0) == drafts, drafted
     assert timed == [8]  # once, on the first request's last prompt token
+
+
+def test_a_sampled_row_alone_reports_each_draft_s_chance_to_its_policy(pair, monkeypatch):
+    """As a call's rounds at T > 0, a row alone's sampled chains carry each draft's chance of
+    being kept (sum_x min(p, q)), which its policy counts: about 1 for a draft that is the
+    target itself, less for a perturbed one; rows beside others carry none."""
+    from mlx_spec.policy import AdaptivePolicy, SourceEstimate
+    from mlx_spec.sampling import SamplingConfig
+
+    monkeypatch.setattr(AdaptivePolicy, "proposal_length",
+                        lambda self, source: 3 if source == "draft" else 0)
+    counted = []
+    count_chain = SourceEstimate.count_chain
+    monkeypatch.setattr(SourceEstimate, "count_chain", lambda self, drafted, accepted,
+                        chances=None: counted.append(chances) or count_chain(
+                            self, drafted, accepted, chances))
+    target, draft = pair
+    sampling = SamplingConfig(temp=1.0)
+    for model, low in ((target, 0.99), (draft, 0.0)):
+        engine = BatchEngine(target, model, calibration=None, tree=False)
+        engine.insert(RowRequest([2, 7, 1, 8], 20, sampling, prompt_lookup=False))
+        chained = []
+        while engine.busy:
+            chained += [o for o in engine.step() if o.num_drafted]
+        assert chained and all(len(o.chances) == o.num_drafted for o in chained)
+        chances = [c for o in chained for c in o.chances]
+        assert low <= min(chances) and max(chances) <= 1.0 + 1e-6, chances
+    assert min(c for o in chained for c in o.chances) < 0.9  # the perturbed draft's
+    assert counted and all(c is not None for c in counted)
+    beside = BatchEngine(target, draft, calibration=None, tree=False)
+    for _ in range(2):
+        beside.insert(RowRequest([2, 7, 1, 8], 8, sampling, prompt_lookup=False))
+    together = []
+    while beside.busy:
+        two = len(beside.rows) == 2
+        together += [o for o in beside.step() if two]
+    assert together and all(o.chances is None for o in together)

@@ -462,7 +462,8 @@ class BatchEngine:
         elif any(p is not None and p.parents is not None for p in proposals):  # token trees
             verdicts, fed = verify_trees(self.target, rows, proposals, self.accept)  # one sync
         else:
-            verdicts = verify(self.target, rows, proposals, self.accept)  # the round's one sync
+            verdicts = verify(self.target, rows, proposals, self.accept,
+                              chances=alone)  # the round's one sync
         # What a head reads of this round's target pass (a queued step's own: the next step's
         # pass has replaced the cache's)
         hidden = step.states(rows) if step is not None else self.target.hidden  # (B, T, .)
@@ -572,7 +573,7 @@ class BatchEngine:
         return RowOutput(row.uid, tokens, finish, verdict.num_drafted, accepted,
                          proposal.source if proposal is not None else "target", logprobs,
                          cross_rule=proposal.cross_rule if proposal is not None else None,
-                         opens_block=opens_block, **tree)
+                         opens_block=opens_block, chances=verdict.chances, **tree)
 
     def _row_cache(self, i: int) -> list:
         """Row i's caches as one-row lists holding exactly its history (target, then draft;

@@ -144,7 +144,8 @@ class BatchPolicy:
     def count(row, output) -> None:
         """A row's round, into the row's acceptance (as a call's source counts its rounds)."""
         if output.num_drafted:
-            row.acceptance.count_chain(output.num_drafted, output.num_accepted)
+            row.acceptance.count_chain(output.num_drafted, output.num_accepted,
+                                       getattr(output, "chances", None))
 
     def observe(self, rows: Sequence, outputs: Sequence, k: int, seconds: float) -> None:
         """A round of `rows` at k took `seconds`; `outputs`, each row's, in the same order."""

@@ -158,3 +158,5 @@ class RowOutput:
     spine_kept: Optional[int] = None  # ... the draft model's own drafts kept
     spine_length: Optional[int] = None  # ... and drafted
     opens_block: bool = False  # the first round of a plain block (batch/plain.py), as Round's
+    # A row alone's sampled chain: each draft's chance of being kept (its policy reads them)
+    chances: Optional[List[float]] = None

@@ -36,6 +36,7 @@ class Verdict:
     logits: mx.array  # (n + 1, V) the target's, after the row's processors, lazy
     nodes: Optional[List[int]] = None  # a tree's: the nodes kept (the root, then the path)
     depth: Optional[int] = None  # ... and the tree's depth
+    chances: Optional[List[float]] = None  # a sampled chain's, each draft's chance of being kept
 
     @property
     def num_drafted(self) -> int:
@@ -47,7 +48,9 @@ ACCEPT = keyed_rule(residual=True)
 
 
 def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional[Proposal]],
-           accept=ACCEPT) -> List[Verdict]:
+           accept=ACCEPT, chances: bool = False) -> List[Verdict]:
+    """Each row's verdict (`chances`: a sampled row's carries each draft's chance of being
+    kept under the residual rule, for a row alone's policy, as a call's round does)."""
     lengths = [0 if p is None else p.tokens.shape[0] for p in proposals]
     x = verify_input(rows, proposals, max(lengths) + 1)  # (B, width + 1)
     with round_attention():
@@ -56,13 +59,14 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
         return _greedy_verdicts(rows, lengths, x, target_logits)
     summaries, row_logits = [], []
     for i, (row, proposal, n) in enumerate(zip(rows, proposals, lengths)):
-        parts, logits = chain_parts(row, proposal, target_logits[i, :n + 1], accept)
+        parts, logits = chain_parts(row, proposal, target_logits[i, :n + 1], accept,
+                                    chances=chances)
         summaries.append(parts)
         row_logits.append(logits)
     values = mx.concatenate(summaries).tolist()  # the only sync of the round
     verdicts, at = [], 0
     for row, n, logits in zip(rows, lengths, row_logits):
-        verdict, at = read_chain(row, n, logits, values, at)
+        verdict, at = read_chain(row, n, logits, values, at, chances)
         verdicts.append(verdict)
     return verdicts
 
@@ -86,7 +90,7 @@ def verify_input(rows: Sequence[Row], proposals: Sequence[Optional[Proposal]],
 
 
 def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept=ACCEPT,
-                unread: Optional[mx.array] = None):
+                unread: Optional[mx.array] = None, chances: bool = False):
     """(the row's verdict parts (judge.verdict_parts), its logits (n + 1, V) after its
     processors), lazy: a chain of n drafts (none: the target's own token) judged by the row's
     rule with its own key. `unread`: a queued plain step's input (1,), lazy, which the row's
@@ -102,14 +106,16 @@ def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept
         return verdict_parts(greedy_accept, drafts, None, logits, None), logits
     logprobs = logprobs_from_logits(logits, row.request.sampling)
     return verdict_parts(accept, drafts, proposal.probs if n else None, logits, logprobs,
-                         key=row.next_key()), logits
+                         key=row.next_key(), chances=chances), logits
 
 
-def read_chain(row: Row, n: int, logits: mx.array, values: list, at: int):
+def read_chain(row: Row, n: int, logits: mx.array, values: list, at: int,
+               chances: bool = False):
     """(the row's Verdict, where the next row's values start) from the round's host values."""
-    size = verdict_size(n, row.greedy)
-    accepted, token, drafted, _ = read_verdict(values[at:at + size], n, row.greedy)
-    return Verdict(drafted, accepted, token, logits), at + size
+    chances = chances and not row.greedy and n > 0
+    size = verdict_size(n, row.greedy, chances)
+    accepted, token, drafted, kept = read_verdict(values[at:at + size], n, row.greedy, chances)
+    return Verdict(drafted, accepted, token, logits, chances=kept), at + size
 
 
 def _greedy_verdicts(rows, lengths, x, target_logits) -> List[Verdict]:
