@@ -1,8 +1,9 @@
 """The speculation options a call takes, in the batch: `draft_confidence` and `auto_off`.
 
-- A confidence stop: one row alone drafts, round for round, as many drafts as the call's
+- A confidence stop: one row drafts, round for round, as many drafts as the call's
   one-row draft model with the same stop (and the same tokens: greedy parity); ragged rows
-  beside each other each stop on their own and still decode their own greedy text; at T = 1
+  beside each other each stop on their own and still decode their own greedy text; a seeded
+  row's text does not depend on a neighbour that drafts on after it stopped; at T = 1
   the rows' tokens 3 and 4 after rejections are the target's distribution (the broken rule,
   resampling from p, must fail the same test).
 - `auto_off=False`: the batch policy never chooses plain decoding, where with it on plain
@@ -29,7 +30,7 @@ def pair():
     return target, perturbed(target, 0.05, 1)
 
 
-def test_a_row_alone_stops_drafting_where_a_call_does(pair):
+def test_one_row_stops_drafting_where_a_call_does(pair):
     target, draft = pair
     prompt = [2, 7, 1, 8]
     call = [(r.tokens, r.num_drafted) for r in speculative_generate_step(
@@ -57,6 +58,26 @@ def test_ragged_rows_stop_on_their_own_and_keep_their_text(pair):
         assert tokens == shared_plain_greedy(target, prompt, 30)
     assert run(without, requests) == got
     assert sum(engine.rounds.values()) > sum(without.rounds.values())  # shorter chains
+
+
+def test_a_seeded_row_s_text_does_not_depend_on_a_neighbour_s_stop(pair):
+    """A row that stopped drafting draws nothing more with its key while a neighbour's chain
+    runs on: its sampled text is the same alone and beside a row that stops elsewhere."""
+    from mlx_spec.sampling import SamplingConfig
+
+    target, draft = pair
+    sampling = SamplingConfig(temp=1.0)
+    texts = []
+    for neighbour in (None, [5, 9, 2, 6, 5, 3, 5]):
+        engine = BatchEngine(target, draft, draft_confidence=CONFIDENCE)
+        uid = engine.insert(RowRequest([2, 7, 1, 8], 30, sampling, seed=3, prompt_lookup=False))
+        if neighbour is not None:
+            engine.insert(RowRequest(neighbour, 30, sampling, seed=4, prompt_lookup=False))
+        text = []
+        while engine.busy:
+            text += [t for o in engine.step() if o.uid == uid for t in o.tokens]
+        texts.append(text)
+    assert texts[0] == texts[1]
 
 
 @pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],

@@ -286,9 +286,16 @@ def test_a_row_alone_drafts_trees_as_wide_as_its_policy_chooses(pair, two_by_two
     assert any(o.num_accepted > o.spine_kept for o in drafted)  # a sibling was kept
     _, chains = _alone(BatchEngine(target, draft, calibration=None, tree=False), prompt, 30)
     assert not any(o.tree_nodes for o in chains)
-    beside = BatchEngine(target, draft, calibration=None, num_draft_tokens=2)
-    got = run(beside, [RowRequest(prompt, 30, prompt_lookup=False)] * 2)  # rows beside others
-    assert got == [plain_greedy(target, prompt, 30)] * 2
+    beside = BatchEngine(target, draft, calibration=None)  # two rows: the batch policy's chains
+    uids = [beside.insert(RowRequest(prompt, 30, prompt_lookup=False)) for _ in range(2)]
+    got, together = {u: [] for u in uids}, []
+    while beside.busy:
+        two = len(beside.rows) == 2
+        for o in beside.step():
+            got[o.uid] += o.tokens
+            together += [o] if two else []
+    assert [got[u] for u in uids] == [plain_greedy(target, prompt, 30)] * 2
+    assert any(o.num_drafted for o in together) and not any(o.tree_nodes for o in together)
 
 
 @pytest.mark.parametrize("residual,exact", [(True, True), (False, False)])

@@ -56,12 +56,13 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     (0: plain batched decoding), None lets the batch policy choose it. `seed` gives row i the seed `seed + i`.
     A draft model of another vocabulary drafts across it when its tokenizer is known:
     `draft_tokenizer`, else the one `mlx_spec.load` read with it (docs/drafting.md).
-    `tree=(depth, width)`: the draft model's rows propose token trees of that shape, each row
-    its own, verified in the round's one pass (batch/trees.py); rows drafting from lookup,
-    suffix drafting, a draft of another tokenizer, the MTP / EAGLE-3 heads or a DFlash drafter,
-    rows with logits processors, and targets with recurrent state keep chains. None: a row
-    decoding alone proposes trees as wide as its policy chooses (as `generate`'s), rows beside
-    others chains; False: chains. `calibration`: as speculative_generate_step's ("auto": this machine's `mlx-spec
+    `tree=(depth, width)`: the rows of a draft model, the MTP / EAGLE-3 heads or a DFlash
+    drafter propose token trees of that shape, each row its own, verified in the round's one
+    pass (batch/trees.py), and prompt lookup and suffix drafting propose tries of the earlier
+    text; rows of a draft of another tokenizer or a DFlash2 drafter, rows with logits
+    processors, and targets with recurrent state keep chains. None: a row decoding alone
+    proposes trees as wide as its policy chooses (as `generate`'s), rows beside others
+    chains; False: chains. `calibration`: as speculative_generate_step's ("auto": this machine's `mlx-spec
     tune` file, if any; None: none; or a Calibration): a row decoding alone starts from it
     as a call does, and a row beside others from its acceptance at the row's temperature.
     `auto_off=False`: the policy never turns the drafts off (plain decoding is not a choice);

@@ -111,7 +111,7 @@ class BatchDraft:
                 if self.keep_logits:  # (a token tree's siblings: batch/trees.py)
                     kept.append(logits)
                 last[:] = [logits]
-                y = draw_rows(rows, logits, probs, [i < n for n in drawn])  # (B,)
+                y = draw_rows(rows, logits, probs, [i < n for n in self.cut])  # (B,)
                 for j in seen:
                     seen[j] = mx.concatenate([seen[j], y[j:j + 1]])
                 mx.async_eval(y)

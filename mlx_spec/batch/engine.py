@@ -326,8 +326,8 @@ class BatchEngine:
             self._cost_prior(row.request.sampling))
         self.single_uid = row.uid
         self.single.expect_reply(row.room)
-        if self.chosen_width:
-            self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)
+        if self.chosen_width and row.pinned is None and not row.request.logits_processors:
+            self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (as a call's)
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
@@ -462,8 +462,8 @@ class BatchEngine:
         elif any(p is not None and p.parents is not None for p in proposals):  # token trees
             verdicts, fed = verify_trees(self.target, rows, proposals, self.accept)  # one sync
         else:
-            verdicts = verify(self.target, rows, proposals, self.accept,
-                              chances=alone)  # the round's one sync
+            verdicts = verify(self.target, rows, proposals, self.accept,  # the round's one sync
+                              chances=alone and self.accept is ACCEPT)
         # What a head reads of this round's target pass (a queued step's own: the next step's
         # pass has replaced the cache's)
         hidden = step.states(rows) if step is not None else self.target.hidden  # (B, T, .)

@@ -142,8 +142,14 @@ class BatchPolicy:
 
     @staticmethod
     def count(row, output) -> None:
-        """A row's round, into the row's acceptance (as a call's source counts its rounds)."""
-        if output.num_drafted:
+        """A row's round, into the row's acceptance (as a call's source counts its rounds: a
+        tree's spine alone, the chain the row drafts beside others)."""
+        if not output.num_drafted:
+            return
+        spine = getattr(output, "spine_kept", None)
+        if spine is not None:
+            row.acceptance.count_chain(output.spine_length or output.num_drafted, spine)
+        else:
             row.acceptance.count_chain(output.num_drafted, output.num_accepted,
                                        getattr(output, "chances", None))
 
