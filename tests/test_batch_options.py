@@ -10,6 +10,7 @@
   decoding is what it settles on; the server's batched worker hands both options over.
 """
 
+import mlx.core as mx
 import pytest
 
 from batch_exactness import SAMPLES, check_rows_after_a_rejection
@@ -185,3 +186,64 @@ def test_a_sampled_row_alone_reports_each_draft_s_chance_to_its_policy(pair, mon
         two = len(beside.rows) == 2
         together += [o for o in beside.step() if two]
     assert together and all(o.chances is None for o in together)
+
+
+PROMPT_40 = [(7 * i + 3) % 64 for i in range(40)]
+
+
+def _costly_or_free(monkeypatch, seconds):
+    from mlx_spec.batch.drafts import BatchDraft
+
+    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, token: seconds)
+
+
+@pytest.mark.parametrize("seconds,asked", [(1.0, False), (1e-6, True)],
+                         ids=["never-asked", "asked"])
+def test_a_row_alone_s_draft_reads_its_prompt_only_when_asked(pair, monkeypatch, seconds,
+                                                               asked):
+    """As a call's lazily prefilled draft: a greedy row decoding alone keeps its draft unread
+    until its policy first asks it for drafts (never, for a draft timed as costly); then one
+    catch-up, timed apart, that its policy learns the per-token cost of. The text is the
+    target's either way, and the kept cache's draft layers hold the whole text."""
+    _costly_or_free(monkeypatch, seconds)
+    target, draft = pair
+    engine = BatchEngine(target, draft, calibration=None)
+    uid = engine.insert(RowRequest(PROMPT_40, 24, prompt_lookup=False, keep_cache=True))
+    tokens, drafted, unread = [], 0, []
+    while engine.busy:
+        for o in engine.step():
+            tokens += o.tokens
+            drafted += o.num_drafted
+            cache = o.cache
+        if engine.rows:
+            unread.append(engine.draft.cache.attention[0].keys is None)
+    assert tokens == shared_plain_greedy(target, PROMPT_40, 24)
+    assert (drafted > 0) == asked and unread[0] and all(unread) != asked
+    assert ("draft" in engine.single.catch_up_seconds) == asked
+    assert engine.single.prompt_tokens == len(PROMPT_40) - 1  # its prefill, the target's alone
+    half = len(cache) // 2
+    mx.eval([layer.keys for layer in cache])
+    assert {layer.offset for layer in cache[half:]} == {cache[0].offset} == {40 + 24}
+    assert uid == 0
+
+
+def test_a_row_whose_draft_waited_catches_up_beside_a_newcomer(pair, monkeypatch):
+    """A second request joins while the first's draft has not read its prompt: the batch's
+    first draft pass feeds it the whole backlog, and both texts are the target's."""
+    _costly_or_free(monkeypatch, 1.0)
+    target, draft = pair
+    engine = BatchEngine(target, draft, calibration=None)
+    engine.insert(RowRequest(PROMPT_40, 30, prompt_lookup=False))
+    got = {0: [], 1: []}
+    for o in engine.step():
+        got[o.uid] += o.tokens
+    assert engine.rows[0].draft_waits
+    engine.insert(RowRequest([3, 1, 4, 1, 5], 30, prompt_lookup=False))
+    drafted = 0
+    while engine.busy:
+        for o in engine.step():
+            got[o.uid] += o.tokens
+            drafted += o.num_drafted
+    assert drafted > 0
+    assert got[0] == shared_plain_greedy(target, PROMPT_40, 30)
+    assert got[1] == shared_plain_greedy(target, [3, 1, 4, 1, 5], 30)

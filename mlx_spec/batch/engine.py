@@ -78,6 +78,7 @@ class Joining:
         self.row, self.target_layers, self.draft_layers = row, target_layers, draft_layers
         self.head_layers = head_layers  # the MTP head's or the DFlash drafter's one-row cache
         self.done = done  # prompt tokens the caches hold
+        self.held = done  # ... when it was inserted (what a deferred draft's layers keep)
 
 
 def check_batchable(target_model, draft_model=None, tokenizer=None,
@@ -157,6 +158,8 @@ class BatchEngine:
         self.target_model, self.draft_model = target_model, draft_model
         self.draft = BatchDraft(draft_model, self.vocab_size, draft_confidence) \
             if draft_model is not None else None
+        self.draft_recurrent = draft_model is not None and any(
+            isinstance(layer, ArraysCache) for layer in make_prompt_cache(draft_model))
         # The target as trunk and output layer, for the prompt look of a sampled row (None: no
         # draft model, or a target without mlx-lm's trunk-and-head layout)
         self.look_split = _split(target_model) if self.draft is not None else None
@@ -289,6 +292,9 @@ class BatchEngine:
             lengths = {s: self.single.proposal_length(s) if s in sources else 0
                        for s in SOURCES}
             k = max(lengths.values())
+            if row.draft_waits and lengths["draft"]:  # its prompt now (no round's time)
+                self._catch_up(row)
+                start = time.perf_counter()
             if self.chosen_width and lengths[self.model_drafter.source]:
                 width = self.single.tree_width(self.model_drafter.source)
         else:
@@ -325,6 +331,8 @@ class BatchEngine:
             DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR,
             self._cost_prior(row.request.sampling))
         self.single_uid = row.uid
+        if row.draft_waits and row.prefilled:  # the target's prefill alone: v's prior, and
+            self.single.observe_prefill(row.prefilled, row.prefill_seconds)  # the draft's backlog
         self.single.expect_reply(row.room)
         if self.chosen_width and row.pinned is None and not row.request.logits_processors:
             self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (as a call's)
@@ -388,6 +396,32 @@ class BatchEngine:
         while self._queued is None and self.joining and self._ready(self.joining[0]):
             self._join(self.joining.popleft())
 
+    def _defers_draft(self, row: Row) -> bool:
+        """Whether a joining row's draft model waits to read its prompt until its policy first
+        asks it for drafts, as a call's does (loop._prefills_later): a row that will decode
+        alone (nothing else in the batch or waiting before it) under the adaptive policy, with
+        no prompt look to take (a greedy row's, or one the look skips). Its draft is then never
+        read when the policy never drafts, and its catch-up is timed apart from any round."""
+        return (self.draft is not None and self.cross is None and not self.rows
+                and not self.draft_recurrent
+                and self.joining and self.joining[0].row is row and len(self.joining) == 1
+                and self.policy.fixed is None and row.pinned is None
+                and (row.greedy or row.request.logits_processors or self.look_split is None
+                     or not self.single.auto_off
+                     or self._cost_prior(row.request.sampling) is not None))
+
+    def _catch_up(self, row: Row) -> None:
+        """A row alone whose draft waited (`Row.draft_waits`) and is asked for drafts now:
+        the draft reads what it has not seen but the last token, in prefill-sized chunks,
+        evaluated and timed apart from the round; its policy learns what a catch-up costs."""
+        pending, started = row.draft_pending, time.perf_counter()
+        for at in range(0, len(pending) - 1, self.prefill_step_size):
+            chunk = pending[at:min(at + self.prefill_step_size, len(pending) - 1)]
+            self.draft.cache.forward(mx.array(chunk, mx.uint32)[None], undoable=False)
+            mx.eval(arrays(self.draft.cache.layers))
+        row.draft_pending, row.draft_waits = pending[-1:], False
+        self.single.observe_catch_up("draft", len(pending) - 1, time.perf_counter() - started)
+
     @staticmethod
     def _ready(j: Joining) -> bool:
         """Whether a waiting row's caches hold its prompt but the last token (it may join)."""
@@ -420,8 +454,10 @@ class BatchEngine:
             else:
                 self.target_model(x, cache=j.target_layers)
             states = arrays(j.target_layers) + arrays(j.head_layers or [])
+            if j.done == j.held:  # its first chunk: the draft reads the prompt now, or later
+                j.row.draft_waits = self._defers_draft(j.row)
             if self.draft is not None:
-                if not look:
+                if not look and not j.row.draft_waits:
                     self.draft_model(x, cache=j.draft_layers)
                 states += arrays(j.draft_layers)
             mx.eval(states + (list(j.row.look_tail) if look else []))
@@ -437,7 +473,8 @@ class BatchEngine:
         self.target.join(j.target_layers)
         if self.draft is not None:
             self.draft.cache.join(j.draft_layers)
-            j.row.draft_pending = [j.row.history[-1]]
+            j.row.draft_pending = j.row.history[j.held:] if j.row.draft_waits \
+                else [j.row.history[-1]]
         if self.head is not None:
             self.head.cache.join(j.head_layers)
         self.rows.append(j.row)
@@ -543,6 +580,8 @@ class BatchEngine:
         tokens, probs = model.propose(rows, max(wants), wants)  # (B, max(wants))
         if model is self.draft:  # a row's confidence stop may end its chain sooner
             wants = [min(n, cut) for n, cut in zip(wants, model.cut)]
+            for row in rows:  # (its first pass fed every row what it had not seen)
+                row.draft_waits = False
         if width > 1:
             for i, tree in enumerate(draft_trees(rows, wants, tokens, probs, model.kept_logits,
                                                  width, model.source)):

@@ -274,6 +274,9 @@ class BatchCache:
                 out.append(layer.extract(row))
                 continue
             cache = KVCache()
+            if layer.keys is None:  # nothing fed yet (a draft that waits for its prompt)
+                out.append(cache)
+                continue
             start = self.padding[row]
             cache.keys = mx.contiguous(layer.keys[row:row + 1, :, start:layer._idx])
             cache.values = mx.contiguous(layer.values[row:row + 1, :, start:layer._idx])

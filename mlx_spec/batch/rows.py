@@ -50,6 +50,9 @@ class Row:
     stop_tokens: frozenset
     emitted: int = 0
     draft_pending: List[int] = field(default_factory=list)  # tokens the draft cache has not seen
+    # The draft has not read the prompt: it waits until the row's policy first asks it for drafts
+    # (engine._defers_draft; then one timed catch-up), as a call's lazily prefilled draft
+    draft_waits: bool = False
     # MTP: (tokens, the target's hidden states before each) the head has not seen; whether
     # the row has had any pair (a one-token prompt has none before its first round)
     mtp_pending: list = field(default_factory=list)
