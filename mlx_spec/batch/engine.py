@@ -59,7 +59,7 @@ from .dflash import BatchDFlash
 from .eagle3 import batch_eagle3
 from .drafts import BatchDraft
 from . import plain
-from .kv import BatchCache, arrays, batchable, row_cache
+from .kv import BatchCache, arrays, batchable, recurrent, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
@@ -158,8 +158,7 @@ class BatchEngine:
         self.target_model, self.draft_model = target_model, draft_model
         self.draft = BatchDraft(draft_model, self.vocab_size, draft_confidence) \
             if draft_model is not None else None
-        self.draft_recurrent = draft_model is not None and any(
-            isinstance(layer, ArraysCache) for layer in make_prompt_cache(draft_model))
+        self.draft_recurrent = draft_model is not None and recurrent(draft_model)
         # The target as trunk and output layer, for the prompt look of a sampled row (None: no
         # draft model, or a target without mlx-lm's trunk-and-head layout)
         self.look_split = _split(target_model) if self.draft is not None else None
@@ -171,8 +170,7 @@ class BatchEngine:
         tree_drafter = None if self.dflash is not None and self.dflash.selector is not None \
             else self.model_drafter
         # (a row's prompt lookup and suffix drafting too: their trees are tries of earlier text)
-        trees_fit = self.cross is None and not any(
-            isinstance(layer, ArraysCache) for layer in make_prompt_cache(target_model))
+        trees_fit = self.cross is None and not recurrent(target_model)
         self.tree = tuple(tree) if tree and trees_fit else None
         self.model_tree = self.tree if tree_drafter is not None else None
         # tree=None: a row alone proposes trees as wide as its policy chooses each round (up to
@@ -371,17 +369,21 @@ class BatchEngine:
         for source, (acceptance, seen) in looks.items():
             self.single.observe_prompt_look(source, acceptance, seen, greedy=row.greedy)
 
+    def _may_look(self, row: Row) -> bool:
+        """Whether a row may take the prompt look: a sampled row whose k the policy chooses,
+        with no processors (they change p), under a policy that looks (no calibration)."""
+        request = row.request
+        return (self.look_split is not None and self.cross is None and not row.greedy
+                and row.pinned is None and not request.logits_processors
+                and self.policy.fixed is None and self.single.auto_off
+                and self._cost_prior(request.sampling) is None)
+
     def _gathers_look(self, j: Joining, chunk: List[int]) -> bool:
         """Whether this chunk, its prompt's last, keeps the target's and the draft's hidden
-        states at its last positions for a prompt look: a sampled row whose k the policy
-        chooses, with no processors (they change p), under a policy that looks (no
-        calibration), the chunk at least prompt_look.MIN_ROWS long."""
-        request = j.row.request
-        return (self.look_split is not None and self.cross is None and not j.row.greedy
-                and j.done + len(chunk) == len(j.row.history) - 1
-                and len(chunk) >= prompt_look.MIN_ROWS and j.row.pinned is None
-                and not request.logits_processors and self.policy.fixed is None
-                and self.single.auto_off and self._cost_prior(request.sampling) is None)
+        states at its last positions for a prompt look (`_may_look`), the chunk at least
+        prompt_look.MIN_ROWS long."""
+        return (j.done + len(chunk) == len(j.row.history) - 1
+                and len(chunk) >= prompt_look.MIN_ROWS and self._may_look(j.row))
 
     def _prefill_chunk(self) -> None:
         """Up to prefill_step_size prompt tokens of the waiting rows, oldest first; then every
@@ -406,9 +408,7 @@ class BatchEngine:
                 and not self.draft_recurrent
                 and self.joining and self.joining[0].row is row and len(self.joining) == 1
                 and self.policy.fixed is None and row.pinned is None
-                and (row.greedy or row.request.logits_processors or self.look_split is None
-                     or not self.single.auto_off
-                     or self._cost_prior(row.request.sampling) is not None))
+                and not self._may_look(row))
 
     def _catch_up(self, row: Row) -> None:
         """A row alone whose draft waited (`Row.draft_waits`) and is asked for drafts now:

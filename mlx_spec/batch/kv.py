@@ -70,6 +70,11 @@ def batchable(model) -> bool:
     return "attention" in kinds and "other" not in kinds
 
 
+def recurrent(model) -> bool:
+    """Whether any layer mlx-lm makes for `model` holds recurrent state (ArraysCache)."""
+    return any(isinstance(layer, ArraysCache) for layer in make_prompt_cache(model))
+
+
 def _sliding(layer) -> bool:
     """A sliding window with no kept prefix (attention sinks would need a mask of their own)."""
     return type(layer) is RotatingKVCache and layer.keep == 0
