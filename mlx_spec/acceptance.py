@@ -74,13 +74,34 @@ def acceptance_chances(draft_tokens, draft_probs, target_logprobs) -> mx.array:
     return _overlap(mx.exp(target_logprobs[:draft_tokens.shape[0]]), draft_probs)
 
 
-def keyed_rule(residual: bool = True):
+def keyed_rule(residual: bool = True) -> "KeyedRule":
     """The residual rule drawing from a random key of its own, passed as a fourth argument:
     a batch row's draws then do not depend on the other rows. `residual=False` gives the
     broken rule below (the statistical tests' negative control)."""
-    def rule(draft_tokens, draft_probs, target_logprobs, key):
-        return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual, key)
-    return rule
+    return KeyedRule(residual)
+
+
+class KeyedRule:
+    """keyed_rule's rule: `rule(drafts, q, target_logprobs, key)` -> (n, next token), and
+    `rule.with_chances(...)` -> (n, next token, acceptance_chances from the same p). Both
+    compiled, as speculative_accept is: uncompiled, a row's rule and its chances cost 1.6x the
+    loop's on a CPU at vocabularies of 4k-262k (docs/benchmarks.md, "A sampled row's rule and
+    draws")."""
+
+    def __init__(self, residual: bool = True):
+        self.residual = residual
+
+        def rule(draft_tokens, draft_probs, target_logprobs, key):
+            return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual, key)
+
+        def with_chances(draft_tokens, draft_probs, target_logprobs, key):
+            return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual, key,
+                                     chances=True)
+
+        self._rule, self.with_chances = mx.compile(rule), mx.compile(with_chances)
+
+    def __call__(self, draft_tokens, draft_probs, target_logprobs, key):
+        return self._rule(draft_tokens, draft_probs, target_logprobs, key)
 
 
 @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)

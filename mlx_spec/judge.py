@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from .acceptance import (acceptance_chances, greedy_accept, speculative_accept,
                          speculative_accept_with_chances)
+from .sampling import keyed_categorical
 
 CHANCE_SCALE = 2**20  # a chance rides in the round's integer summary as chance * this
 
@@ -44,10 +45,14 @@ def verdict_parts(accept, drafts: mx.array, probs: Optional[mx.array], target_lo
     kept = None
     if k == 0:  # nothing to judge: the target's own draw
         n = mx.array(0)
-        token = mx.random.categorical(target_logprobs[0], key=key)
+        token = keyed_categorical(target_logprobs[0], key) if key is not None else \
+            mx.random.categorical(target_logprobs[0])
+    elif key is not None and chances and hasattr(accept, "with_chances"):
+        # (a batch row alone: its policy reads them, as a call's; from the rule's own p)
+        n, token, kept = accept.with_chances(drafts, probs, target_logprobs, key)
     elif key is not None:
         n, token = accept(drafts, probs, target_logprobs, key)
-        if chances:  # (a batch row alone: its policy reads them, as a call's)
+        if chances:  # (a keyed rule of the caller's own)
             kept = acceptance_chances(drafts, probs, target_logprobs)
     elif chances and accept is speculative_accept:  # the same rule, its chances from one p
         n, token, kept = speculative_accept_with_chances(drafts, probs, target_logprobs)

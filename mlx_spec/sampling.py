@@ -176,3 +176,10 @@ def _categorical(logprobs: mx.array) -> mx.array:
     mlx-lm's sampler is: the same draw, built as one compiled graph per step (uncompiled it
     cost ~0.1 ms more per sampled plain step on a CPU: bench/results/plain-loop-openblas.md)."""
     return mx.random.categorical(logprobs, axis=-1)
+
+
+@mx.compile
+def keyed_categorical(logprobs: mx.array, key: mx.array) -> mx.array:
+    """mx.random.categorical over the last axis with `key` (a batch row's own), compiled as
+    _categorical is: the same draw as uncompiled."""
+    return mx.random.categorical(logprobs, axis=-1, key=key)

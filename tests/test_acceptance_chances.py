@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mlx_spec import policy as policy_module
-from mlx_spec.acceptance import acceptance_chances
+from mlx_spec.acceptance import _rejection_sample, acceptance_chances, keyed_rule
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.loop import Round
 from mlx_spec.policy import SourceEstimate, expected_kept
@@ -37,6 +37,28 @@ def test_acceptance_chances_is_the_overlap_of_p_and_q():
     got = acceptance_chances(mx.array([1, 1], mx.uint32), q, mx.log(mx.concatenate(
         [p, mx.array([[1 / 3] * 3])])))
     assert np.allclose(np.array(got), [0.2 + 0.3 + 0.2, 0.1], atol=1e-6)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_keyed_rule_with_chances_draws_what_it_draws_without(residual):
+    """A batch row's rule (compiled) and its chances from one p: the same (n, token) as the
+    rule alone and as the uncompiled rule with the same key, and acceptance_chances' values."""
+    rule = keyed_rule(residual)
+    k, vocab = 4, 50
+    for seed in range(12):
+        keys = mx.random.split(mx.random.key(seed), 3)
+        q = mx.softmax(mx.random.normal((k, vocab), key=keys[0]) * 2.0, axis=-1)
+        logprobs = logprobs_from_logits(mx.random.normal((k + 1, vocab), key=keys[1]) * 2.0,
+                                        SamplingConfig(temp=1.0))
+        drafts = mx.random.categorical(mx.log(q), key=keys[2]).astype(mx.uint32)
+        key = mx.random.key(100 + seed)
+        n, token, chances = (np.array(v) for v in rule.with_chances(drafts, q, logprobs, key))
+        alone = [int(np.array(v)) for v in rule(drafts, q, logprobs, key)]
+        uncompiled = [int(np.array(v)) for v in _rejection_sample(drafts, q, logprobs,
+                                                                   residual, key)]
+        assert [int(n), int(token)] == alone == uncompiled
+        assert np.allclose(chances, np.array(acceptance_chances(drafts, q, logprobs)),
+                           atol=1e-6)
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temp=0.0), SamplingConfig(temp=0.7),

@@ -5,7 +5,7 @@
 never_behind, k_choice, plain_loop, mtp_speed, multiturn_reuse, dflash_acceptance,
 eagle3_acceptance, dflash_cost, dflash_reference, lookup_track_record, off_switch,
 copy_ceiling, tree_vs_chain, suffix_traces, rewind_cost, round_overhead, serve_load, serve_abuse,
-verify_cost_dtype, distributed_one_process, real_models, cross_tokenizer, gguf_fidelity,
+verify_cost_dtype, sampled_rule_cost, distributed_one_process, real_models, cross_tokenizer, gguf_fidelity,
 real_model_exactness, compare_results and run_bench (`mlx-spec bench` with a
 fixed seed and a file name per machine). They import the installed package (`mlx_spec`) and the pair zoo
 (bench/zoo.py); the package imports none of them, and the wheel does not hold them. Those that

@@ -100,8 +100,15 @@ class Row:
         return min(self.room, k if pinned is None else pinned)
 
     def next_key(self) -> mx.array:
-        self.key, sub = mx.random.split(self.key)
+        self.key, sub = _split(self.key)
         return sub
+
+
+@mx.compile
+def _split(key: mx.array):
+    """mx.random.split(key) as (key, sub), compiled (one graph node where uncompiled it is three)."""
+    key, sub = mx.random.split(key)
+    return key, sub
 
 
 def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collection[int],

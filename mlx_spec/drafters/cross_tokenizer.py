@@ -43,7 +43,7 @@ from ..attention import round_attention
 from ..cache import ModelCache, make_cache
 from ..cache.prefill import prefill
 from ..cache.rewind import MARK
-from ..sampling import SamplingConfig, logprobs_from_logits, sample
+from ..sampling import SamplingConfig, keyed_categorical, logprobs_from_logits, sample
 from .cross_text import DraftText, target_continuation
 from .draft_model import CATCH_UP_SPLIT
 from .protocol import Proposal, point_mass_proposal
@@ -207,7 +207,7 @@ class CrossTokenizerDrafter:
         """One draft (1,) from log q (V_d,): with the caller's key when it gave `next_key`."""
         if self.next_key is None or self.sampling.greedy:
             return sample(logq, self.sampling)[None]
-        return mx.random.categorical(logq, key=self.next_key()).astype(mx.uint32)[None]
+        return keyed_categorical(logq, self.next_key()).astype(mx.uint32)[None]
 
     def _intersection(self, logits: mx.array, k: int) -> Proposal:
         tokens, logprobs, raw = self._draft(logits, k, shared_only=True)
