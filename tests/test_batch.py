@@ -69,7 +69,7 @@ def test_every_row_equals_its_own_greedy_decoding(pair, rows, k, source, monkeyp
 
     # a draft step timed as free: a draft as large as its target is otherwise never tried by
     # a row alone's policy (it times one step first), and these rows must speculate
-    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, token: 1e-6)
+    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, row: 1e-6)
     target, draft = pair
     prompts = ragged_prompts(rows)
     if "lookup" in source:  # something to look up: the prompt repeats itself

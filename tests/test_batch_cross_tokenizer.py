@@ -210,3 +210,32 @@ def test_a_sliding_window_draft_s_kept_cache_is_taken_back(pairs):
         for o in engine.step():
             more += o.tokens
     assert more == target_alone(target_model, second, 12)
+
+
+@pytest.mark.parametrize("seconds,drafts", [(1.0, False), (1e-6, True)],
+                         ids=["costly-step", "free-step"])
+def test_a_row_alone_times_its_drafts_step_before_its_first_round(pairs, monkeypatch, seconds,
+                                                                  drafts):
+    """As a call's policy times a draft of another tokenizer (its drafter's step_seconds), a
+    row alone's knows what one draft step costs before it drafts: one said to cost a second is
+    never tried, one said to cost nothing is (no calibration); the step its drafter really
+    times is positive, and the text is the target's either way."""
+    from mlx_spec.batch import BatchEngine, RowRequest
+    from mlx_spec.batch.cross import RowCross
+
+    target_tok, draft_tok, target_model, draft_model = pairs["shifted"]
+    timed, real = [], RowCross.step_seconds
+    monkeypatch.setattr(RowCross, "step_seconds",
+                        lambda self, row: timed.append(real(self, row)) or seconds)
+    engine = BatchEngine(target_model, draft_model, tokenizer=target_tok,
+                         draft_tokenizer=draft_tok, calibration=None)
+    prompt = target_tok.encode(PROMPTS[2])
+    engine.insert(RowRequest(prompt, MAX_TOKENS, prompt_lookup=False))
+    tokens, drafted = [], []
+    while engine.busy:
+        for out in engine.step():
+            tokens += out.tokens
+            drafted.append(out.num_drafted)
+    assert (max(drafted) > 0) == drafts, drafted
+    assert tokens == target_alone(target_model, prompt, MAX_TOKENS)
+    assert len(timed) == 1 and timed[0] > 0

@@ -83,7 +83,7 @@ def test_a_later_request_s_look_counts_after_its_first_round(pair, monkeypatch):
         return original(self, source, acceptance, rows, **options)
     monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", record)
     # a draft step timed as free: the second request drafts in its first round
-    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, token: 1e-6)
+    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, row: 1e-6)
     engine = BatchEngine(target, draft)
     for seed in (0, 1):
         engine.insert(RowRequest(prompt_of(40, seed=seed), 8, SamplingConfig(temp=0.7)))

@@ -138,7 +138,7 @@ def test_a_row_alone_times_a_draft_step_before_its_first_round(pair, monkeypatch
     from mlx_spec.batch.drafts import BatchDraft
 
     timed = []
-    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, token: timed.append(token)
+    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, row: timed.append(row.history[-1])
                         or seconds)
     target, draft = pair
     engine = BatchEngine(target, draft, calibration=None)
@@ -194,7 +194,7 @@ PROMPT_40 = [(7 * i + 3) % 64 for i in range(40)]
 def _costly_or_free(monkeypatch, seconds):
     from mlx_spec.batch.drafts import BatchDraft
 
-    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, token: seconds)
+    monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, row: seconds)
 
 
 @pytest.mark.parametrize("seconds,asked", [(1.0, False), (1e-6, True)],

@@ -557,6 +557,27 @@ def test_the_loop_times_the_head_s_chained_step_for_the_policy(good_head, bigram
     assert [s for s, _ in steps] == ["eagle3"] and 0 < steps[0][1] < 1.0
 
 
+def test_a_batch_row_alone_times_the_head_s_chained_step_for_its_policy(good_head, bigram,
+                                                                         monkeypatch):
+    """As the loop's: a row decoding alone in the batch engine times one chained step of the
+    EAGLE-3 head (BatchMTP.step_seconds, on a cache of its own) before its first round, once;
+    its text is the target's."""
+    from mlx_spec.batch import BatchEngine, RowRequest
+    from mlx_spec.policy import AdaptivePolicy
+
+    steps, observe = [], AdaptivePolicy.observe_draft_step
+    monkeypatch.setattr(AdaptivePolicy, "observe_draft_step", lambda self, source, seconds:
+                        steps.append((source, seconds)) or observe(self, source, seconds))
+    engine = BatchEngine(bigram, load_eagle3(str(good_head)), calibration=None)
+    engine.insert(RowRequest(PROMPT, 40, prompt_lookup=False))
+    tokens = []
+    while engine.busy:
+        for out in engine.step():
+            tokens += out.tokens
+    assert tokens == plain_greedy(bigram, PROMPT, 40)
+    assert [s for s, _ in steps] == ["eagle3"] and 0 < steps[0][1] < 1.0
+
+
 @pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
                          ids=["exact-rule", "negative-control"])
 def test_batched_rows_after_a_rejection_are_distributed_as_the_target(residual, exact, small):

@@ -397,6 +397,36 @@ def test_one_row_and_a_batch_of_one_draft_alike(name, tree, pairs, monkeypatch):
                                atol=1e-4).item()
 
 
+@pytest.mark.parametrize("seconds,drafts", [(1.0, False), (1e-6, True)],
+                         ids=["costly-step", "free-step"])
+def test_a_row_alone_times_the_heads_chained_step_before_its_first_round(seconds, drafts, pairs,
+                                                                         monkeypatch):
+    """As a call's policy times the head's chained step (head_chain.step_seconds), a row
+    alone's knows what one costs before it drafts (one timed step, handed on to the next
+    request): a step said to cost a second is never tried, one said to cost nothing is; no
+    calibration, as a call times it only then. The step the head really times (on a cache of
+    its own) is positive, and the text is the target's either way."""
+    from mlx_spec.batch import BatchEngine, RowRequest
+    from mlx_spec.batch.mtp import BatchMTP
+
+    target, original = pairs["qwen3_5"][:2]
+    timed, real = [], BatchMTP.step_seconds
+    monkeypatch.setattr(BatchMTP, "step_seconds",
+                        lambda self, row: timed.append(real(self, row)) or seconds)
+    engine = BatchEngine(target, "mtp", mtp_weights=str(original), calibration=None)
+    for prompt in (PROMPT, PROMPT[::-1]):  # two requests, one after the other
+        engine.insert(RowRequest(prompt, 24, prompt_lookup=False))
+        tokens, drafted = [], []
+        while engine.busy:
+            for out in engine.step():
+                tokens += out.tokens
+                drafted.append(out.num_drafted)
+        assert (max(drafted) > 0) == drafts, drafted
+        assert tokens == run(target, prompt, n=24, num_draft_tokens=2,
+                             mtp_weights=str(original))[0]
+    assert len(timed) == 1 and timed[0] > 0
+
+
 @pytest.mark.parametrize("accept,exact", [(None, True), (resample_from_target_accept, False)])
 def test_exact_sampling_at_temperature_one(accept, exact, pairs):
     """Chi-square of the first two tokens against the target's exact distribution; resampling

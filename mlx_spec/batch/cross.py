@@ -59,6 +59,10 @@ class RowCross:
     def can_propose(self, history: List[int]) -> bool:
         return self.drafter.can_propose(history)
 
+    def step_seconds(self, row: Row) -> float:
+        """One draft step's seconds, undone (the one-row drafter's, as a call times it)."""
+        return self.drafter.step_seconds(row.history[-1])
+
     @property
     def layers(self) -> list:
         """The draft cache's layers (the ids they hold ride on the first: a reused cache's

@@ -56,11 +56,11 @@ class BatchDraft:
     def ready(self, row: Row) -> bool:
         return True  # its cache holds the prompt from the start
 
-    def step_seconds(self, token: int, repeats: int = 2) -> float:
-        """Seconds of one draft step on `token` on an empty one-row cache, the fastest of
-        `repeats`: what each drafted token costs, for a row alone's policy before its first
-        round (as the one-row drafter's step, timed before its lazy prefill)."""
-        x = mx.array([[token]], mx.uint32)
+    def step_seconds(self, row: Row, repeats: int = 2) -> float:
+        """Seconds of one draft step on the row's last token on an empty one-row cache, the
+        fastest of `repeats`: what each drafted token costs, for a row alone's policy before
+        its first round (as the one-row drafter's step, timed before its lazy prefill)."""
+        x = mx.array([row.history[-1:]], mx.uint32)
         fastest = float("inf")
         for _ in range(repeats):
             layers = row_cache(self.model)

@@ -337,9 +337,12 @@ class BatchEngine:
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
-        if self.draft is not None and self.single.wants_draft_step("draft") \
-                and "draft" not in self.single.step_seconds:  # (then handed on, request to request)
-            self.single.observe_draft_step("draft", self.draft.step_seconds(row.history[-1]))
+        # One timed draft step, as a call's (then handed on, request to request): the draft
+        # model's, a head's chained step, or the row's draft of another tokenizer
+        timed = self.model_drafter if hasattr(self.model_drafter, "step_seconds") else row.cross
+        if timed is not None and self.single.wants_draft_step(timed.source) \
+                and timed.source not in self.single.step_seconds:
+            self.single.observe_draft_step(timed.source, timed.step_seconds(row))
 
     def _looks(self, alone: bool) -> None:
         """A row alone whose first round was handed out takes its prompt look now (before its

@@ -14,6 +14,7 @@ last one waits, so its first proposal has an output to draft from.
 
 from __future__ import annotations
 
+import time
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -56,6 +57,25 @@ class BatchMTP:
         if pairs:
             feed(self.head, mx.array([[t for t, _ in pairs]], mx.uint32), hidden[:, :len(pairs)],
                  layers[0])
+
+    def step_seconds(self, row: Row, repeats: int = 2) -> Optional[float]:
+        """Seconds of one chained step (the head on its own output and a token, then its
+        logits) on a one-row cache of its own fed the row's waiting pair, the fastest of
+        `repeats`: what each draft after the first costs, for a row alone's policy before its
+        first round (as the one-row head's step). None while the row has no pair."""
+        if not row.mtp_pending:
+            return None
+        tokens, hidden = row.mtp_pending[-1]
+        layer = self.new_row_cache()[0]
+        token = mx.array([tokens[-1:]], mx.uint32)
+        g = feed(self.head, token, hidden[None, -1:], layer)  # (1, 1, H)
+        mx.eval(g)
+        fastest = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            mx.eval(self.head.logits(feed(self.head, token, g, layer)[:, 0]))
+            fastest = min(fastest, time.perf_counter() - start)
+        return fastest
 
     def propose(self, rows: Sequence[Row], k: int,
                 drawn: Sequence[int]) -> Tuple[mx.array, List[Optional[mx.array]]]:
