@@ -82,8 +82,11 @@ def test_a_later_request_s_look_counts_after_its_first_round(pair, monkeypatch):
         at.append(self.source(source).rounds)
         return original(self, source, acceptance, rows, **options)
     monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", record)
-    # a draft step timed as free: the second request drafts in its first round
+    # a draft step timed as free and no prefill time for v's prior (which on this CPU tells
+    # the policy a verified token costs about a plain step): the second request drafts in
+    # its first round
     monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, row: 1e-6)
+    monkeypatch.setattr(AdaptivePolicy, "observe_prefill", lambda self, tokens, seconds: None)
     engine = BatchEngine(target, draft)
     for seed in (0, 1):
         engine.insert(RowRequest(prompt_of(40, seed=seed), 8, SamplingConfig(temp=0.7)))

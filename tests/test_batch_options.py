@@ -143,7 +143,7 @@ def test_a_row_alone_times_a_draft_step_before_its_first_round(pair, monkeypatch
     target, draft = pair
     engine = BatchEngine(target, draft, calibration=None)
     for prompt in ([2, 7, 1, 8], [3, 1, 4]):  # two requests, one after the other
-        engine.insert(RowRequest(prompt, 24, prompt_lookup=False))
+        engine.insert(RowRequest(prompt, 40, prompt_lookup=False))
         drafted = []
         while engine.busy:
             drafted += [o.num_drafted for o in engine.step()]
@@ -247,3 +247,36 @@ def test_a_row_whose_draft_waited_catches_up_beside_a_newcomer(pair, monkeypatch
     assert drafted > 0
     assert got[0] == shared_plain_greedy(target, PROMPT_40, 30)
     assert got[1] == shared_plain_greedy(target, [3, 1, 4, 1, 5], 30)
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.7])
+def test_a_row_alone_s_policy_takes_its_target_s_prefill_time_as_a_call_s(pair, monkeypatch,
+                                                                           temp):
+    """A call's policy is told the target's prefill time (`observe_prefill`: the prior of v,
+    what one more verified token costs), the draft model's prefill not in it; so is a row
+    alone's, whether its draft waits (greedy) or reads the prompt beside the target (sampled:
+    chunks of 8, the last kept for the prompt look). The draft is made slow (0.3 s a forward):
+    its prefill would show in the time."""
+    import time
+
+    from mlx_spec.policy import AdaptivePolicy
+    from mlx_spec.sampling import SamplingConfig
+
+    target, draft = pair
+    told, observe = [], AdaptivePolicy.observe_prefill
+    monkeypatch.setattr(AdaptivePolicy, "observe_prefill", lambda self, tokens, seconds:
+                        told.append((tokens, seconds)) or observe(self, tokens, seconds))
+    model_call = type(draft).__call__
+
+    def slow(self, *args, **kwargs):
+        if self is draft:
+            time.sleep(0.3)
+        return model_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(draft), "__call__", slow)
+    engine = BatchEngine(target, draft, calibration=None, prefill_step_size=8)
+    engine.insert(RowRequest(PROMPT_40, 4, SamplingConfig(temp=temp), prompt_lookup=False))
+    while engine.busy:
+        engine.step()
+    assert len(told) == 1 and told[0][0] == len(PROMPT_40) - 1
+    assert 0 < told[0][1] < 0.3, told

@@ -405,10 +405,15 @@ def test_a_row_alone_times_the_heads_chained_step_before_its_first_round(seconds
     alone's knows what one costs before it drafts (one timed step, handed on to the next
     request): a step said to cost a second is never tried, one said to cost nothing is; no
     calibration, as a call times it only then. The step the head really times (on a cache of
-    its own) is positive, and the text is the target's either way."""
+    its own) is positive, and the text is the target's either way. Each request's policy is
+    told its prefill's time (v's prior), as a call's is."""
     from mlx_spec.batch import BatchEngine, RowRequest
     from mlx_spec.batch.mtp import BatchMTP
+    from mlx_spec.policy import AdaptivePolicy
 
+    told, observe = [], AdaptivePolicy.observe_prefill
+    monkeypatch.setattr(AdaptivePolicy, "observe_prefill", lambda self, tokens, seconds:
+                        told.append(tokens) or observe(self, tokens, seconds))
     target, original = pairs["qwen3_5"][:2]
     timed, real = [], BatchMTP.step_seconds
     monkeypatch.setattr(BatchMTP, "step_seconds",
@@ -416,12 +421,13 @@ def test_a_row_alone_times_the_heads_chained_step_before_its_first_round(seconds
     engine = BatchEngine(target, "mtp", mtp_weights=str(original), calibration=None)
     for prompt in (PROMPT, PROMPT[::-1]):  # two requests, one after the other
         engine.insert(RowRequest(prompt, 24, prompt_lookup=False))
-        tokens, drafted = [], []
+        tokens, drafted, before = [], [], len(told)
         while engine.busy:
             for out in engine.step():
                 tokens += out.tokens
                 drafted.append(out.num_drafted)
         assert (max(drafted) > 0) == drafts, drafted
+        assert told[before:] == [len(prompt) - 1]
         assert tokens == run(target, prompt, n=24, num_draft_tokens=2,
                              mtp_weights=str(original))[0]
     assert len(timed) == 1 and timed[0] > 0

@@ -329,8 +329,8 @@ class BatchEngine:
             DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR,
             self._cost_prior(row.request.sampling))
         self.single_uid = row.uid
-        if row.draft_waits and row.prefilled:  # the target's prefill alone: v's prior, and
-            self.single.observe_prefill(row.prefilled, row.prefill_seconds)  # the draft's backlog
+        if row.prefilled:  # the target's prefill alone: v's prior (and a waiting draft's
+            self.single.observe_prefill(row.prefilled, row.prefill_seconds)  # backlog's), as a call's
         self.single.expect_reply(row.room)
         if self.chosen_width and row.pinned is None and not row.request.logits_processors:
             self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (as a call's)
@@ -358,7 +358,7 @@ class BatchEngine:
         """The prompt look (prompt_look.py) of a request decoding alone, as a call's
         (loop._take_look): the draft's acceptance on the prompt's last positions, over as many
         of the rows its prefill kept as its reply buys (`AdaptivePolicy.look_rows`; the row's
-        prefill time per token, its draft's included), handed to its policy, unless the first
+        target's prefill time per token, as a call's), handed to its policy, unless the first
         round already switched the draft off (`still_looks`). One host sync."""
         target_hidden, draft_hidden = row.look_tail
         row.look_tail = None
@@ -456,17 +456,19 @@ class BatchEngine:
                     self.draft.trunk(x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
             else:
                 self.target_model(x, cache=j.target_layers)
-            states = arrays(j.target_layers) + arrays(j.head_layers or [])
+            # The target's part (and a head's or a DFlash drafter's, as a call's followers)
+            # evaluated and timed first: a row alone's v prior, as a call's prefill is timed
+            mx.eval(arrays(j.target_layers) + arrays(j.head_layers or [])
+                    + ([j.row.look_tail[0]] if look else []))
+            j.row.prefill_seconds += time.perf_counter() - started
             if j.done == j.held:  # its first chunk: the draft reads the prompt now, or later
                 j.row.draft_waits = self._defers_draft(j.row)
             if self.draft is not None:
                 if not look and not j.row.draft_waits:
                     self.draft_model(x, cache=j.draft_layers)
-                states += arrays(j.draft_layers)
-            mx.eval(states + (list(j.row.look_tail) if look else []))
+                mx.eval(arrays(j.draft_layers) + ([j.row.look_tail[1]] if look else []))
             j.done += len(chunk)
             j.row.prefilled += len(chunk)
-            j.row.prefill_seconds += time.perf_counter() - started
             if j.row.cross is not None:  # its draft reads the same text, in its own vocabulary
                 j.row.cross.prefill(prompt[:j.done], budget)
         return max(1, len(chunk))

@@ -71,7 +71,9 @@ class Row:
     acceptance: object = None
     # The prompt look (prompt_look.py): the target's and the draft's hidden states at the
     # prompt's last positions (kept by a sampled row's last prefill chunk), until its policy
-    # reads them; and its prefill's time and tokens (what the look's rows cost)
+    # reads them; and its prefill's tokens and the target's time on them (a head's or a DFlash
+    # drafter's included, a draft model's not: a call's timed prefill), what the look's rows
+    # cost and its policy's prior of v
     look_tail: Optional[tuple] = None
     prefill_seconds: float = 0.0
     prefilled: int = 0
