@@ -89,8 +89,6 @@ class KeyedRule:
     draws")."""
 
     def __init__(self, residual: bool = True):
-        self.residual = residual
-
         def rule(draft_tokens, draft_probs, target_logprobs, key):
             return _rejection_sample(draft_tokens, draft_probs, target_logprobs, residual, key)
 

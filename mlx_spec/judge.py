@@ -22,7 +22,7 @@ from typing import Collection, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from .acceptance import (acceptance_chances, greedy_accept, speculative_accept,
+from .acceptance import (greedy_accept, speculative_accept,
                          speculative_accept_with_chances)
 from .sampling import keyed_categorical
 
@@ -47,13 +47,11 @@ def verdict_parts(accept, drafts: mx.array, probs: Optional[mx.array], target_lo
         n = mx.array(0)
         token = keyed_categorical(target_logprobs[0], key) if key is not None else \
             mx.random.categorical(target_logprobs[0])
-    elif key is not None and chances and hasattr(accept, "with_chances"):
-        # (a batch row alone: its policy reads them, as a call's; from the rule's own p)
+    elif key is not None and chances:  # (a batch row alone: its policy reads them, as a
+        # call's; the keyed rule's own, acceptance.KeyedRule, from the p it draws with)
         n, token, kept = accept.with_chances(drafts, probs, target_logprobs, key)
     elif key is not None:
         n, token = accept(drafts, probs, target_logprobs, key)
-        if chances:  # (a keyed rule of the caller's own)
-            kept = acceptance_chances(drafts, probs, target_logprobs)
     elif chances and accept is speculative_accept:  # the same rule, its chances from one p
         n, token, kept = speculative_accept_with_chances(drafts, probs, target_logprobs)
     else:
