@@ -28,6 +28,10 @@ from mlx.utils import tree_map
 from tiny import once
 
 FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "gemma3_text", "gpt_oss"]
+# More recurrent hybrids, each a mixer's state beside attention layers (ArraysCache, KVCache):
+# Granite 4.0-H (Mamba-2), LFM2-MoE (short convolutions), Jamba (Mamba), PLaMo 2 (Mamba-2),
+# OLMo Hybrid (a Gated DeltaNet of its own). Tested by tests/test_more_families.py alone.
+MORE_RECURRENT = ["granitemoehybrid", "lfm2_moe", "jamba", "plamo2", "olmo_hybrid"]
 
 HIDDEN = 32  # divisible by the quantization group size (32)
 
@@ -108,6 +112,69 @@ def _nemotron_h(vocab_size, window):
     return nemotron_h.Model(args)
 
 
+def _granitemoehybrid(vocab_size, window):
+    from mlx_lm.models import granitemoehybrid
+
+    return granitemoehybrid.Model(granitemoehybrid.ModelArgs(
+        model_type="granitemoehybrid", vocab_size=vocab_size, hidden_size=HIDDEN,
+        intermediate_size=64, num_hidden_layers=4, max_position_embeddings=4096,
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=False,
+        embedding_multiplier=1.0, attention_multiplier=0.25, logits_scaling=1.0,
+        residual_multiplier=1.0, layer_types=["mamba", "attention", "mamba", "attention"],
+        rms_norm_eps=1e-6, mamba_n_heads=4, mamba_d_head=16, mamba_proj_bias=False,
+        mamba_d_state=16, mamba_d_conv=4, mamba_n_groups=1, mamba_conv_bias=True,
+        shared_intermediate_size=64, tie_word_embeddings=False))
+
+
+def _lfm2_moe(vocab_size, window):
+    from mlx_lm.models import lfm2_moe
+
+    return lfm2_moe.Model(lfm2_moe.ModelArgs.from_dict({
+        "model_type": "lfm2_moe", "vocab_size": vocab_size, "hidden_size": HIDDEN,
+        "intermediate_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+        "use_expert_bias": True, "num_dense_layers": 1, "norm_eps": 1e-5, "conv_bias": False,
+        "conv_L_cache": 3, "rope_theta": 10000.0,
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"]}))
+
+
+def _jamba(vocab_size, window):
+    from mlx_lm.models import jamba
+
+    return jamba.Model(jamba.ModelArgs.from_dict({
+        "model_type": "jamba", "vocab_size": vocab_size, "hidden_size": HIDDEN,
+        "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "attn_layer_offset": 1, "attn_layer_period": 2,
+        "expert_layer_offset": 1, "expert_layer_period": 2, "num_experts": 1,
+        "num_experts_per_tok": 1, "mamba_d_conv": 4, "mamba_d_state": 8, "mamba_expand": 2,
+        "mamba_dt_rank": 4, "mamba_conv_bias": True, "mamba_proj_bias": False,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 4096}))
+
+
+def _plamo2(vocab_size, window):
+    from mlx_lm.models import plamo2
+
+    return plamo2.Model(plamo2.ModelArgs(
+        hidden_size=HIDDEN, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size_per_head=8, max_position_embeddings=4096, attention_window_size=4096,
+        mamba_d_state=8, mamba_d_conv=4, mamba_num_heads=4, mamba_step=2, mamba_chunk_size=16,
+        intermediate_size=64, vocab_size=vocab_size, tie_word_embeddings=False))
+
+
+def _olmo_hybrid(vocab_size, window):
+    from mlx_lm.models import olmo_hybrid
+
+    return olmo_hybrid.Model(olmo_hybrid.ModelArgs(
+        model_type="olmo_hybrid", hidden_size=HIDDEN, intermediate_size=64,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+        vocab_size=vocab_size, max_position_embeddings=4096, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, linear_allow_neg_eigval=True, tie_word_embeddings=False,
+        attention_bias=False, head_dim=8,
+        layer_types=["linear_attention", "full_attention"] * 2))
+
+
 def _gemma3_text(vocab_size, window):
     from mlx_lm.models import gemma3_text
 
@@ -144,6 +211,11 @@ _BUILDERS = {
     "nemotron_h": _nemotron_h,
     "gemma3_text": _gemma3_text,
     "gpt_oss": _gpt_oss,
+    "granitemoehybrid": _granitemoehybrid,
+    "lfm2_moe": _lfm2_moe,
+    "jamba": _jamba,
+    "plamo2": _plamo2,
+    "olmo_hybrid": _olmo_hybrid,
 }
 
 # Factor on every weight of ndim >= 2: Linear/Embedding matrices as in
@@ -173,7 +245,7 @@ def make_family(name: str, seed: int = 0, vocab_size: int = 64, window: int = 8,
     lfm2's class has no separate output head, so its embeddings stay tied.
     """
     if name not in _BUILDERS:
-        raise ValueError(f"unknown family {name!r}; expected one of {FAMILIES}")
+        raise ValueError(f"unknown family {name!r}; expected one of {sorted(_BUILDERS)}")
     if quantize_bits not in (None, 4, 8):
         raise ValueError(f"quantize_bits must be None, 4 or 8, not {quantize_bits}")
     mx.random.seed(seed)

@@ -48,7 +48,10 @@ class BatchDraft:
         self.model = draft_model
         self.target_vocab_size = target_vocab_size
         self.fed = 0  # positions the last proposal fed after the pending ones (k - 1)
-        self.trunk, self.head = split_target(draft_model)  # head(trunk(x)) == draft_model(x)
+        try:  # head(trunk(x)) == draft_model(x)
+            self.split = split_target(draft_model)
+        except (AttributeError, KeyError, TypeError):  # not mlx-lm's trunk-and-head layout
+            self.split = None
         self.keep_logits = False  # True: each proposal's per-step logits in kept_logits
         self.kept_logits: Optional[mx.array] = None  # (B, k, V_d) of the last proposal, lazy
         self.states: list = []  # recurrent layers: their states after each position of the chain
@@ -89,9 +92,12 @@ class BatchDraft:
             with ragged:
                 if width == 1:
                     logits = self.model(x, cache=layers)[:, -1]  # (B, V_d)
+                elif self.split is None:  # a catch-up: every position's logits, the last kept
+                    logits = mx.take_along_axis(self.model(x, cache=layers), last, axis=1)[:, 0]
                 else:  # the output layer only at each row's last pending token (a catch-up)
-                    hidden = self.trunk(x, cache=layers)  # (B, P, H)
-                    logits = self.head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
+                    trunk, head = self.split
+                    hidden = trunk(x, cache=layers)  # (B, P, H)
+                    logits = head(mx.take_along_axis(hidden, last, axis=1)[:, 0])  # (B, V_d)
             self.cache.keep(width, lengths)  # each row's entries end where the others' do
             recurrent = bool(self.cache.recurrent)
             self.states = [self.cache.states()]  # recurrent: after each draft fed (settle)

@@ -10,8 +10,9 @@ which moves its rejected entries out past the end and grows its left padding
 (mlx-lm's `finalize` for right-padded prompts does the same roll). Rows join
 (`join`: a one-row cache prefilled alone) and leave (`drop`) between rounds.
 
-Recurrent layers (`ArraysCache`) of Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next),
-short-convolution hybrids (LFM2) and Mamba-2 hybrids (Nemotron-H) batch too:
+Recurrent layers (`ArraysCache`) of Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next, OLMo
+Hybrid), short-convolution hybrids (LFM2, LFM2-MoE), Mamba-2 hybrids (Nemotron-H, Granite
+4.0-H, PLaMo 2) and Mamba hybrids (Jamba) batch too:
 their state is per row, not per position, so a forward that may be undone
 first keeps the states it starts from (references: free) and records each
 mixer's inputs (cache/replay.py); going back restores them and re-runs each
@@ -53,9 +54,11 @@ COMPACT_AT = 64
 
 # Families whose recurrent layers batch (MixerReplay.replay_rows): all Gated DeltaNets
 # (replayed by their recurrence alone), or mixers replayed by kept length on batch-first
-# state (short convolutions, Mamba-2), the families tested here.
+# state (short convolutions, Mamba and Mamba-2, OLMo Hybrid's Gated DeltaNet with its three
+# convolutions), the families tested here (tests/test_batch.py, tests/test_more_families.py).
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-REPLAYED_BY_LENGTH = ("lfm2", "nemotron_h")
+REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jamba", "plamo2",
+                      "olmo_hybrid")
 
 
 def batchable(model) -> bool:

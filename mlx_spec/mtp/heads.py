@@ -27,12 +27,13 @@ own class), which the target's config cannot say.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Callable, List, Optional, Tuple
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, gather_last_axis
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..precision import compute_dtype, head_for, prepare_drafter
 
@@ -78,15 +79,40 @@ def split_target(model) -> Tuple[Callable, Callable]:
     sums each layer's output; a pipeline gathers the last stage's), and a
     head that tensor parallelism split by vocabulary (qwen3_5's) is gathered
     as the model's own forward gathers it, so the logits are whole too.
+
+    TypeError where the model's logits are something else than that head's output (Granite's
+    `logits_scaling`, Gemma 2's soft cap, Cohere's `logit_scale`...): checked once per model on
+    one token (`_reproduces`), so no caller ever reads unscaled logits as the model's.
     """
     text = text_model(model)
     trunk = text.model if "model" in text else text.backbone  # (nemotron_h: `backbone`)
-    tied = getattr(text.args, "tie_word_embeddings", False) or "lm_head" not in text
+    config = getattr(text, "args", None) or getattr(text, "config", None)  # (plamo2: config)
+    tied = getattr(config, "tie_word_embeddings", False) or "lm_head" not in text
     head = (trunk.embed_tokens if "embed_tokens" in trunk else trunk.embeddings).as_linear \
         if tied else text.lm_head
     if isinstance(head, (nn.AllToShardedLinear, nn.QuantizedAllToShardedLinear)):
-        return trunk, _gathered(head)
+        head = _gathered(head)
+    if not _reproduces(text, trunk, head):
+        raise TypeError(f"{model_type(model)}'s logits are not its output layer over its "
+                        "trunk's hidden states.")
     return trunk, head
+
+
+_REPRODUCES: Dict[int, Tuple[weakref.ref, bool]] = {}  # id(model) -> (the model, the answer)
+
+
+def _reproduces(model, trunk, head) -> bool:
+    """Whether head(trunk(x)) gives model(x) on one token (fresh caches): once per model."""
+    known = _REPRODUCES.get(id(model))
+    if known is not None and known[0]() is model:
+        return known[1]
+    x = mx.array([[1]], mx.uint32)
+    whole = model(x, cache=make_prompt_cache(model))
+    split = head(trunk(x, cache=make_prompt_cache(model)))
+    answer = whole.shape == split.shape and mx.allclose(
+        whole.astype(mx.float32), split.astype(mx.float32), rtol=1e-3, atol=1e-3).item()
+    _REPRODUCES[id(model)] = (weakref.ref(model), answer)
+    return answer
 
 
 def _gathered(lm_head) -> Callable:
