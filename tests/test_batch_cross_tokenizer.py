@@ -78,6 +78,22 @@ def test_prompt_lookup_in_front_and_the_batch_policy(pairs):
     assert result.token_ids == reference
 
 
+def test_forced_trees_beside_a_draft_of_another_tokenizer(pairs):
+    """`tree=(3, 2)` with a draft of another tokenizer, as a call takes it: prompt lookup
+    proposes tries of the earlier text, the row's own drafter its chains, both in one round's
+    tree pass beside each other: still the target's tokens, row for row."""
+    target_tok, draft_tok, target_model, draft_model = pairs["shifted"]
+    prompts = [target_tok.encode(p) for p in ["hello world hello world, def hello world the",
+                                              "the", "def the def the def"]]
+    reference = [target_alone(target_model, p, MAX_TOKENS) for p in prompts]
+    result = batch_generate(target_model, target_tok, prompts, draft_model=draft_model,
+                            draft_tokenizer=draft_tok, max_tokens=MAX_TOKENS, prompt_lookup=True,
+                            num_draft_tokens=3, tree=(3, 2))
+    assert result.token_ids == reference
+    assert result.stats["tree_rounds"] > 0  # rounds where some row proposed a trie
+    assert set(result.stats["cross_rules"])  # ... and rows that drafted across tokenizers
+
+
 def test_a_draft_without_its_tokenizer_is_one_sentence(pairs):
     target_tok, draft_tok, target_model, draft_model = pairs["spm-draft"]  # 289 > 275 tokens
     with pytest.raises(ValueError, match="pass the draft's tokenizer as draft_tokenizer="):

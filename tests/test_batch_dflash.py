@@ -261,6 +261,10 @@ def test_a_dflash2_drafter_is_served_batched(chat_drafter, tmp_path):
     # Trees batch from a DFlash drafter's block; a DFlash2 selector walks chains
     assert can_batch(target, dflash, tokenizer, tree=(3, 2))
     assert not can_batch(target, drafter, tokenizer, tree=(3, 2))
+    from mlx_spec.server.worker import check_batched
+    with pytest.raises(ValueError, match="serve trees from a DFlash2 drafter one request at a "
+                                         "time"):
+        check_batched(target, drafter, tokenizer, tree=(3, 2))
     worker = batched_worker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
                          max_concurrency=4)
     server, thread, url = serve_in_background(create_app(worker, "default"))

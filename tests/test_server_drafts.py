@@ -109,8 +109,8 @@ def test_the_batched_worker_serves_an_eagle3_head(models):
 @pytest.mark.parametrize("kind", ["tree", "eagle3"])
 def test_the_batched_worker_serves_trees_and_others_one_at_a_time(models, kind):
     """Trees batch from a draft model of the target's tokenizer, a head (an EAGLE-3 head here;
-    the MTP head in tests/test_mtp.py) and prompt lookup: each row its own tree. A draft of
-    another tokenizer's are served one request at a time."""
+    the MTP head in tests/test_mtp.py) and prompt lookup: each row its own tree; beside a draft
+    of another tokenizer, whose rows draft chains, prompt lookup's tries batch too."""
     target, tokenizer, drafts = models
     foreign, _ = drafts["cross"]
     draft, tree_options = drafts["tree"] if kind == "tree" else (drafts["eagle3"][0],
@@ -119,10 +119,7 @@ def test_the_batched_worker_serves_trees_and_others_one_at_a_time(models, kind):
     assert can_batch(target, draft, tokenizer, tree=(3, 2))  # each row its own tree
     assert can_batch(target, draft, tokenizer) and can_batch(target, draft, tokenizer, None)
     assert can_batch(target, None, tokenizer, tree=(3, 2))  # prompt lookup's tries
-    assert not can_batch(target, foreign, tokenizer, tree=(3, 2))  # one request at a time
-    with pytest.raises(ValueError, match="Batched serving drafts token trees from prompt "
-                                         "lookup, suffix drafting, a draft model"):
-        batched_worker(target, tokenizer, foreign, tree_options)
+    assert can_batch(target, foreign, tokenizer, tree=(3, 2))  # its chains, lookup's tries
     prompts = ["def fibonacci(n):", "return", "    if n < 2:\n"]
     expected = [generate(target, tokenizer, p, max_tokens=MAX_TOKENS) for p in prompts]
     worker = batched_worker(target, tokenizer, draft, tree_options)

@@ -170,7 +170,8 @@ class BatchEngine:
         tree_drafter = None if self.dflash is not None and self.dflash.selector is not None \
             else self.model_drafter
         # (a row's prompt lookup and suffix drafting too: their trees are tries of earlier text)
-        trees_fit = self.cross is None and not recurrent(target_model)
+        # (a draft of another tokenizer drafts chains beside them, as it does for a call)
+        trees_fit = not recurrent(target_model)
         self.tree = tuple(tree) if tree and trees_fit else None
         self.model_tree = self.tree if tree_drafter is not None else None
         # tree=None: a row alone proposes trees as wide as its policy chooses each round (up to

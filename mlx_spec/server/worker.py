@@ -37,9 +37,9 @@ from typing import Callable, Deque, Dict, List, Optional
 import mlx.core as mx
 
 from ..acceptance import rule_name
-from ..assemble import draft_bridge, resolve_calibration
+from ..assemble import resolve_calibration
 from ..batch import BatchEngine, RowRequest
-from ..batch.engine import check_batchable, is_draft_model
+from ..batch.engine import check_batchable
 from ..dflash import is_dflash_model
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
@@ -390,9 +390,9 @@ class GenerationWorker:
 
 def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
     """Whether these models (and options) can be served batched, else one request at a time:
-    forced token trees (`tree`) batch from a draft model of the target's tokenizer (each row
-    its own tree) and run one at a time from every other source; a draft of another tokenizer
-    than `tokenizer` is batched (a drafter of its own for each row)."""
+    forced token trees (`tree`) batch from every drafter the batch takes but a DFlash2 drafter
+    (a draft of another tokenizer than `tokenizer`, a drafter of its own for each row, drafts
+    chains beside prompt lookup's and suffix drafting's tries, as for a call)."""
     try:
         check_batched(target_model, draft_model, tokenizer, tree)
     except ValueError:
@@ -403,23 +403,19 @@ def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
 def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
     """ValueError, in one sentence, unless the batch engine serves these."""
     check_batchable(target_model, draft_model, tokenizer)
-    if tree and not _batches_trees(target_model, draft_model, tokenizer):
+    if tree and not _batches_trees(draft_model):
         raise ValueError("Batched serving drafts token trees from prompt lookup, suffix "
-                         "drafting, a draft model of the target's tokenizer, the target's MTP "
-                         "head, an EAGLE-3 head or a DFlash drafter; serve trees from a DFlash2 "
-                         "drafter or a draft of another tokenizer one request at a time "
-                         "(mlx-spec serve --no-batching).")
+                         "drafting, a draft model, the target's MTP head, an EAGLE-3 head or a "
+                         "DFlash drafter; serve trees from a DFlash2 drafter one request at a "
+                         "time (mlx-spec serve --no-batching).")
 
 
-def _batches_trees(target_model, draft_model, tokenizer) -> bool:
+def _batches_trees(draft_model) -> bool:
     """Whether the batch's rows draft token trees with this drafter (batch/trees.py): every
-    one the batch takes (none: prompt lookup's and suffix drafting's tries) but a DFlash2
-    drafter (its selector walks a chain) and a draft of another tokenizer (its rows keep
-    chains)."""
-    if is_dflash_model(draft_model):
-        return draft_model.dflash_config.dflash2 is None
-    return not is_draft_model(draft_model) or \
-        draft_bridge(target_model, draft_model, tokenizer) is None
+    one the batch takes (none: prompt lookup's and suffix drafting's tries; a draft of another
+    tokenizer: its rows' chains beside those tries, as a call's) but a DFlash2 drafter (its
+    selector walks a chain)."""
+    return not is_dflash_model(draft_model) or draft_model.dflash_config.dflash2 is None
 
 
 def is_mtp(draft_model) -> bool:
