@@ -258,13 +258,7 @@ def test_a_dflash2_drafter_is_served_batched(chat_drafter, tmp_path):
     drafter = make_dflash2(tmp_path / "d2", 48, [0, 1], block_size=6, seed=5, is_causal=True,
                            mask_token_id=vocab - 1, vocab_size=vocab)
     assert isinstance(drafter, DFlash2Model) and can_batch(target, drafter)
-    # Trees batch from a DFlash drafter's block; a DFlash2 selector walks chains
-    assert can_batch(target, dflash, tokenizer, tree=(3, 2))
-    assert not can_batch(target, drafter, tokenizer, tree=(3, 2))
-    from mlx_spec.server.worker import check_batched
-    with pytest.raises(ValueError, match="serve trees from a DFlash2 drafter one request at a "
-                                         "time"):
-        check_batched(target, drafter, tokenizer, tree=(3, 2))
+    assert can_batch(target, dflash, tokenizer)  # (trees too: batch/trees.py)
     worker = batched_worker(target, tokenizer, drafter, store=PromptCacheStore(2**28),
                          max_concurrency=4)
     server, thread, url = serve_in_background(create_app(worker, "default"))
@@ -301,6 +295,59 @@ def test_dflash2_rows_equal_their_own_greedy_decoding(target, dflash2_drafters, 
     for prompt, tokens in zip(prompts, got):
         assert tokens == shared_plain_greedy(target, prompt, MAX_TOKENS)
     assert engine.rounds.get(3, 0) > 0
+
+
+def test_dflash2_tree_rows_equal_their_own_greedy_decoding(target, dflash2_drafters):
+    """`tree=(3, 2)`: each row's walk is its tree's spine, beside each spine draft the next-best
+    candidate by the selector's scores given the spine's draft before it: five ragged rows
+    keep their greedy text, some keeping a sibling; a row alone's rounds are a call's, round
+    for round (its tokens, kept drafts and nodes: the same siblings)."""
+    from mlx_spec.generate import speculative_generate_step
+
+    drafter = dflash2_drafters["bidirectional"]
+    prompts = ragged_prompts(5)
+    engine = BatchEngine(target, drafter, num_draft_tokens=3, tree=(3, 2))
+    got, off_spine = {}, 0
+    for uid, prompt in [(engine.insert(RowRequest(p, MAX_TOKENS, prompt_lookup=False)), p)
+                        for p in prompts]:
+        got[uid] = []
+    while engine.busy:
+        for out in engine.step():
+            got[out.uid] += out.tokens
+            assert out.tree_nodes % 2 == 0  # two nodes a level (0: no drafts)
+            off_spine += out.spine_kept is not None and out.num_accepted > out.spine_kept
+    for prompt, tokens in zip(prompts, got.values()):
+        assert tokens == shared_plain_greedy(target, prompt, MAX_TOKENS)
+    assert off_spine > 0
+    alone = BatchEngine(target, drafter, num_draft_tokens=3, tree=(3, 2))
+    alone.insert(RowRequest(prompts[0], MAX_TOKENS, prompt_lookup=False))
+    batched = [(o.tokens, o.num_accepted, o.tree_nodes) for _ in iter(lambda: alone.busy, False)
+               for o in alone.step()]
+    call = [(r.tokens, r.num_accepted, r.tree_nodes) for r in speculative_generate_step(
+        prompts[0], target, drafter, max_tokens=MAX_TOKENS, num_draft_tokens=3, tree=(3, 2),
+        prompt_lookup=False)]
+    assert batched == call
+
+
+@pytest.mark.parametrize("residual,exact", [(True, True), (False, False)],
+                         ids=["exact-rule", "naive-tree-rule"])
+def test_dflash2_tree_rows_after_a_rejection_are_distributed_as_the_target(tmp_path_factory,
+                                                                           residual, exact,
+                                                                           monkeypatch):
+    """2x3 trees from the selector's walk, siblings drawn from each spine row's q (zero outside
+    its candidates): tokens 3 and 4 at T = 1 of refilled rows; the naive tree rule (each
+    candidate against an unchanged p) fails."""
+    import mlx_spec.tree_acceptance as tree_acceptance
+    from test_trees import naive_tree_outcomes
+
+    if not residual:
+        monkeypatch.setattr(tree_acceptance, "tree_outcomes", naive_tree_outcomes)
+    target = make_llama(vocab_size=SMALL_VOCAB, seed=0)
+    drafter = make_dflash2(tmp_path_factory.mktemp("dflash2_tree") / "d", 48, [0, 1],
+                           block_size=4, mask_token_id=SMALL_VOCAB - 1, vocab_size=SMALL_VOCAB,
+                           is_causal=True)
+    check_rows_after_a_rejection(target, drafter, True, exact, min_rewound=SAMPLES // 4,
+                                 tree=(2, 3))
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "gemma3_text"])

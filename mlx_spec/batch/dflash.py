@@ -16,7 +16,9 @@ within a sliding window, as the drafter's config says). A causal drafter
 runs k + 1 rows per round, another its whole block. Each row draws its
 drafts with its own sampling transform and random key (`draw_rows`), so q is
 the distribution its drafts were drawn from; a DFlash2 drafter's selector walks
-every row's block from the row's last token (`_walk`), its q over its candidates.
+every row's block from the row's last token (`_walk`), its q over its candidates; a tree's
+siblings beside spine row i come from the selector's distribution there given the spine's
+draft before it (`kept_logits`), as a sequence's do (drafters/dflash2.py).
 
 A row that leaves with its cache (the prompt-cache store) takes its context
 along as a `DFlashContext` on the cache's first layer, as a single-stream
@@ -140,8 +142,13 @@ class BatchDFlash:
         logits = draft_logits(self.head(hidden), *self.logit_scale)  # (B, k, V)
         previous = mx.array([row.history[-1] for row in rows], mx.uint32)
         temps = [0.0 if row.greedy else row.request.sampling.temp for row in rows]
-        return self.selector.walk(hidden, logits, previous, temps, drawn,
-                                  lambda j, i: rows[j].next_key())
+        tokens, q = self.selector.walk(hidden, logits, previous, temps, drawn,
+                                       lambda j, i: rows[j].next_key())
+        self.kept_logits = None
+        if self.keep_logits:  # a tree's siblings (batch/trees.py): as a sequence's (its draw)
+            before = mx.concatenate([previous[:, None], tokens[:, :-1]], axis=1)  # (B, k)
+            self.kept_logits = self.selector.logprobs(hidden, logits, before, 1.0)
+        return tokens, q
 
     def _catch_up(self, rows: Sequence[Row]) -> None:
         """Every row's waiting taps into its context, in one pass right-padded to the longest."""

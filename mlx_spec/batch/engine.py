@@ -166,18 +166,15 @@ class BatchEngine:
         self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
         # Token trees of this (depth, width) from the model drafter (batch/trees.py), where the
         # target's cache can verify them (no recurrent state); otherwise every row drafts
-        # chains, as with a DFlash2 drafter (its selector walks a chain).
-        tree_drafter = None if self.dflash is not None and self.dflash.selector is not None \
-            else self.model_drafter
-        # (a row's prompt lookup and suffix drafting too: their trees are tries of earlier text)
-        # (a draft of another tokenizer drafts chains beside them, as it does for a call)
+        # chains. (A row's prompt lookup and suffix drafting too: their trees are tries of
+        # earlier text; a draft of another tokenizer drafts chains beside them, as for a call.)
         trees_fit = not recurrent(target_model)
         self.tree = tuple(tree) if tree and trees_fit else None
-        self.model_tree = self.tree if tree_drafter is not None else None
+        self.model_tree = self.tree if self.model_drafter is not None else None
         # tree=None: a row alone proposes trees as wide as its policy chooses each round (up to
         # MAX_CHOSEN_WIDTH), as a call's drafter does (drafters/tree.with_trees); rows beside
         # others, chains. False: chains.
-        self.chosen_width = tree is None and trees_fit and tree_drafter is not None \
+        self.chosen_width = tree is None and trees_fit and self.model_drafter is not None \
             and accept is ACCEPT
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens, auto_off=auto_off)
         # One row alone is the single-stream case: the single-stream adaptive policy (per

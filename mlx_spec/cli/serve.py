@@ -51,8 +51,8 @@ class ByteSize(click.ParamType):
 @click.option("--suffix-scope", type=click.Choice(SUFFIX_SCOPES), default="key", show_default=True, help="Whose earlier text a request drafts from: its own only (request), its API key's (key; a request without a key: its own), or every request's (all: a single-user server).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="Load the suffix indexes from this file at start (if it exists) and save them there at shutdown.")
 @click.option("--suffix-max-tokens", type=click.IntRange(min=1), default=None, help="Tokens the suffix indexes hold, all partitions together (default: the index's own budget, 1048576); least recently used first out.")
-@click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the drafters that have them for every request, as generate --tree: DxW, off or auto (the policy's width: a request alone in the batch takes its policy's, rows beside others draft chains). A DxW tree from a draft model of the target's tokenizer is batched, each row its own tree; from other sources it serves one request at a time.")
-@click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention, sliding-window, Gated DeltaNet, LFM2 or Nemotron-H target; a draft model of any tokenizer, the MTP head, an EAGLE-3 head, a DFlash or DFlash2 drafter, or none; chains, and a draft model's trees under --tree DxW); --no-batching serves one request at a time.")
+@click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the drafters that have them for every request, as generate --tree: DxW, off or auto (the policy's width: a request alone in the batch takes its policy's, rows beside others draft chains). A DxW tree is batched, each row its own tree (a draft of another tokenizer drafts chains beside lookup's tries, as for generate).")
+@click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention and sliding-window targets, and the recurrent hybrids docs/serving.md lists: Qwen3.5, Qwen3-Next, LFM2, Nemotron-H, Granite 4.0-H, Jamba, ...; a draft model of any tokenizer, the MTP head, an EAGLE-3 head, a DFlash or DFlash2 drafter, or none); --no-batching serves one request at a time.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
@@ -107,7 +107,7 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
                         suffix=suffix)
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
-    batched = batching and can_batch(target_model, draft, tokenizer, tree)
+    batched = batching and can_batch(target_model, draft, tokenizer)
     worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency,
                               scopes, batching=batched)
     if max_tokens > max_tokens_limit:

@@ -118,6 +118,20 @@ class CandidateSelector(nn.Module):
         candidates = mx.argpartition(-logits, self.top_k - 1, axis=-1)[..., :self.top_k]
         return candidates, mx.take_along_axis(logits, candidates, axis=-1).astype(mx.float32)
 
+    def logprobs(self, hidden: mx.array, logits: mx.array, previous: mx.array,
+                 temp: float) -> mx.array:
+        """log q (..., V), lazy: for normed rows hidden (..., H) with logits (..., V), each
+        after its token `previous` (...), softmax(score / temp) over the row's candidates,
+        -inf outside them (the walk's q for a row drawn after that token). A sequence's
+        (drafters/dflash2.py: its prompt look, its trees' siblings) and a batch's rows' (their
+        trees' siblings, batch/dflash.py)."""
+        candidates, unary = self.candidates(logits)  # (..., K)
+        scores = selector_scores(self, candidates, unary, self.hidden_projection(hidden),
+                                 previous)  # (..., K)
+        logq = nn.log_softmax(scores * (1.0 / temp), axis=-1)
+        outside = mx.full(logits.shape, -mx.inf, mx.float32)
+        return mx.put_along_axis(outside, candidates, logq, axis=-1)
+
     def walk(self, hidden: mx.array, logits: mx.array, previous: mx.array,
              temps: Sequence[float], drawn: Sequence[int],
              key_for: Callable[[int, int], Optional[mx.array]] = lambda row, i: None

@@ -25,10 +25,9 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from ..dflash.config import DFlash2Parts
-from ..dflash.dflash2 import draft_logits, selector_scores
+from ..dflash.dflash2 import draft_logits
 from ..mtp.heads import text_model
 from .dflash import DFlashDrafter
 
@@ -54,21 +53,8 @@ class DFlash2Drafter(DFlashDrafter):
         if anchored is None or self.sampling.greedy:
             return None
         hidden, anchors = anchored
-        return mx.exp(self.selector_logprobs(hidden, self.logits(hidden), anchors,
-                                             self.sampling.temp))
-
-    def selector_logprobs(self, hidden: mx.array, logits: mx.array, previous: mx.array,
-                          temp: float) -> mx.array:
-        """log q (r, V), lazy: for normed rows hidden (r, H) with logits (r, V), each after
-        its token `previous` (r,), the selector's distribution softmax(score / temp) over the
-        row's candidates, -inf outside them (the walk's q for a row drawn after that token)."""
-        selector = self.drafter.candidate_selector
-        candidates, unary = selector.candidates(logits)  # (r, K)
-        scores = selector_scores(selector, candidates, unary, selector.hidden_projection(hidden),
-                                 previous)  # (r, K)
-        logq = nn.log_softmax(scores * (1.0 / temp), axis=-1)
-        outside = mx.full(logits.shape, -mx.inf, mx.float32)
-        return mx.put_along_axis(outside, candidates, logq, axis=-1)
+        return mx.exp(self.drafter.candidate_selector.logprobs(
+            hidden, self.logits(hidden), anchors, self.sampling.temp))
 
     def draw(self, rows: mx.array, anchor: int):
         """The selector's drafts from rows 1..k (k, H) and q (k, V), or None when greedy.
@@ -84,7 +70,7 @@ class DFlash2Drafter(DFlashDrafter):
         if self.keep_logprobs:  # (a token tree's siblings: drafters/tree.py)
             previous = mx.concatenate([mx.array([anchor], mx.uint32), tokens[:-1]])  # (k,)
             self.kept_logprobs = mx.log(q) if q is not None else \
-                self.selector_logprobs(rows, logits, previous, 1.0)
+                self.drafter.candidate_selector.logprobs(rows, logits, previous, 1.0)
         return tokens, q
 
 

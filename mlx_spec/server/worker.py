@@ -13,8 +13,8 @@ store holds for it), drops the jobs whose client left, runs one step and
 streams each job its tokens (detokenized here, cut at a stop string). The
 batch engine (`batching=True`, when both models batch: `can_batch`) takes
 every admitted job at once and decodes them together, a round a step; the
-sequence engine (sequence_engine.py: the single-sequence loop, for every other
-pair and option) takes one job at a time, in arrival order, a token a step.
+sequence engine (sequence_engine.py: the single-sequence loop, for a pair the
+batch does not take, and with `--no-batching`) takes one job at a time, in arrival order, a token a step.
 Either way a job's prompt cache goes back to the store holding its prompt and
 every token generated, and the penalties see the whole conversation, whatever
 the cache held (test_server_penalties.py).
@@ -40,7 +40,6 @@ from ..acceptance import rule_name
 from ..assemble import resolve_calibration
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable
-from ..dflash import is_dflash_model
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
 from ..sampling import SamplingConfig
 from ..stats import GenerationStats, StatsRecorder
@@ -158,7 +157,7 @@ class GenerationWorker:
             raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or '
                              'neither.')
         if batching:
-            check_batched(target_model, draft_model, tokenizer, options.tree)
+            check_batchable(target_model, draft_model, tokenizer)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.options, self.store, self.max_concurrency = options, store, max_concurrency
         self.batching = batching
@@ -388,34 +387,14 @@ class GenerationWorker:
         self._running.clear()
 
 
-def can_batch(target_model, draft_model, tokenizer=None, tree=None) -> bool:
-    """Whether these models (and options) can be served batched, else one request at a time:
-    forced token trees (`tree`) batch from every drafter the batch takes but a DFlash2 drafter
-    (a draft of another tokenizer than `tokenizer`, a drafter of its own for each row, drafts
-    chains beside prompt lookup's and suffix drafting's tries, as for a call)."""
+def can_batch(target_model, draft_model, tokenizer=None) -> bool:
+    """Whether these models can be served batched, else one request at a time (whatever the
+    options: token trees batch from every drafter the batch takes)."""
     try:
-        check_batched(target_model, draft_model, tokenizer, tree)
+        check_batchable(target_model, draft_model, tokenizer)
     except ValueError:
         return False
     return True
-
-
-def check_batched(target_model, draft_model, tokenizer=None, tree=None) -> None:
-    """ValueError, in one sentence, unless the batch engine serves these."""
-    check_batchable(target_model, draft_model, tokenizer)
-    if tree and not _batches_trees(draft_model):
-        raise ValueError("Batched serving drafts token trees from prompt lookup, suffix "
-                         "drafting, a draft model, the target's MTP head, an EAGLE-3 head or a "
-                         "DFlash drafter; serve trees from a DFlash2 drafter one request at a "
-                         "time (mlx-spec serve --no-batching).")
-
-
-def _batches_trees(draft_model) -> bool:
-    """Whether the batch's rows draft token trees with this drafter (batch/trees.py): every
-    one the batch takes (none: prompt lookup's and suffix drafting's tries; a draft of another
-    tokenizer: its rows' chains beside those tries, as a call's) but a DFlash2 drafter (its
-    selector walks a chain)."""
-    return not is_dflash_model(draft_model) or draft_model.dflash_config.dflash2 is None
 
 
 def is_mtp(draft_model) -> bool:
