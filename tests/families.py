@@ -31,7 +31,9 @@ FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "gemma3_text", "gpt_o
 # More recurrent hybrids, each a mixer's state beside attention layers (ArraysCache, KVCache):
 # Granite 4.0-H (Mamba-2), LFM2-MoE (short convolutions), Jamba (Mamba), PLaMo 2 (Mamba-2),
 # OLMo Hybrid (a Gated DeltaNet of its own). Tested by tests/test_more_families.py alone.
-MORE_RECURRENT = ["granitemoehybrid", "lfm2_moe", "jamba", "plamo2", "olmo_hybrid"]
+# And with no attention layer at all: Mamba, Mamba-2, RWKV-7.
+MORE_RECURRENT = ["granitemoehybrid", "lfm2_moe", "jamba", "plamo2", "olmo_hybrid", "mamba",
+                  "mamba2", "rwkv7"]
 
 HIDDEN = 32  # divisible by the quantization group size (32)
 
@@ -175,6 +177,46 @@ def _olmo_hybrid(vocab_size, window):
         layer_types=["linear_attention", "full_attention"] * 2))
 
 
+def _mamba(vocab_size, window):
+    from mlx_lm.models import mamba
+
+    return mamba.Model(mamba.ModelArgs(
+        model_type="mamba", vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=64,
+        state_size=8, num_hidden_layers=2, conv_kernel=4, use_bias=False, use_conv_bias=True,
+        time_step_rank=4, tie_word_embeddings=False))
+
+
+def _mamba2(vocab_size, window):
+    from mlx_lm.models import mamba2
+
+    return mamba2.Model(mamba2.ModelArgs(
+        model_type="mamba2", num_heads=4, head_dim=16, vocab_size=vocab_size,
+        hidden_size=HIDDEN, intermediate_size=64, state_size=16, num_hidden_layers=2,
+        layer_norm_epsilon=1e-5, conv_kernel=4, n_groups=1, use_bias=False,
+        use_conv_bias=True, tie_word_embeddings=False, time_step_limit=(0.001, 100.0),
+        time_step_rank="auto"))
+
+
+def _rwkv7(vocab_size, window):
+    from mlx_lm.models import rwkv7
+
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    model = rwkv7.Model(rwkv7.ModelArgs.from_dict({
+        "model_type": "rwkv7", "vocab_size": vocab_size, "hidden_size": HIDDEN,
+        "intermediate_size": 64, "norm_eps": 1e-5, "head_dim": 16, "num_hidden_layers": 2,
+        "a_low_rank_dim": 8, "v_low_rank_dim": 8, "gate_low_rank_dim": 8,
+        "decay_low_rank_dim": 8, "tie_word_embeddings": False}))
+    # Its token-shift mixes, key scales and group norm start at zero (a constant output):
+    # uniform in [0, 1) instead
+    zeros = [(name, mx.random.uniform(shape=w.shape)) for name, w in
+             tree_flatten(model.parameters())
+             if name.rsplit(".", 1)[-1] in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "k_k",
+                                            "k_a", "r_k") or name.endswith("g_norm.weight")]
+    model.update(tree_unflatten(zeros))
+    return model
+
+
 def _gemma3_text(vocab_size, window):
     from mlx_lm.models import gemma3_text
 
@@ -216,6 +258,9 @@ _BUILDERS = {
     "jamba": _jamba,
     "plamo2": _plamo2,
     "olmo_hybrid": _olmo_hybrid,
+    "mamba": _mamba,
+    "mamba2": _mamba2,
+    "rwkv7": _rwkv7,
 }
 
 # Factor on every weight of ndim >= 2: Linear/Embedding matrices as in

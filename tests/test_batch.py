@@ -210,14 +210,14 @@ def test_a_seeded_row_pinned_past_the_longest_k_is_the_same_in_any_batch(pair):
 
 
 def test_targets_it_cannot_batch_are_refused_in_one_sentence():
-    """A pure Mamba-2 model: no attention layer to hold the rows' lengths."""
-    from mlx_lm.models import mamba2
+    """Falcon-H1: each layer's attention and Mamba-2 state in one CacheList, a kind the batch
+    does not take."""
+    from mlx_lm.models import falcon_h1
 
-    model = mamba2.Model(mamba2.ModelArgs(
-        model_type="mamba2", num_heads=4, head_dim=16, vocab_size=64, hidden_size=32,
-        intermediate_size=64, state_size=16, num_hidden_layers=2, layer_norm_epsilon=1e-5,
-        conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True,
-        tie_word_embeddings=False, time_step_limit=(0.001, 100.0), time_step_rank="auto"))
+    model = falcon_h1.Model(falcon_h1.ModelArgs(
+        vocab_size=64, hidden_size=32, head_dim=8, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, mamba_d_head=8, mamba_d_ssm=32,
+        mamba_d_state=16, mamba_n_heads=4, mamba_chunk_size=16, tie_word_embeddings=False))
     assert not batchable(model)
     with pytest.raises(ValueError, match="one request at a time"):
         BatchEngine(model)

@@ -96,13 +96,15 @@ def check_batchable(target_model, draft_model=None, tokenizer=None,
     elif draft_model is not None and (is_dflash_model(draft_model) or is_eagle3_head(draft_model)):
         draft_model = None  # it reads the target's hidden states: no cache kinds of its own
     if not batchable(target_model):
-        raise ValueError("The target's cache layers are not plain KVCache layers beside "
-                         "Gated DeltaNet, short-convolution or Mamba-2 state, which batched "
-                         "decoding needs; decode it one request at a time.")
+        raise ValueError("The target's cache layers are not plain or sliding-window KVCache "
+                         "layers, or the recurrent state of a family the batch was tested on "
+                         "(mlx_spec/batch/kv.py), which batched decoding needs; decode it one "
+                         "request at a time.")
     if draft_model is not None and not batchable(draft_model):
-        raise ValueError("The draft model's cache layers are not plain KVCache layers beside "
-                         "Gated DeltaNet, short-convolution or Mamba-2 state, which a batched "
-                         "draft needs; decode with it one request at a time.")
+        raise ValueError("The draft model's cache layers are not plain or sliding-window "
+                         "KVCache layers, or the recurrent state of a family the batch was "
+                         "tested on (mlx_spec/batch/kv.py), which a batched draft needs; "
+                         "decode with it one request at a time.")
 
 
 def is_draft_model(draft_model) -> bool:

@@ -28,12 +28,15 @@ buffer distance is token distance), so nothing rotates and every row rewinds
 as any other. The price is memory: such a layer holds the whole context
 instead of the window.
 
+Models with no attention layer (Mamba, Mamba-2, RWKV-7: `RECURRENT_ONLY`) batch too:
+each row has its state and no padding (rows are prefilled alone and every
+round feeds all rows the same number of positions, so nothing needs aligning).
+
 Batched here: plain and sliding-window attention layers (dense, MoE and most
-mlx-lm families) beside the recurrent layers of those families. Other
-recurrent families (untested here), models with no attention layer (pure
-Mamba: the attention layers hold the rows' lengths) and quantized KV caches
-(mlx-lm has no batched one) are served one request at a time by the ordinary
-loop (`batchable`).
+mlx-lm families) beside the recurrent layers of those families, and those
+recurrent-only families. Other recurrent families (untested here) and quantized
+KV caches (mlx-lm has no batched one) are served one request at a time by the
+ordinary loop (`batchable`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ COMPACT_AT = 64
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jamba", "plamo2",
                       "olmo_hybrid")
+# ... of them, the families with no attention layer (a state a row, no padding)
+RECURRENT_ONLY = ("mamba", "mamba2", "rwkv7")
 
 
 def batchable(model) -> bool:
@@ -66,11 +71,12 @@ def batchable(model) -> bool:
     plain KVCache, a sliding window, or the state of a Gated DeltaNet, a Mamba-2 mixer or a
     short convolution; and at least one attention layer (it holds the rows' lengths)."""
     layers = make_prompt_cache(model)
-    recurrent_ok = model_type(model) in GATED_DELTANET + REPLAYED_BY_LENGTH
+    name = model_type(model)
+    recurrent_ok = name in GATED_DELTANET + REPLAYED_BY_LENGTH + RECURRENT_ONLY
     kinds = {"attention" if type(layer) is KVCache or _sliding(layer)
              else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"
              for layer in layers}
-    return "attention" in kinds and "other" not in kinds
+    return "other" not in kinds and ("attention" in kinds or name in RECURRENT_ONLY)
 
 
 def recurrent(model) -> bool:
@@ -120,7 +126,8 @@ def _merged(layer):
 
 
 class BatchCache:
-    """The layers of one model for every row, and each row's left padding on the host."""
+    """The layers of one model for every row, and each row's left padding on the host (none
+    where there is no attention layer)."""
 
     def __init__(self, model):
         self.model = model
@@ -213,11 +220,16 @@ class BatchCache:
     def join(self, row_layers: Sequence[KVCache]) -> None:
         """Add one row: its own prefilled cache list (it may hold any number of tokens)."""
         merged = [_merged(layer) for layer in row_layers]
-        length = next(layer.offset for layer in row_layers if isinstance(layer, KVCache))
         if self.layers is None:
             self.layers = merged
             self.padding = [0]
             return
+        if not self.attention:  # recurrent state alone (pure Mamba): a state a row, no padding
+            for layer, new in zip(self.layers, merged):
+                layer.extend(new)
+            self.padding = self.padding + [0]
+            return
+        length = next(layer.offset for layer in row_layers if isinstance(layer, KVCache))
         before = self.attention[0]._idx
         for layer, new in zip(self.layers, merged):
             layer.extend(new)
@@ -260,7 +272,7 @@ class BatchCache:
 
     def _roll(self, rest: Sequence[int]) -> None:
         """Roll each row right by its `rest` entries (lazy); they join its left padding."""
-        if any(rest):
+        if any(rest) and self.attention:  # (no attention layer: nothing to align)
             for layer in self.attention:
                 layer.prepare(right_padding=list(rest))
                 layer.finalize()
@@ -291,10 +303,6 @@ class BatchCache:
             cache.offset = layer._idx - start
             out.append(cache)
         return out
-
-    def length(self, row: int) -> int:
-        """How many entries row `row` holds."""
-        return self.attention[0]._idx - self.padding[row]
 
 
 def arrays(layers) -> list:

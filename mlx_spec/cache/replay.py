@@ -1,10 +1,12 @@
 """Rebuild recurrent state after a partial accept by re-running only the recurrent mixers.
 
 During a recorded forward, every module call that receives a watched
-`ArraysCache` is noted (the innermost one is the mixer that owns the state:
-a Gated DeltaNet, a Mamba-2 mixer, a short convolution), with its inputs.
-Keeping m of the T fed tokens then means: put the state back as it was
-before the forward and call each mixer again on the first m positions of
+`ArraysCache` is noted with its inputs; a call inside which another call
+took the same cache (a decoder layer handing it on) is dropped, so what stays
+are the mixers that own the state (a Gated DeltaNet, a Mamba-2 mixer, a short
+convolution; RWKV-7's time mix and channel mix, which share one cache, both,
+in order). Keeping m of the T fed tokens then means: put the state back as it
+was before the forward and call each mixer again on the first m positions of
 its recorded inputs. Attention layers, MLPs and the output head are not
 re-run, and the replay stays lazy (it is evaluated with the next round).
 
@@ -54,7 +56,8 @@ class MixerReplay:
     def __init__(self, model, recurrent: Sequence[ArraysCache]):
         self.recurrent = list(recurrent)
         self.classes = _cache_taking_classes(model)
-        self.calls: Dict[int, Tuple[object, tuple, dict]] = {}
+        # id(cache) -> the mixers' calls that took it, in order: (module, args, kwargs)
+        self.calls: Dict[int, List[Tuple[object, tuple, dict]]] = {}
         self.length: Optional[int] = None  # T of the recorded forward
         self.conv_inputs: Dict[int, mx.array] = {}  # id(conv module) -> its input
         self.recurrences: Dict[int, Tuple] = {}  # id(state in) -> (function, args, kwargs)
@@ -67,13 +70,25 @@ class MixerReplay:
         watched = {id(c) for c in self.recurrent}
         saved = [(cls, cls.__dict__.get("__call__")) for cls in self.classes]
         calls = self.calls
+        under_way: List[Tuple[int, tuple]] = []  # (id(cache), call) of the calls not returned
 
         def wrap(original):
             def __call__(module, *args, **kwargs):
-                for value in list(args) + list(kwargs.values()):
-                    if isinstance(value, ArraysCache) and id(value) in watched:
-                        calls[id(value)] = (module, args, kwargs)  # innermost call wins
-                return original(module, *args, **kwargs)
+                taken = [id(value) for value in list(args) + list(kwargs.values())
+                         if isinstance(value, ArraysCache) and id(value) in watched]
+                if not taken:
+                    return original(module, *args, **kwargs)
+                call = (module, args, kwargs)
+                for cache, outer in under_way:  # it hands the cache on: not a mixer
+                    if cache in taken and any(c is outer for c in calls.get(cache, ())):
+                        calls[cache] = [c for c in calls[cache] if c is not outer]
+                for cache in taken:
+                    calls.setdefault(cache, []).append(call)
+                    under_way.append((cache, call))
+                try:
+                    return original(module, *args, **kwargs)
+                finally:
+                    del under_way[-len(taken):]
             return __call__
 
         try:
@@ -127,18 +142,19 @@ class MixerReplay:
     @property
     def complete(self) -> bool:
         """Every recurrent cache was seen (else the caller replays the whole model)."""
-        return all(id(c) in self.calls for c in self.recurrent)
+        return all(self.calls.get(id(c)) for c in self.recurrent)
 
     def replay(self, num_tokens: int) -> None:
         """Re-run each recorded mixer on the first `num_tokens` positions (state must be reset)."""
         self.recurrence_only = 0
         for cache in self.recurrent:
-            module, args, kwargs = self.calls[id(cache)]
-            if self._replay_recurrence(module, cache, num_tokens):
+            calls = self.calls[id(cache)]
+            if len(calls) == 1 and self._replay_recurrence(calls[0][0], cache, num_tokens):
                 self.recurrence_only += 1
                 continue
-            type(module).__call__(module, *self._prefix(args, num_tokens),
-                                  **dict(zip(kwargs, self._prefix(kwargs.values(), num_tokens))))
+            for module, args, kwargs in calls:
+                type(module).__call__(module, *self._prefix(args, num_tokens), **dict(zip(
+                    kwargs, self._prefix(kwargs.values(), num_tokens))))
 
     def _replay_recurrence(self, module, cache, num_tokens: int) -> bool:
         """A Gated DeltaNet layer: slice its conv input, re-run its recurrence alone."""
@@ -168,11 +184,11 @@ class MixerReplay:
         lengths = mx.array(list(kept))
         mask = mx.arange(longest)[None] < lengths[:, None]  # (B, longest)
         for cache in self.recurrent:
-            module, args, kwargs = self.calls[id(cache)]
-            if len(cache.cache) == 2 and id(cache[1]) in self.recurrences:
-                self._replay_recurrence_rows(module, cache, longest, lengths, mask)
+            calls = self.calls[id(cache)]
+            if len(calls) == 1 and len(cache.cache) == 2 and id(cache[1]) in self.recurrences:
+                self._replay_recurrence_rows(calls[0][0], cache, longest, lengths, mask)
             else:
-                self._replay_groups(module, args, kwargs, cache, kept)
+                self._replay_groups(calls, cache, kept)
 
     def _replay_recurrence_rows(self, module, cache, longest, lengths, mask) -> None:
         function, args, kwargs = self.recurrences[id(cache[1])]
@@ -187,10 +203,10 @@ class MixerReplay:
             args[8] = mask
         _, cache[1] = function(*[a[:, :longest] for a in args[:5]], *args[5:], **kwargs)
 
-    def _replay_groups(self, module, args, kwargs, cache, kept: Sequence[int]) -> None:
-        """The mixer once per distinct kept length m, on its rows' states and the first m
-        positions of their recorded inputs; the states (batch first, as ArraysCache.filter
-        has them) are put back in row order."""
+    def _replay_groups(self, calls, cache, kept: Sequence[int]) -> None:
+        """The mixers (`calls`, in order) once per distinct kept length m, on its rows' states
+        and the first m positions of their recorded inputs; the states (batch first, as
+        ArraysCache.filter has them) are put back in row order."""
         rows = len(kept)
         order, parts = [], []
         for m in sorted(set(kept)):
@@ -207,8 +223,9 @@ class MixerReplay:
                     return value[picked, :m]
                 return value
 
-            type(module).__call__(module, *[cut(a) for a in args],
-                                  **{name: cut(v) for name, v in kwargs.items()})
+            for module, args, kwargs in calls:
+                type(module).__call__(module, *[cut(a) for a in args],
+                                      **{name: cut(v) for name, v in kwargs.items()})
             order += index
             parts.append(group.cache)
         back = mx.argsort(mx.array(order))  # row i's place among the groups' rows
