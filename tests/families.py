@@ -32,8 +32,9 @@ FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "gemma3_text", "gpt_o
 # Granite 4.0-H (Mamba-2), LFM2-MoE (short convolutions), Jamba (Mamba), PLaMo 2 (Mamba-2),
 # OLMo Hybrid (a Gated DeltaNet of its own). Tested by tests/test_more_families.py alone.
 # And with no attention layer at all: Mamba, Mamba-2, RWKV-7.
-MORE_RECURRENT = ["granitemoehybrid", "lfm2_moe", "jamba", "plamo2", "olmo_hybrid", "mamba",
-                  "mamba2", "rwkv7"]
+# Falcon-H1 keeps each layer's attention and Mamba-2 state in one CacheList.
+MORE_RECURRENT = ["granitemoehybrid", "lfm2_moe", "jamba", "plamo2", "olmo_hybrid", "falcon_h1",
+                  "mamba", "mamba2", "rwkv7"]
 
 HIDDEN = 32  # divisible by the quantization group size (32)
 
@@ -177,6 +178,16 @@ def _olmo_hybrid(vocab_size, window):
         layer_types=["linear_attention", "full_attention"] * 2))
 
 
+def _falcon_h1(vocab_size, window):
+    from mlx_lm.models import falcon_h1
+
+    return falcon_h1.Model(falcon_h1.ModelArgs(
+        vocab_size=vocab_size, hidden_size=HIDDEN, head_dim=8, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, mamba_d_head=8,
+        mamba_d_ssm=32, mamba_d_state=16, mamba_n_heads=4, mamba_chunk_size=16,
+        tie_word_embeddings=False))
+
+
 def _mamba(vocab_size, window):
     from mlx_lm.models import mamba
 
@@ -258,6 +269,7 @@ _BUILDERS = {
     "jamba": _jamba,
     "plamo2": _plamo2,
     "olmo_hybrid": _olmo_hybrid,
+    "falcon_h1": _falcon_h1,
     "mamba": _mamba,
     "mamba2": _mamba2,
     "rwkv7": _rwkv7,

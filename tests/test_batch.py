@@ -210,14 +210,11 @@ def test_a_seeded_row_pinned_past_the_longest_k_is_the_same_in_any_batch(pair):
 
 
 def test_targets_it_cannot_batch_are_refused_in_one_sentence():
-    """Falcon-H1: each layer's attention and Mamba-2 state in one CacheList, a kind the batch
-    does not take."""
-    from mlx_lm.models import falcon_h1
+    """Quantized KV caches: mlx-lm has no batched kind of them."""
+    from mlx_lm.models.cache import QuantizedKVCache
 
-    model = falcon_h1.Model(falcon_h1.ModelArgs(
-        vocab_size=64, hidden_size=32, head_dim=8, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, mamba_d_head=8, mamba_d_ssm=32,
-        mamba_d_state=16, mamba_n_heads=4, mamba_chunk_size=16, tie_word_embeddings=False))
+    model = make_llama(vocab_size=64, seed=5, hidden=32, layers=1)
+    model.make_cache = lambda: [QuantizedKVCache() for _ in model.layers]
     assert not batchable(model)
     with pytest.raises(ValueError, match="one request at a time"):
         BatchEngine(model)
@@ -246,11 +243,13 @@ def test_recurrent_hybrid_rows_equal_their_own_greedy_decoding(family, k, rows):
         assert tokens == shared_plain_greedy(target, prompt, 24)
 
 
-@pytest.mark.parametrize("family", ["lfm2", "nemotron_h"])
+@pytest.mark.parametrize("family", ["lfm2", "nemotron_h", "falcon_h1", "mamba2"])
 def test_recurrent_rows_join_leave_and_continue_from_a_kept_cache(family):
-    """Short-conv and Mamba-2 state through the batch's whole life: a row joins late, one is
-    cancelled, the others keep their caches; a second turn on one of them (its cache holding
-    the prompt and answer, the next prompt prefilled on top) equals decoding it fresh."""
+    """Short-conv and Mamba-2 state through the batch's whole life (Falcon-H1's beside each
+    layer's attention in one CacheList; Mamba-2's alone, rows with no padding): a row joins
+    late, one is cancelled, the others keep their caches; a second turn on one of them (its
+    cache holding the prompt and answer, the next prompt prefilled on top) equals decoding it
+    fresh."""
     target = shared_family(family)
     engine = BatchEngine(target, make_llama(vocab_size=64, seed=5, hidden=32, layers=1),
                          num_draft_tokens=3)

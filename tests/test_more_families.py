@@ -1,6 +1,7 @@
 """More recurrent models, through the loop and the batch: the hybrids Granite 4.0-H (Mamba-2),
 LFM2-MoE (short convolutions), Jamba (Mamba), PLaMo 2 (Mamba-2) and OLMo Hybrid (a Gated
-DeltaNet), and models with no attention layer, Mamba, Mamba-2 and RWKV-7 (in a batch each row
+DeltaNet), Falcon-H1 (attention and Mamba-2 state in one CacheList a layer), and models with
+no attention layer, Mamba, Mamba-2 and RWKV-7 (in a batch each row
 then has its state and no padding).
 
 Tiny random models of mlx-lm's own classes (tests/families.py, `MORE_RECURRENT`), each drafted

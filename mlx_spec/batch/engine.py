@@ -41,6 +41,7 @@ from .. import prompt_look
 from ..arguments import check_arguments
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from ..cache.rewind import leaves
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model
 from ..drafters.protocol import Proposal
@@ -239,7 +240,7 @@ class BatchEngine:
         if cache is None:
             cache = row_cache(self.target_model) + (
                 row_cache(self.draft_model) if self.draft is not None else [])
-        elif not all(isinstance(layer, (KVCache, ArraysCache)) for layer in (
+        elif not all(isinstance(layer, (KVCache, ArraysCache)) for layer in leaves(
                 cache[:n_target] if self.cross is not None else cache)):  # (a draft of another
             # tokenizer's layers are its drafter's own kinds: a window's made rewindable)
             raise ValueError("A cache handed to the batch must hold plain KVCache layers (and "
@@ -365,7 +366,7 @@ class BatchEngine:
         per_token = row.prefill_seconds / row.prefilled if row.prefilled else None
         rows = self.single.look_rows(per_token, row.room, target_hidden.shape[0])
         target_tail = prompt_look.Tail.through(target_hidden, self.look_split[1], rows)
-        draft_tail = prompt_look.Tail.through(draft_hidden, self.draft.head, rows)
+        draft_tail = prompt_look.Tail.through(draft_hidden, self.draft.split[1], rows)
         sampling = row.request.sampling
         looks = prompt_look.look({"draft": lambda r: prompt_look.chances(
             target_tail.rows(r), draft_tail.rows(r), sampling)}, self.single.still_looks, rows)
@@ -374,9 +375,11 @@ class BatchEngine:
 
     def _may_look(self, row: Row) -> bool:
         """Whether a row may take the prompt look: a sampled row whose k the policy chooses,
-        with no processors (they change p), under a policy that looks (no calibration)."""
+        with no processors (they change p), under a policy that looks (no calibration), the
+        target and the draft each its output layer over its trunk (mtp.heads.split_target)."""
         request = row.request
-        return (self.look_split is not None and self.cross is None and not row.greedy
+        return (self.look_split is not None and self.draft.split is not None
+                and self.cross is None and not row.greedy
                 and row.pinned is None and not request.logits_processors
                 and self.policy.fixed is None and self.single.auto_off
                 and self._cost_prior(request.sampling) is None)
@@ -453,7 +456,7 @@ class BatchEngine:
                 look = True
                 j.row.look_tail = (
                     self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
-                    self.draft.trunk(x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
+                    self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
             else:
                 self.target_model(x, cache=j.target_layers)
             # The target's part (and a head's or a DFlash drafter's, as a call's followers)

@@ -12,7 +12,8 @@ which moves its rejected entries out past the end and grows its left padding
 
 Recurrent layers (`ArraysCache`) of Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next, OLMo
 Hybrid), short-convolution hybrids (LFM2, LFM2-MoE), Mamba-2 hybrids (Nemotron-H, Granite
-4.0-H, PLaMo 2) and Mamba hybrids (Jamba) batch too:
+4.0-H, PLaMo 2, Falcon-H1: each layer's attention and state in one mlx-lm CacheList, whose
+leaves are handled as any other's) and Mamba hybrids (Jamba) batch too:
 their state is per row, not per position, so a forward that may be undone
 first keeps the states it starts from (references: free) and records each
 mixer's inputs (cache/replay.py); going back restores them and re-runs each
@@ -45,10 +46,11 @@ from contextlib import contextmanager
 from typing import List, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import (ArraysCache, BatchKVCache, KVCache, RotatingKVCache,
+from mlx_lm.models.cache import (ArraysCache, BatchKVCache, CacheList, KVCache, RotatingKVCache,
                                  make_prompt_cache)
 
 from ..cache.replay import MixerReplay
+from ..cache.rewind import leaves
 from ..mtp.heads import model_type
 
 # Left padding every row has: sliced off when it reaches this many positions.
@@ -58,10 +60,11 @@ COMPACT_AT = 64
 # Families whose recurrent layers batch (MixerReplay.replay_rows): all Gated DeltaNets
 # (replayed by their recurrence alone), or mixers replayed by kept length on batch-first
 # state (short convolutions, Mamba and Mamba-2, OLMo Hybrid's Gated DeltaNet with its three
-# convolutions), the families tested here (tests/test_batch.py, tests/test_more_families.py).
+# convolutions, RWKV-7's two mixes), the families tested here (tests/test_batch.py,
+# tests/test_more_families.py).
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jamba", "plamo2",
-                      "olmo_hybrid")
+                      "olmo_hybrid", "falcon_h1")
 # ... of them, the families with no attention layer (a state a row, no padding)
 RECURRENT_ONLY = ("mamba", "mamba2", "rwkv7")
 
@@ -75,13 +78,13 @@ def batchable(model) -> bool:
     recurrent_ok = name in GATED_DELTANET + REPLAYED_BY_LENGTH + RECURRENT_ONLY
     kinds = {"attention" if type(layer) is KVCache or _sliding(layer)
              else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"
-             for layer in layers}
+             for layer in leaves(layers)}  # (Falcon-H1: a CacheList of both a layer)
     return "other" not in kinds and ("attention" in kinds or name in RECURRENT_ONLY)
 
 
 def recurrent(model) -> bool:
     """Whether any layer mlx-lm makes for `model` holds recurrent state (ArraysCache)."""
-    return any(isinstance(layer, ArraysCache) for layer in make_prompt_cache(model))
+    return any(isinstance(layer, ArraysCache) for layer in leaves(make_prompt_cache(model)))
 
 
 def _sliding(layer) -> bool:
@@ -93,8 +96,13 @@ def row_cache(model) -> list:
     """A fresh one-row cache list in the batch's kinds: a KVCache for every attention layer,
     sliding-window ones too (their history whole, the window the mask's), and mlx-lm's own
     recurrent state."""
-    return [KVCache() if type(layer) is KVCache or _sliding(layer) else layer
-            for layer in make_prompt_cache(model)]
+    return [_row_layer(layer) for layer in make_prompt_cache(model)]
+
+
+def _row_layer(layer):
+    if isinstance(layer, CacheList):
+        return CacheList(*(_row_layer(leaf) for leaf in layer.caches))
+    return KVCache() if type(layer) is KVCache or _sliding(layer) else layer
 
 
 class RowsKVCache(BatchKVCache):
@@ -115,6 +123,8 @@ class RowsKVCache(BatchKVCache):
 
 def _merged(layer):
     """One row's prefilled layer (a KVCache or recurrent state) in the batch's kinds."""
+    if isinstance(layer, CacheList):
+        return CacheList(*(_merged(leaf) for leaf in layer.caches))
     if isinstance(layer, ArraysCache):
         return ArraysCache.merge([layer])
     merged = RowsKVCache([0])
@@ -153,11 +163,11 @@ class BatchCache:
 
     @property
     def attention(self) -> List[BatchKVCache]:
-        return [layer for layer in self.layers if isinstance(layer, BatchKVCache)]
+        return [layer for layer in leaves(self.layers) if isinstance(layer, BatchKVCache)]
 
     @property
     def recurrent(self) -> List[ArraysCache]:
-        return [layer for layer in self.layers if isinstance(layer, ArraysCache)]
+        return [layer for layer in leaves(self.layers) if isinstance(layer, ArraysCache)]
 
     def forward(self, x: mx.array, undoable: bool = True) -> mx.array:
         """The model over x (B, T), lazily; recurrent layers keep where they started, unless
@@ -229,7 +239,7 @@ class BatchCache:
                 layer.extend(new)
             self.padding = self.padding + [0]
             return
-        length = next(layer.offset for layer in row_layers if isinstance(layer, KVCache))
+        length = next(layer.offset for layer in leaves(row_layers) if isinstance(layer, KVCache))
         before = self.attention[0]._idx
         for layer, new in zip(self.layers, merged):
             layer.extend(new)
@@ -288,27 +298,27 @@ class BatchCache:
 
     def extract(self, row: int) -> List[KVCache]:
         """Row `row`'s entries as an ordinary one-row cache list (for the prompt-cache store)."""
-        out = []
-        for layer in self.layers:
-            if isinstance(layer, ArraysCache):
-                out.append(layer.extract(row))
-                continue
-            cache = KVCache()
-            if layer.keys is None:  # nothing fed yet (a draft that waits for its prompt)
-                out.append(cache)
-                continue
-            start = self.padding[row]
-            cache.keys = mx.contiguous(layer.keys[row:row + 1, :, start:layer._idx])
-            cache.values = mx.contiguous(layer.values[row:row + 1, :, start:layer._idx])
-            cache.offset = layer._idx - start
-            out.append(cache)
-        return out
+        return [self._extract(layer, row) for layer in self.layers]
+
+    def _extract(self, layer, row: int):
+        if isinstance(layer, CacheList):
+            return CacheList(*(self._extract(leaf, row) for leaf in layer.caches))
+        if isinstance(layer, ArraysCache):
+            return layer.extract(row)
+        cache = KVCache()
+        if layer.keys is None:  # nothing fed yet (a draft that waits for its prompt)
+            return cache
+        start = self.padding[row]
+        cache.keys = mx.contiguous(layer.keys[row:row + 1, :, start:layer._idx])
+        cache.values = mx.contiguous(layer.values[row:row + 1, :, start:layer._idx])
+        cache.offset = layer._idx - start
+        return cache
 
 
 def arrays(layers) -> list:
     """Every array a cache list holds (to evaluate it)."""
     out = []
-    for layer in layers:
+    for layer in leaves(layers):
         values = layer.cache if isinstance(layer, ArraysCache) else (layer.keys, layer.values)
         out += [v for v in values if v is not None]
     return out
