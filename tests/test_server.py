@@ -495,12 +495,40 @@ def test_a_server_error_does_not_echo_the_exception(pair, monkeypatch):
 
     def fail(*args, **kwargs):
         raise RuntimeError("/home/secret/path in the exception")
-        yield
-    monkeypatch.setattr("mlx_spec.server.sequence_engine.stream_generate", fail)
+    monkeypatch.setattr("mlx_spec.batch.engine.BatchEngine.step", fail)  # (one at a time too)
     with TestClient(create_app(worker, MODEL_ID)) as http:
         response = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert response.status_code == 500
     assert "secret" not in response.text and "RuntimeError" not in response.text
+
+
+def test_a_target_the_batch_cannot_take_is_served_one_request_at_a_time():
+    """Quantized KV caches (mlx-lm has no batched kind of them): the sequence engine serves
+    them, the single-sequence loop a request at a time (`batching` asks for the batch in vain,
+    in one sentence); two clients at once get generate's answers."""
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from mlx_spec.server.sequence_engine import SequenceEngine
+
+    target, draft, tokenizer = load_default_pair()  # (its own: its caches are changed here)
+    target.make_cache = lambda: [QuantizedKVCache() for _ in target.layers]
+    with pytest.raises(ValueError, match="one request at a time"):
+        batched_worker(target, tokenizer, draft)
+    worker = GenerationWorker(target, tokenizer, draft, max_concurrency=4)
+    assert isinstance(worker.engine, SequenceEngine)
+    ids = [completion_prompt_ids(tokenizer, p, 4096) for p in PROMPTS[:2]]
+    expected = [generate(target, tokenizer, i, draft_model=draft, max_tokens=MAX_TOKENS)
+                for i in ids]
+    server, thread, url = serve_in_background(create_app(worker, MODEL_ID))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda p: httpx.post(url + "/v1/completions", json={
+                "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0}, timeout=120).json(),
+                PROMPTS[:2]))
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert [a["choices"][0]["text"] for a in answers] == expected
 
 
 def test_binding_beyond_loopback_is_recognised():

@@ -120,7 +120,7 @@ class BatchEngine:
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
                  draft_tokenizer=None, tree=None, calibration="auto", auto_off: bool = True,
-                 draft_confidence: float = 0.0):
+                 draft_confidence: float = 0.0, max_rows: Optional[int] = None):
         check_arguments(tree=tree, draft_confidence=draft_confidence)
         check_calibration(calibration)
         check_batchable(target_model, draft_model, tokenizer, draft_tokenizer)
@@ -186,6 +186,9 @@ class BatchEngine:
             "dflash": self.dflash.max_draft_tokens} if self.dflash is not None else None)
         self.single_uid = None  # the row the single policy has decoded for
         self.prefill_step_size = prefill_step_size
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1 (or None: no limit), got {max_rows}.")
+        self.max_rows = max_rows  # rows decoding or joining at once (the server's --no-batching: 1)
         self.stop_tokens = frozenset(stop_tokens)
         self.accept = accept
         self.rows: List[Row] = []
@@ -210,8 +213,11 @@ class BatchEngine:
 
     @property
     def room(self) -> int:
-        """How many more rows it takes now: any number (the server's admission limits them)."""
-        return sys.maxsize
+        """How many more rows it takes now: up to `max_rows` at once, or any number (the
+        server's admission limits them)."""
+        if self.max_rows is None:
+            return sys.maxsize
+        return max(0, self.max_rows - len(self.rows) - len(self.joining))
 
     def insert(self, request: RowRequest, cache: Optional[list] = None, cached: int = 0) -> int:
         """Queue a row; `cache` (target layers, then the draft's) already holds `cached` of

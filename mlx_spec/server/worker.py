@@ -11,10 +11,11 @@ The thread drives an engine, the same loop for both: between two steps it
 hands the engine every queued job it has room for (with the prompt cache the
 store holds for it), drops the jobs whose client left, runs one step and
 streams each job its tokens (detokenized here, cut at a stop string). The
-batch engine (`batching=True`, when both models batch: `can_batch`) takes
-every admitted job at once and decodes them together, a round a step; the
-sequence engine (sequence_engine.py: the single-sequence loop, for a pair the
-batch does not take, and with `--no-batching`) takes one job at a time, in arrival order, a token a step.
+batch engine (when both models batch: `can_batch`) takes every admitted job at
+once and decodes them together, a round a step (`batching=True`), or one job
+at a time, in arrival order (`batching=False`: a batch of one); the sequence
+engine (sequence_engine.py: the single-sequence loop) serves the models the
+batch does not take, one job at a time, a token a step.
 Either way a job's prompt cache goes back to the store holding its prompt and
 every token generated, and the penalties see the whole conversation, whatever
 the cache held (test_server_penalties.py).
@@ -145,8 +146,9 @@ class GenerationWorker:
     (of the target's tokenizer, or of another when `mlx_spec.load` kept the draft's), a DFlash
     drafter, an EAGLE-3 head, "mtp" (the target's own MTP head, weights from
     `options.mtp_weights`) or None. `batching`: decode the jobs together in the batch engine
-    (ValueError, in one sentence, when these models or options cannot be: see `can_batch`);
-    otherwise one at a time."""
+    (ValueError, in one sentence, when these models cannot be: see `can_batch`); otherwise
+    one at a time (the batch engine holding one row where it takes these models, else the
+    sequence engine)."""
 
     def __init__(self, target_model, tokenizer, draft_model=None,
                  options: SpeculationOptions = SpeculationOptions(),
@@ -174,10 +176,14 @@ class GenerationWorker:
         self._thread = threading.Thread(target=self._loop, name="mlx-spec-generation", daemon=True)
 
     def _new_engine(self):
-        if not self.batching:
+        """The batch engine, taking every admitted job at once (`batching`) or one at a time;
+        the sequence engine only for models the batch cannot take."""
+        if not self.batching and not can_batch(self.target_model, self.draft_model,
+                                               self.tokenizer):
             return SequenceEngine(self.target_model, self.tokenizer, self.draft_model,
                                   self.options, self.calibration)
-        return BatchEngine(self.target_model, self.draft_model,
+        return BatchEngine(self.target_model, self.draft_model, max_rows=None if self.batching
+                           else 1,
                            max_draft_tokens=self.options.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
                            mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer,
@@ -277,7 +283,7 @@ class GenerationWorker:
             return
         s, o = job.request.settings, self.options
         k = s.num_draft_tokens
-        if k is None and o.adaptive is False and self.batching:  # --fixed: the default k
+        if k is None and o.adaptive is False and isinstance(self.engine, BatchEngine):  # --fixed
             k = DEFAULT_NUM_DRAFT_TOKENS
         cache, cached = self.store.take(job.prompt_ids) if self.store is not None else (None, 0)
         request = RowRequest(
