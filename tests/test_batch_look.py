@@ -54,6 +54,35 @@ def test_the_batch_and_the_loop_hand_the_policy_the_same_look(pair, monkeypatch)
     assert seen[0][1] == pytest.approx(seen[1][1], abs=1e-4)
 
 
+def test_a_row_alone_looks_after_its_first_round_whole_as_a_call(pair, monkeypatch):  # noqa: F811
+    """A call's first round is its policy's plain trial (TRIAL_STEPS steps, no calibration), and
+    its look comes after that whole block, the block's steps timed (look_rows reads them); a
+    row alone looks at the same point, not after the block's first step."""
+    from test_prompt_look import decode
+
+    from mlx_spec.policy import TRIAL_STEPS, AdaptivePolicy
+
+    target, draft = pair
+    looked(monkeypatch)
+    plain, at = [0], []
+    observe, look = AdaptivePolicy.observe, AdaptivePolicy.observe_prompt_look
+
+    def counting(self, round_, seconds):
+        plain[0] += round_.num_drafted == 0
+        return observe(self, round_, seconds)
+
+    def record(self, *args, **options):
+        at.append(plain[0])
+        return look(self, *args, **options)
+    monkeypatch.setattr(AdaptivePolicy, "observe", counting)
+    monkeypatch.setattr(AdaptivePolicy, "observe_prompt_look", record)
+    prompt = prompt_of(40, seed=4)
+    decode(target, draft, prompt, max_tokens=12)
+    plain[0] = 0
+    run(target, draft, [prompt], prompt_lookup=False)
+    assert at == [TRIAL_STEPS, TRIAL_STEPS]
+
+
 @pytest.mark.parametrize("case", ["greedy", "pinned", "seeded", "short"])
 def test_no_look_where_a_call_takes_none(pair, monkeypatch, case):  # noqa: F811
     """Greedy (the prompt is no guide), a pinned k or a seeded sampled row (pinned to the

@@ -353,10 +353,13 @@ class BatchEngine:
 
     def _looks(self, alone: bool) -> None:
         """A row alone whose first round was handed out takes its prompt look now (before its
-        second round, as the loop's: the first token did not wait for it); beside other rows
-        no row looks, and the hidden states kept for it go."""
+        second round, as the loop's: the first token did not wait for it), a first round of
+        plain steps once its block is over (as a call's first round is the whole block: its
+        steps' time then tells `look_rows` what the look may cost); beside other rows no row
+        looks, and the hidden states kept for it go."""
         for row in self.rows:
-            if row.look_tail is not None and (not alone or row.emitted):
+            if row.look_tail is not None and (not alone or (row.emitted
+                                                            and self._queued is None)):
                 if alone:
                     self._take_look(row)
                 row.look_tail = None
