@@ -83,6 +83,33 @@ def test_a_row_alone_looks_after_its_first_round_whole_as_a_call(pair, monkeypat
     assert at == [TRIAL_STEPS, TRIAL_STEPS]
 
 
+def test_a_row_alone_is_told_its_drafts_prefill_as_a_call_is(pair, monkeypatch):  # noqa: F811
+    """What the draft's reading of the prompt cost, a token: the catch-up price its policy
+    discounts a round after an off period by. A sampled call's draft reads the prompt at once
+    (the look reads its prefill) and its policy is told; a row alone's is told too, over as
+    many tokens. (A draft that waits for the policy's first ask is told at its catch-up, in
+    both: tests/test_batch_options.py.)"""
+    temp = 0.7
+    from test_prompt_look import decode
+
+    from mlx_spec.policy import AdaptivePolicy
+
+    target, draft = pair
+    looked(monkeypatch)
+    told = []
+    original = AdaptivePolicy.observe_catch_up
+
+    def record(self, source, tokens, seconds):
+        told.append((source, tokens, seconds > 0))
+        return original(self, source, tokens, seconds)
+    monkeypatch.setattr(AdaptivePolicy, "observe_catch_up", record)
+    prompt = prompt_of(40, seed=5)
+    decode(target, draft, prompt, temp=temp, max_tokens=12)
+    call, told[:] = list(told), []
+    run(target, draft, [prompt], temp=temp, prompt_lookup=False)
+    assert call and told == call
+
+
 @pytest.mark.parametrize("case", ["greedy", "pinned", "seeded", "short"])
 def test_no_look_where_a_call_takes_none(pair, monkeypatch, case):  # noqa: F811
     """Greedy (the prompt is no guide), a pinned k or a seeded sampled row (pinned to the

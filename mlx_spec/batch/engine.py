@@ -338,6 +338,8 @@ class BatchEngine:
         self.single_uid = row.uid
         if row.prefilled:  # the target's prefill alone: v's prior (and a waiting draft's
             self.single.observe_prefill(row.prefilled, row.prefill_seconds)  # backlog's), as a call's
+        if row.draft_prefill_seconds:  # the draft read the prompt: its catch-up price, as a call's
+            self.single.observe_catch_up("draft", row.prefilled, row.draft_prefill_seconds)
         self.single.expect_reply(row.room)
         if self.chosen_width and row.pinned is None and not row.request.logits_processors:
             self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (as a call's)
@@ -476,9 +478,12 @@ class BatchEngine:
             if j.done == j.held:  # its first chunk: the draft reads the prompt now, or later
                 j.row.draft_waits = self._defers_draft(j.row)
             if self.draft is not None:
+                started = time.perf_counter()
                 if not look and not j.row.draft_waits:
                     self.draft_model(x, cache=j.draft_layers)
                 mx.eval(arrays(j.draft_layers) + ([j.row.look_tail[1]] if look else []))
+                if look or not j.row.draft_waits:
+                    j.row.draft_prefill_seconds += time.perf_counter() - started
             j.done += len(chunk)
             j.row.prefilled += len(chunk)
             if j.row.cross is not None:  # its draft reads the same text, in its own vocabulary

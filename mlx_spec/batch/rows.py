@@ -77,6 +77,9 @@ class Row:
     look_tail: Optional[tuple] = None
     prefill_seconds: float = 0.0
     prefilled: int = 0
+    # ... and the draft model's time on the prompt, where it read it then (a call's policy is
+    # told it as the draft's catch-up price)
+    draft_prefill_seconds: float = 0.0
 
     @property
     def room(self) -> int:
