@@ -110,6 +110,48 @@ def test_a_row_alone_is_told_its_drafts_prefill_as_a_call_is(pair, monkeypatch):
     assert call and told == call
 
 
+def test_a_row_alone_s_prefill_time_leaves_the_look_s_rows_out(monkeypatch):
+    """The target's prefill time (v's prior) is its caches' alone, as a call's: the hidden
+    states the look keeps (the last layer and the final norm over its rows, which no cache
+    needs) are evaluated after it is taken. Here the final norm is made dear (a chain of
+    matrix products, lazily): the time the row alone's policy is told leaves it out."""
+    import time
+
+    import mlx.nn as nn
+    from tiny import make_llama, perturbed
+
+    from mlx_spec.policy import AdaptivePolicy
+
+    class DearNorm(nn.Module):
+        def __init__(self, norm):
+            super().__init__()
+            self.norm = norm
+            self.big = mx.random.normal((384, 384), key=mx.random.key(0)) / 20
+
+        def __call__(self, x):
+            y = self.big
+            for _ in range(12):
+                y = y @ self.big
+            return self.norm(x) + 0 * y.sum()
+
+    target = make_llama(seed=0)
+    draft = perturbed(target, noise=0.3, seed=2)
+    target.model.norm = DearNorm(target.model.norm)
+    looked(monkeypatch)
+    told = []
+    original = AdaptivePolicy.observe_prefill
+
+    def record(self, tokens, seconds):
+        told.append(seconds)
+        return original(self, tokens, seconds)
+    monkeypatch.setattr(AdaptivePolicy, "observe_prefill", record)
+    started = time.perf_counter()
+    mx.eval(target.model.norm(mx.zeros((1, 4, 48))))
+    dear = time.perf_counter() - started
+    run(target, draft, [prompt_of(40)], prompt_lookup=False)
+    assert len(told) == 1 and told[0] < dear / 2, (told, dear)
+
+
 @pytest.mark.parametrize("case", ["greedy", "pinned", "seeded", "short"])
 def test_no_look_where_a_call_takes_none(pair, monkeypatch, case):  # noqa: F811
     """Greedy (the prompt is no guide), a pinned k or a seeded sampled row (pinned to the

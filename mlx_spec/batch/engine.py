@@ -471,19 +471,24 @@ class BatchEngine:
             else:
                 self.target_model(x, cache=j.target_layers)
             # The target's part (and a head's or a DFlash drafter's, as a call's followers)
-            # evaluated and timed first: a row alone's v prior, as a call's prefill is timed
-            mx.eval(arrays(j.target_layers) + arrays(j.head_layers or [])
-                    + ([j.row.look_tail[0]] if look else []))
+            # evaluated and timed first: a row alone's v prior, as a call's prefill is timed.
+            # The look's hidden states after (the last layer and the final norm over its
+            # rows, which no cache needs: a call evaluates them at its look)
+            mx.eval(arrays(j.target_layers) + arrays(j.head_layers or []))
             j.row.prefill_seconds += time.perf_counter() - started
+            if look:
+                mx.eval(j.row.look_tail[0])
             if j.done == j.held:  # its first chunk: the draft reads the prompt now, or later
                 j.row.draft_waits = self._defers_draft(j.row)
             if self.draft is not None:
                 started = time.perf_counter()
                 if not look and not j.row.draft_waits:
                     self.draft_model(x, cache=j.draft_layers)
-                mx.eval(arrays(j.draft_layers) + ([j.row.look_tail[1]] if look else []))
+                mx.eval(arrays(j.draft_layers))
                 if look or not j.row.draft_waits:
                     j.row.draft_prefill_seconds += time.perf_counter() - started
+                if look:
+                    mx.eval(j.row.look_tail[1])
             j.done += len(chunk)
             j.row.prefilled += len(chunk)
             if j.row.cross is not None:  # its draft reads the same text, in its own vocabulary
