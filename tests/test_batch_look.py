@@ -83,6 +83,30 @@ def test_a_row_alone_looks_after_its_first_round_whole_as_a_call(pair, monkeypat
     assert at == [TRIAL_STEPS, TRIAL_STEPS]
 
 
+def test_a_row_alone_asks_for_its_look_s_rows_as_a_call_does(pair, monkeypatch):  # noqa: F811
+    """policy.look_rows is handed the prefill's time a token, the reply's length and the rows
+    kept, with the plain step's time known (the trial block's), by a call and a row alone."""
+    from test_prompt_look import decode
+
+    from mlx_spec.policy import AdaptivePolicy
+
+    target, draft = pair
+    looked(monkeypatch)
+    asked = []
+
+    def affordable(self, per_token, tokens, most):
+        asked.append((per_token > 0, self.plain_seconds is not None, tokens, most))
+        return most
+    monkeypatch.setattr(AdaptivePolicy, "look_rows", affordable)
+    prompt = prompt_of(40, seed=6)
+    decode(target, draft, prompt, max_tokens=12)
+    engine = BatchEngine(target, draft)
+    engine.insert(RowRequest(prompt, 12, SamplingConfig(temp=0.7), prompt_lookup=False))
+    while engine.busy:
+        engine.step()
+    assert asked == [(True, True, 12, prompt_look.ROWS)] * 2
+
+
 def test_a_row_alone_is_told_its_drafts_prefill_as_a_call_is(pair, monkeypatch):  # noqa: F811
     """What the draft's reading of the prompt cost, a token: the catch-up price its policy
     discounts a round after an off period by. A sampled call's draft reads the prompt at once

@@ -375,7 +375,7 @@ class BatchEngine:
         target_hidden, draft_hidden = row.look_tail
         row.look_tail = None
         per_token = row.prefill_seconds / row.prefilled if row.prefilled else None
-        rows = self.single.look_rows(per_token, row.room, target_hidden.shape[0])
+        rows = self.single.look_rows(per_token, row.request.max_tokens, target_hidden.shape[0])
         target_tail = prompt_look.Tail.through(target_hidden, self.look_split[1], rows)
         draft_tail = prompt_look.Tail.through(draft_hidden, self.draft.split[1], rows)
         sampling = row.request.sampling
