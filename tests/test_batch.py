@@ -636,3 +636,21 @@ def test_rows_with_no_left_padding_take_a_one_row_cache_s_mask(pair):
     assert all(layer.make_mask(1).shape == (2, 1, 1, 6) for layer in cache.attention)
     cache.drop([1])  # the short row alone: its padding sliced off
     assert cache.padding == [0] and cache.attention[0].make_mask(2) == "causal"
+
+
+def test_an_engine_of_one_row_at_a_time_takes_the_next_when_the_first_ends(pair):
+    """max_rows=1 (the server's --no-batching): room for one row, a second insert refused in
+    one sentence until the first ends; max_rows below 1 refused."""
+    target, draft = pair
+    engine = BatchEngine(target, draft, max_rows=1)
+    assert engine.room == 1
+    engine.insert(RowRequest([1, 2, 3], 4, prompt_lookup=False))
+    assert engine.room == 0
+    with pytest.raises(ValueError, match="rows at once"):
+        engine.insert(RowRequest([4, 5], 4, prompt_lookup=False))
+    while engine.busy:
+        engine.step()
+    assert engine.room == 1
+    engine.insert(RowRequest([4, 5], 4, prompt_lookup=False))
+    with pytest.raises(ValueError, match="max_rows must be >= 1"):
+        BatchEngine(target, draft, max_rows=0)

@@ -87,3 +87,25 @@ def test_a_model_whose_logits_are_scaled_after_its_head_is_not_split():
     assert {"lookup", "draft"} <= sources
     for prompt, uid in zip(PROMPTS, uids):
         assert got[uid] == plain_greedy(target, prompt, NUM_TOKENS)
+
+
+def test_a_recurrent_draft_that_never_read_anything_hands_back_its_cache():
+    """A one-token prompt feeds the draft nothing, and a row that ends before its policy asks
+    for drafts (its plain trial) never feeds it either: the cache it hands back (keep_cache)
+    still holds its text (its draft's state from the tokens it had not seen), and a second
+    turn on it gives the target's own tokens."""
+    target = shared_family("mamba2")
+    engine = BatchEngine(target, shared_family("mamba2", quantize_bits=4))
+    engine.insert(RowRequest([7], 2, prompt_lookup=False, keep_cache=True))
+    outputs = []
+    while engine.busy:
+        outputs += engine.step()
+    assert outputs[-1].finish_reason == "length" and sum(o.num_drafted for o in outputs) == 0
+    text = [7] + [t for o in outputs for t in o.tokens]
+    second = text + [5, 9]
+    engine.insert(RowRequest(second, 6, prompt_lookup=False), outputs[-1].cache,
+                  cached=len(text))
+    again = []
+    while engine.busy:
+        again += [t for o in engine.step() for t in o.tokens]
+    assert again == shared_plain_greedy(target, second, 6)

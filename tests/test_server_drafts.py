@@ -107,7 +107,7 @@ def test_the_batched_worker_serves_an_eagle3_head(models):
 
 
 @pytest.mark.parametrize("kind", ["tree", "eagle3"])
-def test_the_batched_worker_serves_trees_and_others_one_at_a_time(models, kind):
+def test_the_batched_worker_serves_trees(models, kind):
     """Trees batch from a draft model of the target's tokenizer, a head (an EAGLE-3 head here;
     the MTP head in tests/test_mtp.py) and prompt lookup: each row its own tree; beside a draft
     of another tokenizer, whose rows draft chains, prompt lookup's tries batch too."""

@@ -234,6 +234,9 @@ class BatchEngine:
                              f"(0..{self.vocab_size - 1}).")
         if not 0 <= cached < len(request.prompt):
             raise ValueError(f"cached must be in [0, {len(request.prompt) - 1}], got {cached}.")
+        if self.room < 1:
+            raise ValueError(f"The engine holds {self.max_rows} rows at once (max_rows): insert "
+                             "when `room` says it has room.")
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.model_drafter is not None or self.cross is not None, self.tree)
         prior = self._cost_prior(request.sampling)

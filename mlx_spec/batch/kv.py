@@ -59,20 +59,22 @@ COMPACT_AT = 64
 
 # Families whose recurrent layers batch (MixerReplay.replay_rows): all Gated DeltaNets
 # (replayed by their recurrence alone), or mixers replayed by kept length on batch-first
-# state (short convolutions, Mamba and Mamba-2, OLMo Hybrid's Gated DeltaNet with its three
-# convolutions, RWKV-7's two mixes), the families tested here (tests/test_batch.py,
+# state (short convolutions, Mamba-2 and Mamba, OLMo Hybrid's Gated DeltaNet with its three
+# convolutions) beside attention layers, the families tested here (tests/test_batch.py,
 # tests/test_more_families.py).
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jamba", "plamo2",
                       "olmo_hybrid", "falcon_h1")
-# ... of them, the families with no attention layer (a state a row, no padding)
+# ... and the families with no attention layer, replayed so too (a state a row, no padding;
+# RWKV-7's time mix and channel mix, which share a layer's cache, one after the other)
 RECURRENT_ONLY = ("mamba", "mamba2", "rwkv7")
 
 
 def batchable(model) -> bool:
-    """Whether every layer mlx-lm makes for `model` (a target or a draft) batches here: a
-    plain KVCache, a sliding window, or the state of a Gated DeltaNet, a Mamba-2 mixer or a
-    short convolution; and at least one attention layer (it holds the rows' lengths)."""
+    """Whether every layer mlx-lm makes for `model` (a target or a draft) batches here (inside
+    a CacheList too): a plain KVCache, a sliding window, or the recurrent state of a family
+    tested here (GATED_DELTANET, REPLAYED_BY_LENGTH); and at least one attention layer, unless
+    the family has none (RECURRENT_ONLY)."""
     layers = make_prompt_cache(model)
     name = model_type(model)
     recurrent_ok = name in GATED_DELTANET + REPLAYED_BY_LENGTH + RECURRENT_ONLY
@@ -141,7 +143,8 @@ class BatchCache:
 
     def __init__(self, model):
         self.model = model
-        self.layers: Optional[list] = None  # RowsKVCache and ArraysCache; None: no rows yet
+        # RowsKVCache and ArraysCache (CacheLists of them: Falcon-H1); None: no rows yet
+        self.layers: Optional[list] = None
         self._padding: List[int] = []
         self._snapshot: Optional[list] = None  # recurrent states before the last forward
         self._mixers: Optional[MixerReplay] = None
@@ -304,7 +307,9 @@ class BatchCache:
         if isinstance(layer, CacheList):
             return CacheList(*(self._extract(leaf, row) for leaf in layer.caches))
         if isinstance(layer, ArraysCache):
-            return layer.extract(row)
+            state = ArraysCache(len(layer.cache))  # (None: nothing fed yet, as a KVCache's)
+            state.cache = [None if c is None else c[row:row + 1] for c in layer.cache]
+            return state
         cache = KVCache()
         if layer.keys is None:  # nothing fed yet (a draft that waits for its prompt)
             return cache

@@ -49,9 +49,10 @@ from .verify import ACCEPT, Verdict, chain_parts, read_chain, verify_input
 def draft_trees(rows: Sequence[Row], wants: Sequence[int], tokens: mx.array,
                 probs: Sequence[Optional[mx.array]], logits: mx.array,
                 width: int, source: str) -> List[Optional[Proposal]]:
-    """Each drafting row's proposal from the model drafter's (`source`: a draft model, or an
-    MTP or EAGLE-3 head): drafts (B, K), q per sampled row (wants[i], V), the per-step logits
-    (B, K, V_d): a tree (drafters/tree.beside_the_spine, the row's own key), or a chain for a
+    """Each drafting row's proposal from the model drafter's (`source`: a draft model, an MTP
+    or EAGLE-3 head, a DFlash drafter's block or a DFlash2 drafter's walk): drafts (B, K), q
+    per sampled row (wants[i], V), the per-step logits (B, K, V_d) (a DFlash2 walk's: each
+    row's selector scores given the spine's draft before it): a tree (drafters/tree.beside_the_spine, the row's own key), or a chain for a
     row with logits processors (they are applied along a chain's positions); None for a row
     that drafts nothing."""
     out: List[Optional[Proposal]] = []

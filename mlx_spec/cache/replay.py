@@ -74,8 +74,9 @@ class MixerReplay:
 
         def wrap(original):
             def __call__(module, *args, **kwargs):
-                taken = [id(value) for value in list(args) + list(kwargs.values())
-                         if isinstance(value, ArraysCache) and id(value) in watched]
+                taken = list(dict.fromkeys(  # (each once, however often it is passed)
+                    id(value) for value in list(args) + list(kwargs.values())
+                    if isinstance(value, ArraysCache) and id(value) in watched))
                 if not taken:
                     return original(module, *args, **kwargs)
                 call = (module, args, kwargs)

@@ -4,8 +4,8 @@ The worker (worker.py) drives an engine: `insert` a row, `step` until it ends,
 `cancel` it. The batch engine (mlx_spec.batch) decodes every row at once; this
 one decodes them one after another, in arrival order, through
 `stream_generate` (the single-sequence loop, loop.py): what the batch engine
-cannot take runs here (a target or draft with no attention layer or of a recurrent
-family the batch has not been tested on; and every pair with `--no-batching`). Each
+cannot take runs here (a target or draft of a recurrent family the batch has not been
+tested on, or with quantized KV caches), with or without `--no-batching`. Each
 request's policy starts from what the ones before it measured of the machine
 (`MachineRecord`), as a batch row alone does. `room` is 1 while
 nothing runs, so the worker hands it the next row only then, and takes that
