@@ -19,7 +19,7 @@ import mlx.core as mx
 import pytest
 
 from batch_exactness import SAMPLES, SMALL_VOCAB, check_rows_after_a_rejection
-from families import make_family, plain_greedy, shared_family, shared_plain_greedy
+from families import plain_greedy, shared_family, shared_plain_greedy
 from tiny import make_llama, perturbed
 
 from mlx_spec.batch import BatchEngine, RowRequest, batchable
