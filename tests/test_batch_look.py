@@ -54,6 +54,28 @@ def test_the_batch_and_the_loop_hand_the_policy_the_same_look(pair, monkeypatch)
     assert seen[0][1] == pytest.approx(seen[1][1], abs=1e-4)
 
 
+def test_a_row_alone_drafting_with_the_mtp_head_looks_as_a_call(tmp_path, monkeypatch):
+    """The target's MTP head: its outputs at the prefill's pairs (h_i, x_{i+1}) against the
+    target's own predictions of the same tokens, as a call's look (test_prompt_look's MTP
+    test checks that one against numpy): a row alone hands its policy the same value, over the
+    same rows, under the source "mtp"."""
+    from test_mtp import PROMPT as MTP_PROMPT, make_target, mtp_params, write_original
+    from test_prompt_look import decode
+
+    target = make_target("qwen3_5")
+    weights = write_original(tmp_path / "mtp", target, mtp_params(target))
+    prompt = MTP_PROMPT + prompt_of(12, seed=3)
+    seen = looked(monkeypatch)
+    decode(target, "mtp", prompt, mtp_weights=str(weights))
+    engine = BatchEngine(target, "mtp", mtp_weights=str(weights))
+    engine.insert(RowRequest(prompt, 8, SamplingConfig(temp=0.7)))
+    while engine.busy:
+        engine.step()
+    assert len(seen) == 2 and seen[0][0] == seen[1][0] == "mtp"
+    assert seen[0][2] == seen[1][2] == len(prompt) - 2
+    assert seen[1][1] == pytest.approx(seen[0][1], abs=1e-4)
+
+
 def test_a_row_alone_looks_after_its_first_round_whole_as_a_call(pair, monkeypatch):  # noqa: F811
     """A call's first round is its policy's plain trial (TRIAL_STEPS steps, no calibration), and
     its look comes after that whole block, the block's steps timed (look_rows reads them); a

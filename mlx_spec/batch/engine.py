@@ -371,29 +371,43 @@ class BatchEngine:
 
     def _take_look(self, row: Row) -> None:
         """The prompt look (prompt_look.py) of a request decoding alone, as a call's
-        (loop._take_look): the draft's acceptance on the prompt's last positions, over as many
-        of the rows its prefill kept as its reply buys (`AdaptivePolicy.look_rows`; the row's
-        target's prefill time per token, as a call's), handed to its policy, unless the first
-        round already switched the draft off (`still_looks`). One host sync."""
+        (loop._take_look): the draft model's or the MTP head's acceptance on the prompt's last
+        positions, over as many of the rows its prefill kept as its reply buys
+        (`AdaptivePolicy.look_rows`; the row's target's prefill time per token, as a call's),
+        handed to its policy, unless the first round already switched the drafter off
+        (`still_looks`). One host sync."""
         target_hidden, draft_hidden = row.look_tail
         row.look_tail = None
         per_token = row.prefill_seconds / row.prefilled if row.prefilled else None
         rows = self.single.look_rows(per_token, row.request.max_tokens, target_hidden.shape[0])
-        target_tail = prompt_look.Tail.through(target_hidden, self.look_split[1], rows)
-        draft_tail = prompt_look.Tail.through(draft_hidden, self.draft.split[1], rows)
+        target_head, draft_head, source = self._look_heads()
+        target_tail = prompt_look.Tail.through(target_hidden, target_head, rows)
+        draft_tail = prompt_look.Tail.through(draft_hidden, draft_head, rows)
         sampling = row.request.sampling
-        looks = prompt_look.look({"draft": lambda r: prompt_look.chances(
+        looks = prompt_look.look({source: lambda r: prompt_look.chances(
             target_tail.rows(r), draft_tail.rows(r), sampling)}, self.single.still_looks, rows)
         for source, (acceptance, seen) in looks.items():
             self.single.observe_prompt_look(source, acceptance, seen, greedy=row.greedy)
 
+    def _look_heads(self):
+        """(the target's output layer, the drafter's, its source) for the prompt look, or None:
+        a draft model (of the target's tokenizer) and the target each with its output layer
+        over its trunk (mtp.heads.split_target), or the target's MTP head (its logits over its
+        outputs at the prefill's pairs: drafters/mtp.py's look), as a call looks."""
+        if self.draft is not None:
+            if self.look_split is None or self.draft.split is None or self.cross is not None:
+                return None
+            return self.look_split[1], self.draft.split[1], "draft"
+        if self.pairs is not None and self.pairs.source == "mtp":
+            return self.target.split[1], self.pairs.head.logits, "mtp"
+        return None
+
     def _may_look(self, row: Row) -> bool:
         """Whether a row may take the prompt look: a sampled row whose k the policy chooses,
-        with no processors (they change p), under a policy that looks (no calibration), the
-        target and the draft each its output layer over its trunk (mtp.heads.split_target)."""
+        with no processors (they change p), under a policy that looks (no calibration), with
+        a drafter that has one (`_look_heads`)."""
         request = row.request
-        return (self.look_split is not None and self.draft.split is not None
-                and self.cross is None and not row.greedy
+        return (self._look_heads() is not None and not row.greedy
                 and row.pinned is None and not request.logits_processors
                 and self.policy.fixed is None and self.single.auto_off
                 and self._cost_prior(request.sampling) is None)
@@ -461,8 +475,13 @@ class BatchEngine:
                 else:
                     hidden = self.target.split[0](x, cache=j.target_layers)  # the trunk's
                 last = j.done + len(chunk) == len(prompt) - 1
-                self.pairs.prefill(j.row, j.head_layers,
-                                   prompt[j.done + 1:j.done + 1 + len(chunk)], hidden, last)
+                outputs = self.pairs.prefill(j.row, j.head_layers,
+                                             prompt[j.done + 1:j.done + 1 + len(chunk)], hidden,
+                                             last)
+                if outputs is not None and self._gathers_look(j, chunk):  # an MTP head's look:
+                    look = True  # its outputs at the pairs against the target's own rows
+                    j.row.look_tail = (hidden[0, -prompt_look.ROWS:],
+                                       outputs[0, -prompt_look.ROWS:])
             elif self.dflash is not None:  # the drafter's context: the taps at these positions
                 _, taps = self.dflash.capture(x, j.target_layers)
                 self.dflash.prefill(j.row, j.head_layers, taps, j.done)
@@ -479,8 +498,8 @@ class BatchEngine:
             # rows, which no cache needs: a call evaluates them at its look)
             mx.eval(arrays(j.target_layers) + arrays(j.head_layers or []))
             j.row.prefill_seconds += time.perf_counter() - started
-            if look:
-                mx.eval(j.row.look_tail[0])
+            if look:  # (a draft model's rows with its own prefill, below)
+                mx.eval(list(j.row.look_tail) if self.draft is None else j.row.look_tail[0])
             if j.done == j.held:  # its first chunk: the draft reads the prompt now, or later
                 j.row.draft_waits = self._defers_draft(j.row)
             if self.draft is not None:

@@ -46,17 +46,19 @@ class BatchMTP:
         return row.mtp_ready
 
     def prefill(self, row: Row, layers: list, tokens: List[int], hidden: mx.array,
-                last_chunk: bool) -> None:
+                last_chunk: bool) -> Optional[mx.array]:
         """Pairs (hidden (1, m, H), the token after each position) of a prefill chunk; the
-        last pair of the prompt waits in the row's pending ones."""
+        last pair of the prompt waits in the row's pending ones. Returns the head's outputs
+        at the pairs fed (1, m', H), lazily (the prompt look's), or None."""
         pairs = list(zip(tokens, range(hidden.shape[1])))
         if last_chunk and pairs:
             *pairs, (token, i) = pairs
             row.mtp_pending = [([token], hidden[0, i:i + 1])]
             row.mtp_ready = True
-        if pairs:
-            feed(self.head, mx.array([[t for t, _ in pairs]], mx.uint32), hidden[:, :len(pairs)],
-                 layers[0])
+        if not pairs:
+            return None
+        return feed(self.head, mx.array([[t for t, _ in pairs]], mx.uint32),
+                    hidden[:, :len(pairs)], layers[0])
 
     def step_seconds(self, row: Row, repeats: int = 2) -> Optional[float]:
         """Seconds of one chained step (the head on its own output and a token, then its
