@@ -76,6 +76,30 @@ def test_a_row_alone_drafting_with_the_mtp_head_looks_as_a_call(tmp_path, monkey
     assert seen[1][1] == pytest.approx(seen[0][1], abs=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_row_alone_drafting_with_a_block_drafter_looks_as_a_call(tmp_path, monkeypatch, kind):
+    """A DFlash drafter's look (its first draft row anchored at each of the prompt's last
+    positions, over the context before it) and a DFlash2 drafter's (the selector's q there):
+    a row alone hands its policy what a call hands its own (test_prompt_look checks those
+    against dense numpy forwards), over the same rows, under the source "dflash"."""
+    from dflash_tiny import make_dflash, make_dflash2
+    from test_dflash2 import EXTRAS
+    from test_prompt_look import decode
+    from tiny import make_llama
+
+    target = make_llama(layers=4, seed=0)
+    drafter = make_dflash(tmp_path / kind, 48, [1, 3], block_size=5) if kind == "dflash" \
+        else make_dflash2(tmp_path / kind, 48, [1, 3], block_size=5, conv_kernel_size=3,
+                          extra=EXTRAS)
+    prompt = prompt_of(14, seed=4)
+    seen = looked(monkeypatch)
+    decode(target, drafter, prompt)
+    run(target, drafter, [prompt])
+    assert len(seen) == 2 and seen[0][0] == seen[1][0] == "dflash"
+    assert seen[0][2] == seen[1][2] == len(prompt) - 2
+    assert seen[1][1] == pytest.approx(seen[0][1], abs=1e-4)
+
+
 def test_a_row_alone_looks_after_its_first_round_whole_as_a_call(pair, monkeypatch):  # noqa: F811
     """A call's first round is its policy's plain trial (TRIAL_STEPS steps, no calibration), and
     its look comes after that whole block, the block's steps timed (look_rows reads them); a

@@ -137,9 +137,14 @@ def test_a_row_alone_times_a_draft_step_before_its_first_round(pair, monkeypatch
     one said to cost nothing is; no calibration, as a call times it only then."""
     from mlx_spec.batch.drafts import BatchDraft
 
+    from mlx_spec.policy import AdaptivePolicy
+
     timed = []
     monkeypatch.setattr(BatchDraft, "step_seconds", lambda self, row: timed.append(row.history[-1])
                         or seconds)
+    # no prefill time for v's prior: on a loaded CPU the tiny target's prefill can read a
+    # verified token as dear as a plain step, and then even a free draft never pays
+    monkeypatch.setattr(AdaptivePolicy, "observe_prefill", lambda self, tokens, seconds: None)
     target, draft = pair
     engine = BatchEngine(target, draft, calibration=None)
     for prompt in ([2, 7, 1, 8], [3, 1, 4]):  # two requests, one after the other

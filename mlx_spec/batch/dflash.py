@@ -37,8 +37,9 @@ from ..attention import round_attention
 from ..dflash.dflash2 import draft_logits
 from ..dflash.model import DFlashModel
 from ..dflash.taps import embedding, output_head, tap_capture
-from ..drafters.dflash import DFlashContext, embedding_scale, visibility
-from ..drafters.dflash2 import logit_scale
+from .. import prompt_look
+from ..drafters.dflash import DFlashContext, DFlashDrafter, embedding_scale, visibility
+from ..drafters.dflash2 import DFlash2Drafter, logit_scale
 from ..drafters.waiting import joined, right_padded
 from ..precision import compute_dtype, head_for
 from .drafts import draw_rows
@@ -63,6 +64,7 @@ class BatchDFlash:
             self.embed_scale *= self.config.dflash2.input_embedding_scale
             self.selector = drafter.candidate_selector
             self.logit_scale = logit_scale(self.config.dflash2, target_model)
+        self.target_model = target_model  # (a row alone's look builds a sequence's drafter)
         self.dtype = drafter.fc.weight.dtype
         self.cache = BatchCache(None)  # one KVCache of context per drafter layer
 
@@ -187,6 +189,17 @@ class BatchDFlash:
         see_context = see_context[None] & padding[:, None, :]  # (B, size, count)
         see_block = mx.broadcast_to(see_block[None], (padding.shape[0], size, size))
         return mx.concatenate([see_context, see_block], axis=-1)[:, None]
+
+    def look(self, row: Row, layers: list, end: int, target_tail, sampling) -> dict:
+        """The prompt look of a row alone (prompt_look.gather's {source: rows -> chances}),
+        from its one-row context `layers` covering positions 0..`end` after its prefill: a
+        sequence's drafter of this kind over that context (drafters/dflash.py's, or DFlash2's,
+        anchored_rows), so the look is a call's, against the target's logits `target_tail`."""
+        kind = DFlash2Drafter if self.selector is not None else DFlashDrafter
+        view = kind(self.drafter, self.target_model, sampling, start=end,
+                    context=DFlashContext(self.drafter, 0, layers))
+        view.saw(row.history[1:end + 1])  # the token after each position
+        return prompt_look.gather(target_tail, [view], sampling)
 
     def settle(self, rows: Sequence[Row], taps: mx.array, emitted: Sequence[List[int]]) -> None:
         """After verification: each row's kept positions (the target's taps (B, W + 1, .)

@@ -163,8 +163,9 @@ class BatchEngine:
             if draft_model is not None else None
         self.draft_recurrent = draft_model is not None and recurrent(draft_model)
         # The target as trunk and output layer, for the prompt look of a sampled row (None: no
-        # draft model, or a target without mlx-lm's trunk-and-head layout)
-        self.look_split = _split(target_model) if self.draft is not None else None
+        # draft model or block drafter, or a target without mlx-lm's trunk-and-head layout)
+        self.look_split = _split(target_model) \
+            if self.draft is not None or self.dflash is not None else None
         self.head = self.pairs or self.dflash  # a drafter with one-row caches beside the target's
         self.model_drafter = self.draft or self.head  # the one that drafts for the rows, if any
         # Token trees of this (depth, width) from the model drafter (batch/trees.py), where the
@@ -376,31 +377,42 @@ class BatchEngine:
         (`AdaptivePolicy.look_rows`; the row's target's prefill time per token, as a call's),
         handed to its policy, unless the first round already switched the drafter off
         (`still_looks`). One host sync."""
-        target_hidden, draft_hidden = row.look_tail
-        row.look_tail = None
+        pending, row.look_tail = row.look_tail, None
         per_token = row.prefill_seconds / row.prefilled if row.prefilled else None
-        rows = self.single.look_rows(per_token, row.request.max_tokens, target_hidden.shape[0])
-        target_head, draft_head, source = self._look_heads()
-        target_tail = prompt_look.Tail.through(target_hidden, target_head, rows)
-        draft_tail = prompt_look.Tail.through(draft_hidden, draft_head, rows)
-        sampling = row.request.sampling
-        looks = prompt_look.look({source: lambda r: prompt_look.chances(
-            target_tail.rows(r), draft_tail.rows(r), sampling)}, self.single.still_looks, rows)
+        rows = self.single.look_rows(per_token, row.request.max_tokens, prompt_look.ROWS)
+        looks = prompt_look.look(pending, self.single.still_looks, rows)
         for source, (acceptance, seen) in looks.items():
             self.single.observe_prompt_look(source, acceptance, seen, greedy=row.greedy)
+
+    def _gather_look(self, row: Row, kept, head_layers, end: int) -> dict:
+        """{source: rows -> chances, lazy} (prompt_look.gather's) from what the last prefill
+        chunk kept: the target's and the draft model's hidden states, or the target's and the
+        MTP head's outputs at its pairs, through their output layers; or a block drafter's
+        first row anchored at each of the prompt's last positions, over the row's context
+        (`head_layers`, covering positions 0..`end`), against the target's own rows there."""
+        sampling = row.request.sampling
+        if self.dflash is not None:
+            return self.dflash.look(row, head_layers, end, prompt_look.Tail.through(
+                kept, self.look_split[1], prompt_look.ROWS), sampling)
+        target_head, draft_head, source = self._look_heads()
+        target_tail = prompt_look.Tail.through(kept[0], target_head, prompt_look.ROWS)
+        draft_tail = prompt_look.Tail.through(kept[1], draft_head, prompt_look.ROWS)
+        return {source: lambda r: prompt_look.chances(target_tail.rows(r), draft_tail.rows(r),
+                                                      sampling)}
 
     def _look_heads(self):
         """(the target's output layer, the drafter's, its source) for the prompt look, or None:
         a draft model (of the target's tokenizer) and the target each with its output layer
         over its trunk (mtp.heads.split_target), or the target's MTP head (its logits over its
-        outputs at the prefill's pairs: drafters/mtp.py's look), as a call looks."""
+        outputs at the prefill's pairs: drafters/mtp.py's look), as a call looks; a block
+        drafter looks through its own drafter (BatchDFlash.look): True."""
         if self.draft is not None:
             if self.look_split is None or self.draft.split is None or self.cross is not None:
                 return None
             return self.look_split[1], self.draft.split[1], "draft"
         if self.pairs is not None and self.pairs.source == "mtp":
             return self.target.split[1], self.pairs.head.logits, "mtp"
-        return None
+        return True if self.dflash is not None and self.look_split is not None else None
 
     def _may_look(self, row: Row) -> bool:
         """Whether a row may take the prompt look: a sampled row whose k the policy chooses,
@@ -467,7 +479,7 @@ class BatchEngine:
         prompt = j.row.history
         chunk = prompt[j.done:min(j.done + budget, len(prompt) - 1)]
         if chunk:
-            started, look = time.perf_counter(), False
+            started, look, kept = time.perf_counter(), False, None
             x = mx.array(chunk, mx.uint32)[None]
             if self.pairs is not None:  # the head's pairs: a position's state, the next token
                 if self.target.capture is not None:  # an EAGLE-3 head's fused taps
@@ -480,16 +492,17 @@ class BatchEngine:
                                              last)
                 if outputs is not None and self._gathers_look(j, chunk):  # an MTP head's look:
                     look = True  # its outputs at the pairs against the target's own rows
-                    j.row.look_tail = (hidden[0, -prompt_look.ROWS:],
-                                       outputs[0, -prompt_look.ROWS:])
+                    kept = (hidden[0, -prompt_look.ROWS:], outputs[0, -prompt_look.ROWS:])
             elif self.dflash is not None:  # the drafter's context: the taps at these positions
-                _, taps = self.dflash.capture(x, j.target_layers)
+                look = j.held == 0 and self._gathers_look(j, chunk)  # (a context from 0)
+                final, taps = self.dflash.capture(  # (the look: the trunk's last rows)
+                    x, j.target_layers, forward=self.look_split[0] if look else None)
                 self.dflash.prefill(j.row, j.head_layers, taps, j.done)
+                kept = final[0, -prompt_look.ROWS:]
             elif self._gathers_look(j, chunk):  # the last positions' hidden states kept
                 look = True
-                j.row.look_tail = (
-                    self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
-                    self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
+                kept = (self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
+                        self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
             else:
                 self.target_model(x, cache=j.target_layers)
             # The target's part (and a head's or a DFlash drafter's, as a call's followers)
@@ -499,7 +512,8 @@ class BatchEngine:
             mx.eval(arrays(j.target_layers) + arrays(j.head_layers or []))
             j.row.prefill_seconds += time.perf_counter() - started
             if look:  # (a draft model's rows with its own prefill, below)
-                mx.eval(list(j.row.look_tail) if self.draft is None else j.row.look_tail[0])
+                mx.eval(list(kept) if self.pairs is not None else
+                        kept[0] if self.draft is not None else kept)
             if j.done == j.held:  # its first chunk: the draft reads the prompt now, or later
                 j.row.draft_waits = self._defers_draft(j.row)
             if self.draft is not None:
@@ -510,8 +524,10 @@ class BatchEngine:
                 if look or not j.row.draft_waits:
                     j.row.draft_prefill_seconds += time.perf_counter() - started
                 if look:
-                    mx.eval(j.row.look_tail[1])
+                    mx.eval(kept[1])
             j.done += len(chunk)
+            if look:
+                j.row.look_tail = self._gather_look(j.row, kept, j.head_layers, j.done)
             j.row.prefilled += len(chunk)
             if j.row.cross is not None:  # its draft reads the same text, in its own vocabulary
                 j.row.cross.prefill(prompt[:j.done], budget)

@@ -108,6 +108,12 @@ class DFlashDrafter:
         """The target's tapped hidden states (len(tokens), taps * H) at the positions it kept;
         `tokens`: the token after each."""
         self.context.queued.append(hidden)
+        self.saw(tokens)
+
+    def saw(self, tokens: List[int]) -> None:
+        """The token after each position it was handed (`follow`), or that its context holds
+        already (a batch row alone's prefill: batch/dflash.py's look): the prompt look's
+        anchors, until its first proposal."""
         if self._after is not None:
             self._after = (self._after + list(tokens))[-LOOK_TOKENS:]
 
