@@ -14,10 +14,11 @@ The cost: the target's and each drafter's last layer over the prefill's last
 chunk and output layer over the rows, and one host sync. The rows are
 gathered lazily right after the prefill and evaluated after the first round
 (loop._take_look): the first token does not wait, and a source already off
-then is not computed. A batch row decoding alone looks too, with a draft model or
-the target's MTP head (batch/engine.py, `_take_look`: the last prefill chunk's
-hidden states, or the head's outputs at its pairs, the same chances, after its
-first round alone). How many rows: as many as a share of the reply's plain
+then is not computed. A batch row decoding alone looks too, with a draft model,
+the target's MTP head or a block drafter (batch/engine.py, `_take_look`: the last
+prefill chunk's hidden states, the head's outputs at its pairs, or a sequence's
+block drafter over the row's context, the same chances, after its first round
+alone). How many rows: as many as a share of the reply's plain
 time buys (policy.AdaptivePolicy.look_rows), the look's cost read in the target's prefill
 time per prompt token, which the loop times: about 8 tokens' worth plus 0.4 a
 row on this project's CPU pairs, where a prompt token costs 0.16-0.34 of a plain

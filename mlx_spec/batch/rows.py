@@ -69,11 +69,11 @@ class Row:
     # The request's own acceptance (a policy.SourceEstimate, counted from its own rounds): what
     # the batch policy reads of it (batch/policy.py); set by the engine when it joins
     acceptance: object = None
-    # The prompt look (prompt_look.py): the target's and the draft's hidden states at the
-    # prompt's last positions (kept by a sampled row's last prefill chunk), until its policy
-    # reads them; and its prefill's tokens and the target's time on them (a head's or a DFlash
-    # drafter's included, a draft model's not: a call's timed prefill), what the look's rows
-    # cost and its policy's prior of v
+    # The prompt look (prompt_look.py): {source: rows -> chances, lazy} from what a sampled
+    # row's last prefill chunk kept (the target's and its drafter's rows at the prompt's last
+    # positions), until its policy reads them; and its prefill's tokens and the target's time
+    # on them (a head's or a DFlash drafter's included, a draft model's not: a call's timed
+    # prefill), what the look's rows cost and its policy's prior of v
     look_tail: Optional[tuple] = None
     prefill_seconds: float = 0.0
     prefilled: int = 0
