@@ -141,6 +141,20 @@ def test_seeded_sampling_repeats(served):
     assert answers[0] == answers[1] and answers[0]
 
 
+def test_a_seeded_request_gets_the_same_text_batched_or_one_at_a_time(pair):
+    """Both modes decode a request alone with the batch engine (one row at a time, or all
+    admitted at once): a seeded sampled request's text does not depend on the mode."""
+    target, draft, tokenizer = pair
+    body = {"prompt": PROMPTS[2], "max_tokens": MAX_TOKENS, "temperature": 0.7, "top_p": 0.95,
+            "seed": 5}
+    texts = []
+    for worker in (GenerationWorker(target, tokenizer, draft),
+                   batched_worker(target, tokenizer, draft)):
+        with TestClient(create_app(worker, MODEL_ID)) as http:
+            texts.append(http.post("/v1/completions", json=body).json()["choices"][0]["text"])
+    assert texts[0] == texts[1] and texts[0]
+
+
 def test_stop_string_cuts_the_text(served):
     ids = completion_ids(served, PROMPTS[0])
     full = served.reference(ids, 24)
