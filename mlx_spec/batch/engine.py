@@ -372,8 +372,9 @@ class BatchEngine:
 
     def _take_look(self, row: Row) -> None:
         """The prompt look (prompt_look.py) of a request decoding alone, as a call's
-        (loop._take_look): the draft model's or the MTP head's acceptance on the prompt's last
-        positions, over as many of the rows its prefill kept as its reply buys
+        (loop._take_look): its drafter's acceptance on the prompt's last positions (a draft
+        model's, the MTP head's or a block drafter's: `_gather_look`), over as many of the
+        rows its prefill kept as its reply buys
         (`AdaptivePolicy.look_rows`; the row's target's prefill time per token, as a call's),
         handed to its policy, unless the first round already switched the drafter off
         (`still_looks`). One host sync."""
