@@ -145,13 +145,14 @@ def gather(target_tail: Optional[Tail], drafters, sampling: SamplingConfig
         if draft_tail is not None and draft_tail.count >= MIN_ROWS \
                 and target_tail is not None and target_tail.count >= MIN_ROWS:
             most = min(draft_tail.count, target_tail.count)
-            pending[drafter.source] = _chances_of(target_tail, draft_tail, most, sampling,
+            pending[drafter.source] = chances_of(target_tail, draft_tail, most, sampling,
                                                   as_probs)
     return pending
 
 
-def _chances_of(target_tail: Tail, draft_tail: Tail, most: int, sampling: SamplingConfig,
-                as_probs: bool) -> Callable[[int], mx.array]:
+def chances_of(target_tail: Tail, draft_tail: Tail, most: int, sampling: SamplingConfig,
+               as_probs: bool = False) -> Callable[[int], mx.array]:
+    """rows -> (r,) chances at the last r <= `most` positions of the two tails, lazily."""
     return lambda r: chances(target_tail.rows(min(r, most)), draft_tail.rows(min(r, most)),
                              sampling, as_probs)
 

@@ -340,8 +340,8 @@ class BatchEngine:
             DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR,
             self._cost_prior(row.request.sampling))
         self.single_uid = row.uid
-        if row.prefilled:  # the target's prefill alone: v's prior (and a waiting draft's
-            self.single.observe_prefill(row.prefilled, row.prefill_seconds)  # backlog's), as a call's
+        if row.prefilled:  # the target's prefill alone: v's prior, as a call's
+            self.single.observe_prefill(row.prefilled, row.prefill_seconds)
         if row.draft_prefill_seconds:  # the draft read the prompt: its catch-up price, as a call's
             self.single.observe_catch_up("draft", row.prefilled, row.draft_prefill_seconds)
         self.single.expect_reply(row.room)
@@ -391,36 +391,36 @@ class BatchEngine:
         MTP head's outputs at its pairs, through their output layers; or a block drafter's
         first row anchored at each of the prompt's last positions, over the row's context
         (`head_layers`, covering positions 0..`end`), against the target's own rows there."""
-        sampling = row.request.sampling
-        if self.dflash is not None:
+        sampling, rows = row.request.sampling, prompt_look.ROWS
+        source = self._look_source()
+        if source == "dflash":
             return self.dflash.look(row, head_layers, end, prompt_look.Tail.through(
-                kept, self.look_split[1], prompt_look.ROWS), sampling)
-        target_head, draft_head, source = self._look_heads()
-        target_tail = prompt_look.Tail.through(kept[0], target_head, prompt_look.ROWS)
-        draft_tail = prompt_look.Tail.through(kept[1], draft_head, prompt_look.ROWS)
-        return {source: lambda r: prompt_look.chances(target_tail.rows(r), draft_tail.rows(r),
-                                                      sampling)}
+                kept, self.look_split[1], rows), sampling)
+        target_head, draft_head = (self.look_split[1], self.draft.split[1]) \
+            if source == "draft" else (self.target.split[1], self.pairs.head.logits)
+        return {source: prompt_look.chances_of(prompt_look.Tail.through(kept[0], target_head, rows),
+                                               prompt_look.Tail.through(kept[1], draft_head, rows),
+                                               rows, sampling)}
 
-    def _look_heads(self):
-        """(the target's output layer, the drafter's, its source) for the prompt look, or None:
-        a draft model (of the target's tokenizer) and the target each with its output layer
-        over its trunk (mtp.heads.split_target), or the target's MTP head (its logits over its
-        outputs at the prefill's pairs: drafters/mtp.py's look), as a call looks; a block
-        drafter looks through its own drafter (BatchDFlash.look): True."""
+    def _look_source(self) -> Optional[str]:
+        """The drafter a row alone's prompt look reads, as a call's, or None: a draft model of
+        the target's tokenizer ("draft"; it and the target each with its output layer over its
+        trunk: mtp.heads.split_target), the target's MTP head ("mtp": its logits over its
+        outputs at the prefill's pairs, drafters/mtp.py's look) or a block drafter ("dflash":
+        through a sequence's drafter over the row's context, BatchDFlash.look)."""
         if self.draft is not None:
-            if self.look_split is None or self.draft.split is None or self.cross is not None:
-                return None
-            return self.look_split[1], self.draft.split[1], "draft"
+            usable = self.look_split is not None and self.draft.split is not None
+            return "draft" if usable and self.cross is None else None
         if self.pairs is not None and self.pairs.source == "mtp":
-            return self.target.split[1], self.pairs.head.logits, "mtp"
-        return True if self.dflash is not None and self.look_split is not None else None
+            return "mtp"
+        return "dflash" if self.dflash is not None and self.look_split is not None else None
 
     def _may_look(self, row: Row) -> bool:
         """Whether a row may take the prompt look: a sampled row whose k the policy chooses,
         with no processors (they change p), under a policy that looks (no calibration), with
-        a drafter that has one (`_look_heads`)."""
+        a drafter that has one (`_look_source`)."""
         request = row.request
-        return (self._look_heads() is not None and not row.greedy
+        return (self._look_source() is not None and not row.greedy
                 and row.pinned is None and not request.logits_processors
                 and self.policy.fixed is None and self.single.auto_off
                 and self._cost_prior(request.sampling) is None)
@@ -499,7 +499,7 @@ class BatchEngine:
                 final, taps = self.dflash.capture(  # (the look: the trunk's last rows)
                     x, j.target_layers, forward=self.look_split[0] if look else None)
                 self.dflash.prefill(j.row, j.head_layers, taps, j.done)
-                kept = final[0, -prompt_look.ROWS:]
+                kept = final[0, -prompt_look.ROWS:] if look else None
             elif self._gathers_look(j, chunk):  # the last positions' hidden states kept
                 look = True
                 kept = (self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],

@@ -43,7 +43,7 @@ ordinary loop (`batchable`).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (ArraysCache, BatchKVCache, CacheList, KVCache, RotatingKVCache,
@@ -101,9 +101,18 @@ def row_cache(model) -> list:
     return [_row_layer(layer) for layer in make_prompt_cache(model)]
 
 
+def leafwise(convert: Callable) -> Callable:
+    """`convert` applied to a layer, or to each leaf of a CacheList (Falcon-H1's), the
+    CacheList rebuilt around them."""
+    def apply(layer, *args):
+        if isinstance(layer, CacheList):
+            return CacheList(*(apply(leaf, *args) for leaf in layer.caches))
+        return convert(layer, *args)
+    return apply
+
+
+@leafwise
 def _row_layer(layer):
-    if isinstance(layer, CacheList):
-        return CacheList(*(_row_layer(leaf) for leaf in layer.caches))
     return KVCache() if type(layer) is KVCache or _sliding(layer) else layer
 
 
@@ -123,10 +132,9 @@ class RowsKVCache(BatchKVCache):
                                  **kwargs)
 
 
+@leafwise
 def _merged(layer):
     """One row's prefilled layer (a KVCache or recurrent state) in the batch's kinds."""
-    if isinstance(layer, CacheList):
-        return CacheList(*(_merged(leaf) for leaf in layer.caches))
     if isinstance(layer, ArraysCache):
         return ArraysCache.merge([layer])
     merged = RowsKVCache([0])
@@ -301,11 +309,9 @@ class BatchCache:
 
     def extract(self, row: int) -> List[KVCache]:
         """Row `row`'s entries as an ordinary one-row cache list (for the prompt-cache store)."""
-        return [self._extract(layer, row) for layer in self.layers]
+        return [leafwise(self._extract)(layer, row) for layer in self.layers]
 
     def _extract(self, layer, row: int):
-        if isinstance(layer, CacheList):
-            return CacheList(*(self._extract(leaf, row) for leaf in layer.caches))
         if isinstance(layer, ArraysCache):
             state = ArraysCache(len(layer.cache))  # (None: nothing fed yet, as a KVCache's)
             state.cache = [None if c is None else c[row:row + 1] for c in layer.cache]
