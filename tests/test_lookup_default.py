@@ -58,9 +58,16 @@ def test_the_default_gives_the_targets_text_and_drafts_a_quoting_reply(shipped, 
     model, ids = shipped[0], quoting[0]
     rounds = list(speculative_generate_step(ids, model, None, max_tokens=40, calibration=None))
     assert [t for r in rounds for t in r.tokens][:40] == greedy(model, ids, 40)
-    # Partly from lookup: how much depends on the policy's k, which follows this machine's
-    # timings (19 of 40 once, under load; the reply quotes about 35)
-    assert sum(r.num_accepted for r in rounds if r.source == "lookup") >= 10
+    assert "lookup" in {r.source for r in rounds}
+    # Partly from lookup. Left to this machine's timings the policy may switch lookup off for
+    # the rest of 40 tokens (CI once timed its first, rejected round slow under the other
+    # worker's load: 2 of 40 from lookup); auto_off=False keeps the choice of k, which follows
+    # what is accepted, and takes the timings' verdict out (29-31 of 40 here, the reply
+    # quotes about 35)
+    rounds = list(speculative_generate_step(ids, model, None, max_tokens=40, calibration=None,
+                                            auto_off=False))
+    assert [t for r in rounds for t in r.tokens][:40] == greedy(model, ids, 40)
+    assert sum(r.num_accepted for r in rounds if r.source == "lookup") >= 15
 
 
 def test_a_target_whose_cache_cannot_rewind_decodes_plainly_by_default():
