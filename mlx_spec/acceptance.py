@@ -150,6 +150,7 @@ def sampler_match(sampler) -> AcceptanceRule:
         k = draft_tokens.shape[0]
         num_accepted = _accepted_prefix(draft_tokens == target_tokens[:k])
         return num_accepted, target_tokens[num_accepted]
+    rule.sampler = sampler  # (judge.verdict_parts: with no drafts the token is its draw too)
     return rule
 
 

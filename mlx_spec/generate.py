@@ -30,7 +30,7 @@ from .loading import check_pair, vocab_size
 from .loop import Round, generate_rounds
 from .memory import wired_limit
 from .policy import DEFAULT_MAX_DRAFT_TOKENS
-from .sampling import SamplingConfig, check_sampling, read_sampler
+from .sampling import SamplingConfig, check_sampling, sampling_of
 from .session import Session
 from .stats import GenerationStats, StatsRecorder
 
@@ -318,14 +318,7 @@ def stream_generate(
                     prompt_cache_live=prompt_cache_live, sampler=sampler, **kwargs)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
-    if sampler is not None:
-        if sampling != SamplingConfig():
-            raise ValueError("Pass either sampler or temp/top_p/top_k/min_p, not both.")
-        if not callable(sampler):
-            raise ValueError("sampler must be a callable, as mlx_lm.sample_utils.make_sampler "
-                             "returns.")
-        sampling = read_sampler(sampler)
+    sampling = sampling_of(temp, top_p, top_k, min_p, sampler)
     if isinstance(draft_model, os.PathLike):
         draft_model = str(draft_model)
     if _is_loaded_draft_model(draft_model) and draft_bridge(  # "mtp", a path, DFlash: later

@@ -43,7 +43,9 @@ def verdict_parts(accept, drafts: mx.array, probs: Optional[mx.array], target_lo
                                drafts.astype(mx.uint32)])
     k = drafts.shape[0]
     kept = None
-    if k == 0:  # nothing to judge: the target's own draw
+    if k == 0 and getattr(accept, "sampler", None) is not None:  # an opaque sampler's draw
+        n, token = accept(drafts, probs, target_logprobs)  # (acceptance.sampler_match)
+    elif k == 0:  # nothing to judge: the target's own draw
         n = mx.array(0)
         token = keyed_categorical(target_logprobs[0], key) if key is not None else \
             mx.random.categorical(target_logprobs[0])

@@ -49,6 +49,21 @@ class SamplingConfig:
         return self.temp == 0 and self.sampler is None
 
 
+def sampling_of(temp: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                sampler=None) -> SamplingConfig:
+    """The SamplingConfig of an API call's `temp`, `top_p`, `top_k`, `min_p`, or of mlx-lm's
+    `sampler=` in their place (`read_sampler`); ValueError for both at once."""
+    sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    if sampler is None:
+        return sampling
+    if sampling != SamplingConfig():
+        raise ValueError("Pass either sampler or temp/top_p/top_k/min_p, not both.")
+    if not callable(sampler):
+        raise ValueError("sampler must be a callable, as mlx_lm.sample_utils.make_sampler "
+                         "returns.")
+    return read_sampler(sampler)
+
+
 def read_sampler(sampler) -> SamplingConfig:
     """The SamplingConfig of an mlx-lm sampler: read from what `make_sampler` built
     (temperature, top-p, min-p, top-k), or, for any other callable (XTC, a

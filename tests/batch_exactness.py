@@ -23,12 +23,12 @@ SAMPLES = 600
 ALPHA = 1e-3
 
 
-def sample_rows(target, draft, accept, samples, width=6, prompt=PROMPT, **engine_options):
+def sample_rows(target, draft, accept, samples, width=6, prompt=PROMPT,
+                sampling=SamplingConfig(temp=1.0), **engine_options):
     """Counts of (t3, t4) of `samples` rows of PROMPT, generated 4 tokens each in a batch
-    kept `width` rows wide, half of them other prompts of other lengths. `engine_options` go
-    to BatchEngine (mtp_weights with draft "mtp")."""
+    kept `width` rows wide, half of them other prompts of other lengths, every row with
+    `sampling`. `engine_options` go to BatchEngine (mtp_weights with draft "mtp")."""
     engine = BatchEngine(target, draft, num_draft_tokens=2, accept=accept, **engine_options)
-    sampling = SamplingConfig(temp=1.0)
     rng = random.Random(0)
     ours, counts, started, rewound = set(), {}, 0, 0
     tokens, rejected_early = {}, set()

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Union
 from ..arguments import check_arguments
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS
-from ..sampling import SamplingConfig
+from ..sampling import sampling_of
 from .engine import BatchEngine, check_batchable, is_draft_model
 from .rows import RowRequest
 
@@ -49,7 +49,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
                    verbose: bool = False, tree=None, draft_tokenizer=None,
                    calibration="auto", auto_off: bool = True,
-                   draft_confidence: float = 0.0) -> BatchResponse:
+                   draft_confidence: float = 0.0, sampler=None,
+                   logits_processors=None) -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
     loaded model, a loaded DFlash drafter or EAGLE-3 head, or "mtp": the target's own MTP head, from
     `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
@@ -67,7 +68,11 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     as a call does, and a row beside others from its acceptance at the row's temperature.
     `auto_off=False`: the policy never turns the drafts off (plain decoding is not a choice);
     `draft_confidence`: a row's draft model stops drafting at its first draft drawn with a top
-    probability below it, as speculative_generate_step's."""
+    probability below it, as speculative_generate_step's. `sampler` and `logits_processors`, as
+    mlx-lm's batch_generate takes them, for every row: a sampler made by mlx-lm's
+    `make_sampler` is read back into temp/top_p/top_k/min_p (pass one or the other); any other
+    callable draws each row's tokens itself (from MLX's global random state: no `seed`) and a
+    draft is kept while it equals the sampler's draw (acceptance.sampler_match)."""
     check_arguments(tree=tree)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
@@ -76,7 +81,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         raise ValueError(f"max_tokens has {len(budgets)} entries for {len(prompts)} prompts.")
     for budget in budgets:
         check_arguments(max_tokens=budget)
-    check_arguments(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+    check_arguments(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
+                    sampler=sampler, logits_processors=logits_processors)
     if num_draft_tokens is not None and (not isinstance(num_draft_tokens, int)
                                          or num_draft_tokens < 0):
         raise ValueError(f"num_draft_tokens must be an int >= 0 or None, got {num_draft_tokens!r}.")
@@ -89,7 +95,10 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
 
         if draft_bridge(model, draft_model, tokenizer, draft_tokenizer) is None:  # one vocabulary
             check_pair(model, draft_model, tokenizer)
-    sampling = SamplingConfig(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    sampling = sampling_of(temp, top_p, top_k, min_p, sampler)
+    if sampling.sampler is not None and seed is not None:
+        raise ValueError("A custom sampler draws from MLX's global random state, which seed "
+                         "cannot fix per row: call mx.random.seed first instead.")
     ids = [_token_ids(tokenizer, p, i) for i, p in enumerate(prompts)]
     engine = BatchEngine(model, draft_model, num_draft_tokens=num_draft_tokens,
                          max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,
@@ -97,7 +106,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                          tokenizer=tokenizer, draft_tokenizer=draft_tokenizer, tree=tree,
                          calibration=calibration, auto_off=auto_off,
                          draft_confidence=draft_confidence)
-    requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup)
+    requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup,
+                           logits_processors=tuple(logits_processors or ()))
                 for i, (p, b) in enumerate(zip(ids, budgets))]
     start = time.perf_counter()
     waiting, uids = list(reversed(range(len(requests)))), {}

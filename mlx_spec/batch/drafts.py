@@ -33,7 +33,7 @@ import mlx.core as mx
 from ..attention import round_attention
 from ..drafters.chain import draft_chain
 from ..mtp.heads import split_target
-from ..sampling import keyed_categorical, logprobs_from_logits
+from ..sampling import keyed_categorical, logprobs_from_logits, sample
 from .kv import BatchCache, row_cache
 from .rows import Row
 
@@ -193,5 +193,8 @@ def draw_rows(rows: Sequence[Row], logits: mx.array, probs: list, sampled) -> mx
             continue
         logprobs = logprobs_from_logits(logits[i], row.request.sampling)  # (V_d,)
         probs[i].append(mx.exp(logprobs))
-        drawn.append(keyed_categorical(logprobs, row.next_key()).astype(mx.uint32))
+        if row.sampler is not None:  # drawn as the target's tokens will be (as a call's draft)
+            drawn.append(sample(logprobs[None], row.request.sampling)[0])
+        else:
+            drawn.append(keyed_categorical(logprobs, row.next_key()).astype(mx.uint32))
     return mx.stack(drawn)

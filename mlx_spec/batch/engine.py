@@ -227,8 +227,10 @@ class BatchEngine:
             raise ValueError("The prompt is empty: give at least one token.")
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}.")
-        if request.sampling.sampler is not None:
-            raise ValueError("A custom sampler cannot be batched: pass temp/top_p/top_k/min_p.")
+        if request.sampling.sampler is not None and request.seed is not None:
+            raise ValueError("A custom sampler draws from MLX's global random state, which a "
+                             "row's seed cannot fix: seed it with mx.random.seed, or pass "
+                             "temp/top_p/top_k/min_p with the seed.")
         bad = next((t for t in request.prompt if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"Prompt token id {bad} is outside the target's vocabulary "
@@ -345,7 +347,7 @@ class BatchEngine:
         if row.draft_prefill_seconds:  # the draft read the prompt: its catch-up price, as a call's
             self.single.observe_catch_up("draft", row.prefilled, row.draft_prefill_seconds)
         self.single.expect_reply(row.room)
-        if self.chosen_width and row.pinned is None and not row.request.logits_processors:
+        if self.chosen_width and row.pinned is None and not row.chains_only:
             self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (as a call's)
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source

@@ -5,8 +5,9 @@ filler after a row's own drafts where another row drafted more (a row never
 accepts past its own drafts, so filler is never kept). Each row is then
 judged by its own rule on its own slice: greedy rows compare the target's
 argmax with their drafts on the host, sampled rows run the residual rule
-with their own random key. Everything the host needs from every row comes
-back in one transfer: the round's only sync.
+with their own random key, a row with an opaque sampler keeps drafts while
+they equal the sampler's draws (acceptance.sampler_match). Everything the
+host needs from every row comes back in one transfer: the round's only sync.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from ..acceptance import greedy_accept, keyed_rule
+from ..acceptance import greedy_accept, keyed_rule, sampler_match
 from ..attention import round_attention
 from ..drafters.protocol import Proposal
 from ..judge import prefix_match, read_verdict, stop_cut, verdict_parts, verdict_size
@@ -105,6 +106,8 @@ def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept
     if row.greedy:
         return verdict_parts(greedy_accept, drafts, None, logits, None), logits
     logprobs = logprobs_from_logits(logits, row.request.sampling)
+    if row.sampler is not None:  # its own draws at every position, kept while drafts equal them
+        return verdict_parts(sampler_match(row.sampler), drafts, None, logits, logprobs), logits
     return verdict_parts(accept, drafts, proposal.probs if n else None, logits, logprobs,
                          key=row.next_key(), chances=chances), logits
 
@@ -112,7 +115,7 @@ def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept
 def read_chain(row: Row, n: int, logits: mx.array, values: list, at: int,
                chances: bool = False):
     """(the row's Verdict, where the next row's values start) from the round's host values."""
-    chances = chances and not row.greedy and n > 0
+    chances = chances and not row.greedy and row.sampler is None and n > 0
     size = verdict_size(n, row.greedy, chances)
     accepted, token, drafted, kept = read_verdict(values[at:at + size], n, row.greedy, chances)
     return Verdict(drafted, accepted, token, logits, chances=kept), at + size
