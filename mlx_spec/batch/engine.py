@@ -65,7 +65,8 @@ from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .trees import draft_trees, keep_paths, path_states, verify_trees
-from .verify import ACCEPT, emitted_tokens, spine_kept, verify, verify_input
+from .verify import (ACCEPT, chain_parts, emitted_tokens, read_chain, spine_kept, verify,
+                     verify_input)
 
 
 SOURCES = ("draft", "mtp", "eagle3", "dflash", "lookup", "suffix")  # where a row's drafts come from
@@ -240,6 +241,8 @@ class BatchEngine:
         if self.room < 1:
             raise ValueError(f"The engine holds {self.max_rows} rows at once (max_rows): insert "
                              "when `room` says it has room.")
+        if request.input_embeddings is not None:
+            self._check_embeddings(request)
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.model_drafter is not None or self.cross is not None, self.tree)
         prior = self._cost_prior(request.sampling)
@@ -268,6 +271,28 @@ class BatchEngine:
         self.joining.append(Joining(row, cache[:n_target], draft_layers, cached, head_layers))
         return row.uid
 
+    def _check_embeddings(self, request: RowRequest) -> None:
+        """ValueError, in one sentence, unless this row's input_embeddings can be fed (as
+        generate's: a target that takes them, one row per prompt token; beside a draft model,
+        one of another tokenizer or the host searches, which read the ids, not a head or block
+        drafter, which read the target's own prompt pass)."""
+        from mlx_lm.utils import does_model_support_input_embeddings
+
+        embeddings = request.input_embeddings
+        if not does_model_support_input_embeddings(self.target_model):
+            raise ValueError("This model does not take input_embeddings.")
+        if not isinstance(embeddings, mx.array) or embeddings.ndim != 2 or \
+                embeddings.shape[0] != len(request.prompt):
+            raise ValueError("input_embeddings must be an mx.array of shape (prompt tokens, "
+                             f"hidden size): the prompt holds {len(request.prompt)} token ids.")
+        if self.head is not None:
+            raise ValueError("input_embeddings work with a draft model or prompt lookup, not "
+                             "with an MTP head, a DFlash drafter or an EAGLE-3 head (they read "
+                             "the target's own prompt pass).")
+        if request.keep_cache:
+            raise ValueError("A row fed input_embeddings does not hand its cache back "
+                             "(keep_cache).")
+
     def cancel(self, uid: int) -> Optional[RowOutput]:
         """End a row now (the client left): its cache, with keep_cache, as its end."""
         for j in list(self.joining):
@@ -285,9 +310,9 @@ class BatchEngine:
     def step(self) -> List[RowOutput]:
         if not self.rows:
             self._queued = None
-        self._prefill_chunk()
+        first = self._prefill_chunk()  # (rows fed input embeddings: their first tokens)
         if not self.rows:
-            return []
+            return first
         alone = len(self.rows) == 1 and self.policy.fixed is None
         if alone and self.rows[0].uid != self.single_uid:  # a request of its own: its text's
             self._single_policy(self.rows[0])  # policy
@@ -320,7 +345,7 @@ class BatchEngine:
         else:
             self.policy.observe(rows, outputs, k, seconds)
         self.rounds[k] = self.rounds.get(k, 0) + 1
-        return outputs
+        return first + outputs
 
     def _cost_prior(self, sampling):
         """A request's calibration, as a call of its sampling reads it (None: none); one per
@@ -424,6 +449,7 @@ class BatchEngine:
         request = row.request
         return (self._look_source() is not None and not row.greedy
                 and row.pinned is None and not request.logits_processors
+                and request.input_embeddings is None
                 and self.policy.fixed is None and self.single.auto_off
                 and self._cost_prior(request.sampling) is None)
 
@@ -434,18 +460,39 @@ class BatchEngine:
         return (j.done + len(chunk) == len(j.row.history) - 1
                 and len(chunk) >= prompt_look.MIN_ROWS and self._may_look(j.row))
 
-    def _prefill_chunk(self) -> None:
+    def _prefill_chunk(self) -> List[RowOutput]:
         """Up to prefill_step_size prompt tokens of the waiting rows, oldest first; then every
         row whose prompt is in joins, unless a plain step is queued (it holds the batch's
-        rows: they join when it has been read, their prefill overlapping it)."""
+        rows: they join when it has been read, their prefill overlapping it). Returns the
+        first token of each joining row fed input embeddings (`_first_token`)."""
         budget = self.prefill_step_size
         for j in self.joining:
             if budget <= 0:
                 break
             if not self._ready(j):
                 budget -= self._prefill_one(j, budget)
+        first = []
         while self._queued is None and self.joining and self._ready(self.joining[0]):
-            self._join(self.joining.popleft())
+            j = self.joining.popleft()
+            if j.row.request.input_embeddings is not None and not j.row.emitted:
+                first.append(self._first_token(j))
+                if first[-1].finish_reason is not None:
+                    continue  # (it ended there: it never joins)
+            self._join(j)
+        return first
+
+    def _first_token(self, j: Joining) -> RowOutput:
+        """The first token of a row fed input embeddings, from the prompt's last embedding on
+        its one-row cache (as a call's first plain step: loop.generate_rounds), judged by the
+        row's rule with its own key; its caches then hold the whole prompt, as a row's hold
+        its history but the last token. One host sync, once a row."""
+        row = j.row
+        embedding = row.request.input_embeddings[None, -1:]
+        logits = self.target_model(mx.array(row.history[-1:], mx.uint32)[None],
+                                   cache=j.target_layers, input_embeddings=embedding)[0]
+        parts, logits = chain_parts(row, None, logits, self.accept)
+        verdict, _ = read_chain(row, 0, logits, parts.tolist(), 0)
+        return self._emit(row, None, verdict, *emitted_tokens(row, verdict))
 
     def _defers_draft(self, row: Row) -> bool:
         """Whether a joining row's draft model waits to read its prompt until its policy first
@@ -506,6 +553,9 @@ class BatchEngine:
                 look = True
                 kept = (self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
                         self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
+            elif j.row.request.input_embeddings is not None:  # in place of the tokens' own
+                self.target_model(x, cache=j.target_layers, input_embeddings=j.row.request.
+                                  input_embeddings[None, j.done:j.done + len(chunk)])
             else:
                 self.target_model(x, cache=j.target_layers)
             # The target's part (and a head's or a DFlash drafter's, as a call's followers)
@@ -541,8 +591,9 @@ class BatchEngine:
         self.target.join(j.target_layers)
         if self.draft is not None:
             self.draft.cache.join(j.draft_layers)
-            j.row.draft_pending = j.row.history[j.held:] if j.row.draft_waits \
-                else [j.row.history[-1]]
+            # what its cache has not read (a row fed embeddings: the prompt's last token and
+            # its first, `_first_token`)
+            j.row.draft_pending = j.row.history[j.held if j.row.draft_waits else j.done:]
         if self.head is not None:
             self.head.cache.join(j.head_layers)
         self.rows.append(j.row)

@@ -38,6 +38,10 @@ class RowRequest:
     prompt_lookup_max_ngram: int = DEFAULT_MAX_NGRAM
     stop_tokens: Collection[int] = ()
     keep_cache: bool = False  # hand the row's cache back when it ends (the prompt-cache store)
+    # (len(prompt), H): fed to the target in place of the prompt tokens' own embeddings (as
+    # generate's input_embeddings); `prompt` holds the ids they stand for (the drafters read
+    # them). The first token comes from the last one, as the row joins (BatchEngine._first_token)
+    input_embeddings: Optional[mx.array] = None
 
 
 @dataclass
