@@ -33,8 +33,12 @@ FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "gemma3_text", "gpt_o
 # OLMo Hybrid (a Gated DeltaNet of its own). Tested by tests/test_more_families.py alone.
 # And with no attention layer at all: Mamba, Mamba-2, RWKV-7.
 # Falcon-H1 keeps each layer's attention and Mamba-2 state in one CacheList.
+# Kimi-Linear (Kimi Delta Attention and MLA), RecurrentGemma (an RG-LRU beside a local attention
+# window), Baichuan-M1 (a short convolution over keys and values in each attention layer's
+# CacheList, a sliding window on some) and Bailing-MoE-Linear (gated linear attention).
 MORE_RECURRENT = ["granitemoehybrid", "lfm2_moe", "jamba", "plamo2", "olmo_hybrid", "falcon_h1",
-                  "mamba", "mamba2", "rwkv7"]
+                  "mamba", "mamba2", "rwkv7", "kimi_linear", "recurrent_gemma", "baichuan_m1",
+                  "bailing_moe_linear"]
 
 HIDDEN = 32  # divisible by the quantization group size (32)
 
@@ -228,6 +232,53 @@ def _rwkv7(vocab_size, window):
     return model
 
 
+def _kimi_linear(vocab_size, window):
+    from mlx_lm.models import kimi_linear
+
+    return kimi_linear.Model(kimi_linear.ModelArgs(
+        model_type="kimi_linear", vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, head_dim=8,
+        rope_theta=10000.0, rms_norm_eps=1e-6, model_max_length=4096,
+        linear_attn_config={"kda_layers": [1, 3], "num_heads": 4, "head_dim": 8,
+                            "short_conv_kernel_size": 4},
+        num_experts=4, moe_intermediate_size=32, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=8, num_experts_per_token=2, first_k_dense_replace=1,
+        tie_word_embeddings=False))
+
+
+def _recurrent_gemma(vocab_size, window):
+    from mlx_lm.models import recurrent_gemma
+
+    return recurrent_gemma.Model(recurrent_gemma.ModelArgs(
+        model_type="recurrent_gemma", attention_bias=False, conv1d_width=4, hidden_size=HIDDEN,
+        intermediate_size=64, logits_soft_cap=30.0, num_attention_heads=4, num_hidden_layers=3,
+        num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+        attention_window_size=window, vocab_size=vocab_size,
+        block_types=["recurrent", "recurrent", "attention"]))
+
+
+def _baichuan_m1(vocab_size, window):
+    from mlx_lm.models import baichuan_m1
+
+    return baichuan_m1.Model(baichuan_m1.ModelArgs(
+        vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+        sliding_window=window, sliding_window_layers=[1], conv_window=2, rms_norm_eps=1e-6,
+        tie_word_embeddings=False))
+
+
+def _bailing_moe_linear(vocab_size, window):
+    from mlx_lm.models import bailing_moe_linear
+
+    return bailing_moe_linear.Model(bailing_moe_linear.ModelArgs(
+        model_type="bailing_moe_linear", hidden_size=HIDDEN, intermediate_size=64,
+        max_position_embeddings=4096, moe_intermediate_size=32, num_experts=4,
+        num_shared_experts=1, norm_topk_prob=True, num_attention_heads=4, num_experts_per_tok=2,
+        num_hidden_layers=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=10000.0,
+        vocab_size=vocab_size, first_k_dense_replace=1, layer_group_size=2, group_norm_size=1,
+        topk_group=1, tie_word_embeddings=False))
+
+
 def _gemma3_text(vocab_size, window):
     from mlx_lm.models import gemma3_text
 
@@ -273,6 +324,10 @@ _BUILDERS = {
     "mamba": _mamba,
     "mamba2": _mamba2,
     "rwkv7": _rwkv7,
+    "kimi_linear": _kimi_linear,
+    "recurrent_gemma": _recurrent_gemma,
+    "baichuan_m1": _baichuan_m1,
+    "bailing_moe_linear": _bailing_moe_linear,
 }
 
 # Factor on every weight of ndim >= 2: Linear/Embedding matrices as in

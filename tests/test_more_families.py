@@ -2,7 +2,10 @@
 LFM2-MoE (short convolutions), Jamba (Mamba), PLaMo 2 (Mamba-2) and OLMo Hybrid (a Gated
 DeltaNet), Falcon-H1 (attention and Mamba-2 state in one CacheList a layer), and models with
 no attention layer, Mamba, Mamba-2 and RWKV-7 (in a batch each row
-then has its state and no padding).
+then has its state and no padding); Kimi-Linear, RecurrentGemma and Bailing-MoE-Linear, and
+Baichuan-M1, whose short convolution over keys and values lives in its attention layers (a call
+rewinds it by re-running the model over the kept tokens; the batch, which re-runs mixers only,
+refuses it in one sentence).
 
 Tiny random models of mlx-lm's own classes (tests/families.py, `MORE_RECURRENT`), each drafted
 for by its own weights quantized to 4 bits, so that rounds keep some of their drafts and reject
@@ -19,6 +22,8 @@ from mlx_spec.batch import BatchEngine, RowRequest
 from mlx_spec.batch.kv import batchable
 from mlx_spec.generate import speculative_generate_step
 
+# Its recurrent state inside the attention layer: a call rewinds by the model, the batch refuses
+REWOUND_BY_THE_MODEL = ("baichuan_m1",)
 PROMPT = [5, 17, 3, 40, 9, 5, 17, 3]
 PROMPTS = [PROMPT, [1, 2, 3], [9, 8, 7, 6, 5, 4, 3], [33, 1, 33, 2, 33]]
 NUM_TOKENS = 24
@@ -34,7 +39,7 @@ def test_a_call_keeps_parity_and_rewinds_by_the_mixers(name):
     session = rounds.session.target
     # each mixer re-run over the kept tokens (cache/replay.py; OLMo Hybrid's three
     # convolutions leave its Gated DeltaNet no recurrence-only path)
-    assert session.rewind_path == "mixers"
+    assert session.rewind_path == ("model" if name in REWOUND_BY_THE_MODEL else "mixers")
     assert session.replayed_tokens > 0
 
 
@@ -42,6 +47,11 @@ def test_a_call_keeps_parity_and_rewinds_by_the_mixers(name):
 @pytest.mark.parametrize("rows", [1, 4])
 def test_batched_rows_equal_their_own_greedy_decoding(name, rows):
     target = shared_family(name)
+    if name in REWOUND_BY_THE_MODEL:
+        assert not batchable(target)
+        with pytest.raises(ValueError, match="one request at a time"):
+            BatchEngine(target)
+        return
     assert batchable(target)
     engine = BatchEngine(target, shared_family(name, quantize_bits=4), num_draft_tokens=3)
     uids = [engine.insert(RowRequest(p, NUM_TOKENS, prompt_lookup=False))

@@ -222,6 +222,8 @@ class MixerReplay:
                 if isinstance(value, mx.array) and value.ndim >= 2 and \
                         value.shape[:2] == (rows, self.length):
                     return value[picked, :m]
+                if isinstance(value, mx.array) and value.shape == (rows,) and rows > 1:
+                    return value[picked]  # a value a row (Bailing's rotary offsets)
                 return value
 
             for module, args, kwargs in calls:
