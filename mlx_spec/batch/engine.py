@@ -38,6 +38,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from .. import prompt_look
+from ..acceptance import KeyedRule
 from ..arguments import check_arguments
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
@@ -173,7 +174,8 @@ class BatchEngine:
         # target's cache can verify them (no recurrent state); otherwise every row drafts
         # chains. (A row's prompt lookup and suffix drafting too: their trees are tries of
         # earlier text; a draft of another tokenizer drafts chains beside them, as for a call.)
-        trees_fit = not recurrent(target_model)
+        trees_fit = not recurrent(target_model) and isinstance(accept, KeyedRule)  # (another
+        # rule judges chains: as a call's with its own `accept`)
         self.tree = tuple(tree) if tree and trees_fit else None
         self.model_tree = self.tree if self.model_drafter is not None else None
         # tree=None: a row alone proposes trees as wide as its policy chooses each round (up to

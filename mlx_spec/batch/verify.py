@@ -5,7 +5,8 @@ filler after a row's own drafts where another row drafted more (a row never
 accepts past its own drafts, so filler is never kept). Each row is then
 judged by its own rule on its own slice: greedy rows compare the target's
 argmax with their drafts on the host, sampled rows run the residual rule
-with their own random key, a row with an opaque sampler keeps drafts while
+with their own random key (an `accept` rule of the loop's kind, with no key:
+MLX's global random state), a row with an opaque sampler keeps drafts while
 they equal the sampler's draws (acceptance.sampler_match). Everything the
 host needs from every row comes back in one transfer: the round's only sync.
 """
@@ -17,7 +18,7 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from ..acceptance import greedy_accept, keyed_rule, sampler_match
+from ..acceptance import KeyedRule, greedy_accept, keyed_rule, sampler_match
 from ..attention import round_attention
 from ..drafters.protocol import Proposal
 from ..judge import prefix_match, read_verdict, stop_cut, verdict_parts, verdict_size
@@ -108,8 +109,9 @@ def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept
     logprobs = logprobs_from_logits(logits, row.request.sampling)
     if row.sampler is not None:  # its own draws at every position, kept while drafts equal them
         return verdict_parts(sampler_match(row.sampler), drafts, None, logits, logprobs), logits
+    keyed = isinstance(accept, KeyedRule)  # (another rule draws from the global random state)
     return verdict_parts(accept, drafts, proposal.probs if n else None, logits, logprobs,
-                         key=row.next_key(), chances=chances), logits
+                         key=row.next_key() if keyed else None, chances=chances and keyed), logits
 
 
 def read_chain(row: Row, n: int, logits: mx.array, values: list, at: int,

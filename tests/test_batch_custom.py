@@ -1,9 +1,12 @@
-"""A custom sampler in the batch (issue 62: what only the loop took): a sampler mlx-spec cannot
-read draws each row's tokens itself and a draft is kept while it equals the sampler's draw at
-its position (acceptance.sampler_match), as a call's; mlx-lm's own `make_sampler` is read
-back into temp/top_p/top_k/min_p. Greedy parity through an argmax the batch cannot read; the
-chi-square of tokens 3 and 4 after rejections against the target's exact distribution at the
-sampler's temperature, with a negative control (every position drawn from the first's)."""
+"""A custom sampler and a custom acceptance rule in the batch (issue 62: what only the loop
+took). A sampler mlx-spec cannot read draws each row's tokens itself and a draft is kept while
+it equals the sampler's draw at its position (acceptance.sampler_match), as a call's; mlx-lm's
+own `make_sampler` is read back into temp/top_p/top_k/min_p. Greedy parity through an argmax
+the batch cannot read; the chi-square of tokens 3 and 4 after rejections against the target's
+exact distribution at the sampler's temperature, with a negative control (every position drawn
+from the first's). An `accept` rule of the loop's kind (no key: MLX's global random state)
+judges every sampled row's chain: the residual rule and mlx-lm's token match pass the same
+chi-square, resampling from p fails it."""
 
 import mlx.core as mx
 import pytest
@@ -138,3 +141,20 @@ def test_batch_generate_takes_mlx_lms_sampler_and_processors(model_dirs):
     with pytest.raises(ValueError, match="global random state"):
         BatchEngine(target).insert(RowRequest([1, 2], 4, SamplingConfig(
             temp=1.0, sampler=opaque_argmax), seed=3))
+
+
+@pytest.mark.parametrize("rule,exact", [("speculative_accept", True),
+                                        ("token_match_accept", True),
+                                        ("resample_from_target_accept", False)])
+def test_an_accept_rule_with_no_key_judges_the_rows(small_pair, rule, exact):  # noqa: F811
+    """A call's `accept` (draft_tokens, draft_probs, target_logprobs), with no key of a row's,
+    in a batch kept 6 rows wide: tokens 3 and 4 of 600 rows, most after a rejection."""
+    import mlx_spec.acceptance as acceptance
+
+    target, draft = small_pair
+    mx.random.seed(0)
+    counts, rewound = sample_rows(target, draft, getattr(acceptance, rule), SAMPLES)
+    assert sum(counts.values()) == SAMPLES and rewound > SAMPLES // 3, rewound
+    p_value = chi_square(counts, exact_third_and_fourth(target, PROMPT,
+                                                        SamplingConfig(temp=1.0)))[2]
+    assert (p_value > ALPHA) == exact, p_value
