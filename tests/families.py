@@ -35,10 +35,12 @@ FAMILIES = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "gemma3_text", "gpt_o
 # Falcon-H1 keeps each layer's attention and Mamba-2 state in one CacheList.
 # Kimi-Linear (Kimi Delta Attention and MLA), RecurrentGemma (an RG-LRU beside a local attention
 # window), Baichuan-M1 (a short convolution over keys and values in each attention layer's
-# CacheList, a sliding window on some) and Bailing-MoE-Linear (gated linear attention).
+# CacheList, a sliding window on some) and Bailing-MoE-Linear (gated linear attention); Bailing
+# hybrid (gated linear attention beside MLA), Bailing-MoE-V3 and Kimi-K3 (Kimi Delta Attention
+# beside MLA) and Gear (short convolutions beside full and sliding attention).
 MORE_RECURRENT = ["granitemoehybrid", "lfm2_moe", "jamba", "plamo2", "olmo_hybrid", "falcon_h1",
                   "mamba", "mamba2", "rwkv7", "kimi_linear", "recurrent_gemma", "baichuan_m1",
-                  "bailing_moe_linear"]
+                  "bailing_moe_linear", "bailing_hybrid", "bailing_moe_v3", "gear", "kimi_k3"]
 
 HIDDEN = 32  # divisible by the quantization group size (32)
 
@@ -279,6 +281,56 @@ def _bailing_moe_linear(vocab_size, window):
         topk_group=1, tie_word_embeddings=False))
 
 
+def _bailing_hybrid(vocab_size, window):
+    from mlx_lm.models import bailing_hybrid
+
+    return bailing_hybrid.Model(bailing_hybrid.ModelArgs(
+        model_type="bailing_hybrid", hidden_size=HIDDEN, intermediate_size=64,
+        moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+        n_group=1, topk_group=1, first_k_dense_replace=1, layer_group_size=2, group_norm_size=1,
+        vocab_size=vocab_size, rms_norm_eps=1e-6, rope_theta=10000.0,
+        max_position_embeddings=4096, routed_scaling_factor=1.0, head_dim=8, kv_lora_rank=16,
+        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, tie_word_embeddings=False))
+
+
+def _bailing_moe_v3(vocab_size, window):
+    from mlx_lm.models import bailing_moe_v3
+
+    return bailing_moe_v3.Model(bailing_moe_v3.ModelArgs(
+        model_type="bailing_hybrid", vocab_size=vocab_size, hidden_size=HIDDEN,
+        intermediate_size=64, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+        num_hidden_layers=4, num_attention_heads=4, num_experts=4, num_experts_per_tok=2,
+        num_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+        routed_scaling_factor=1.0, layer_group_size=2, head_dim=8, q_lora_rank=16,
+        kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+        rope_theta=10000.0, max_position_embeddings=4096))
+
+
+def _gear(vocab_size, window):
+    from mlx_lm.models import gear
+
+    return gear.Model(gear.ModelArgs(
+        model_type="gear", vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=64,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        rms_norm_eps=1e-6, layer_types=["conv_mixer", "sliding_attention", "full_attention"],
+        sliding_window=window, tie_word_embeddings=False))
+
+
+def _kimi_k3(vocab_size, window):
+    from mlx_lm.models import kimi_k3
+
+    return kimi_k3.Model(kimi_k3.ModelArgs.from_dict({
+        "model_type": "kimi_k3", "vocab_size": vocab_size, "hidden_size": HIDDEN,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "intermediate_size": 64,
+        "linear_attn_config": {"kda_layers": [1, 3], "num_heads": 4, "head_dim": 8,
+                               "short_conv_kernel_size": 4},
+        "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+        "v_head_dim": 8, "num_experts": 4, "num_experts_per_token": 2,
+        "moe_intermediate_size": 32, "first_k_dense_replace": 1, "tie_word_embeddings": False}))
+
+
 def _gemma3_text(vocab_size, window):
     from mlx_lm.models import gemma3_text
 
@@ -328,6 +380,10 @@ _BUILDERS = {
     "recurrent_gemma": _recurrent_gemma,
     "baichuan_m1": _baichuan_m1,
     "bailing_moe_linear": _bailing_moe_linear,
+    "bailing_hybrid": _bailing_hybrid,
+    "bailing_moe_v3": _bailing_moe_v3,
+    "gear": _gear,
+    "kimi_k3": _kimi_k3,
 }
 
 # Factor on every weight of ndim >= 2: Linear/Embedding matrices as in

@@ -2,7 +2,8 @@
 LFM2-MoE (short convolutions), Jamba (Mamba), PLaMo 2 (Mamba-2) and OLMo Hybrid (a Gated
 DeltaNet), Falcon-H1 (attention and Mamba-2 state in one CacheList a layer), and models with
 no attention layer, Mamba, Mamba-2 and RWKV-7 (in a batch each row
-then has its state and no padding); Kimi-Linear, RecurrentGemma and Bailing-MoE-Linear, and
+then has its state and no padding); Kimi-Linear, Kimi-K3, RecurrentGemma, Gear, Bailing-MoE-Linear,
+the Bailing hybrid and Bailing-MoE-V3, and
 Baichuan-M1, whose short convolution over keys and values lives in its attention layers (a call
 rewinds it by re-running the model over the kept tokens; the batch, which re-runs mixers only,
 refuses it in one sentence).

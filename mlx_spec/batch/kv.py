@@ -13,8 +13,9 @@ which moves its rejected entries out past the end and grows its left padding
 Recurrent layers (`ArraysCache`) of Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next, OLMo
 Hybrid), short-convolution hybrids (LFM2, LFM2-MoE), Mamba-2 hybrids (Nemotron-H, Granite
 4.0-H, PLaMo 2, Falcon-H1: each layer's attention and state in one mlx-lm CacheList, whose
-leaves are handled as any other's), Mamba hybrids (Jamba), Kimi Delta Attention (Kimi-Linear),
-RG-LRU (RecurrentGemma) and gated linear attention (Bailing-MoE-Linear) batch too:
+leaves are handled as any other's), Mamba hybrids (Jamba), Kimi Delta Attention (Kimi-Linear,
+Kimi-K3, Bailing-MoE-V3), RG-LRU (RecurrentGemma), gated linear attention (Bailing-MoE-Linear,
+Bailing hybrid) and short convolutions beside sliding windows (Gear) batch too:
 their state is per row, not per position, so a forward that may be undone
 first keeps the states it starts from (references: free) and records each
 mixer's inputs (cache/replay.py); going back restores them and re-runs each
@@ -66,7 +67,7 @@ COMPACT_AT = 64
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jamba", "plamo2",
                       "olmo_hybrid", "falcon_h1", "kimi_linear", "recurrent_gemma",
-                      "bailing_moe_linear")
+                      "bailing_moe_linear", "bailing_hybrid", "bailing_moe_v3", "gear", "kimi_k3")
 # ... and the families with no attention layer, replayed so too (a state a row, no padding;
 # RWKV-7's time mix and channel mix, which share a layer's cache, one after the other)
 RECURRENT_ONLY = ("mamba", "mamba2", "rwkv7")

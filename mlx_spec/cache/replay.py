@@ -157,14 +157,21 @@ class MixerReplay:
                 type(module).__call__(module, *self._prefix(args, num_tokens), **dict(zip(
                     kwargs, self._prefix(kwargs.values(), num_tokens))))
 
-    def _replay_recurrence(self, module, cache, num_tokens: int) -> bool:
-        """A Gated DeltaNet layer: slice its conv input, re-run its recurrence alone."""
+    def _recurrence_of(self, module, cache):
+        """(the recorded recurrence call, its convolution's input) of a Gated DeltaNet layer
+        (one `conv1d`, then gated_delta_update on the cache's second entry), or None: a mixer
+        replayed whole (Kimi Delta Attention's three convolutions, say)."""
         conv = getattr(module, "conv1d", None)
         call = self.recurrences.get(id(cache[1])) if len(cache.cache) == 2 else None
         conv_input = self.conv_inputs.get(id(conv)) if conv is not None else None
-        if call is None or conv_input is None or cache.lengths is not None:
+        return None if call is None or conv_input is None else (call, conv_input)
+
+    def _replay_recurrence(self, module, cache, num_tokens: int) -> bool:
+        """A Gated DeltaNet layer: slice its conv input, re-run its recurrence alone."""
+        found = self._recurrence_of(module, cache)
+        if found is None or cache.lengths is not None:
             return False
-        function, args, kwargs = call
+        (function, args, kwargs), conv_input = found
         args, kwargs = list(args), dict(kwargs)
         if "mask" in kwargs:
             kwargs["mask"] = None
@@ -186,14 +193,14 @@ class MixerReplay:
         mask = mx.arange(longest)[None] < lengths[:, None]  # (B, longest)
         for cache in self.recurrent:
             calls = self.calls[id(cache)]
-            if len(calls) == 1 and len(cache.cache) == 2 and id(cache[1]) in self.recurrences:
-                self._replay_recurrence_rows(calls[0][0], cache, longest, lengths, mask)
+            found = self._recurrence_of(calls[0][0], cache) if len(calls) == 1 else None
+            if found is not None:
+                self._replay_recurrence_rows(found, cache, longest, lengths, mask)
             else:
                 self._replay_groups(calls, cache, kept)
 
-    def _replay_recurrence_rows(self, module, cache, longest, lengths, mask) -> None:
-        function, args, kwargs = self.recurrences[id(cache[1])]
-        conv_input = self.conv_inputs[id(getattr(module, "conv1d", None))]
+    def _replay_recurrence_rows(self, found, cache, longest, lengths, mask) -> None:
+        (function, args, kwargs), conv_input = found
         n_keep = conv_input.shape[1] - self.length
         positions = (lengths[:, None] + mx.arange(n_keep))[..., None]  # (B, K - 1, 1)
         cache[0] = mx.take_along_axis(conv_input, positions, axis=1)
