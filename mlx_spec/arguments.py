@@ -170,3 +170,32 @@ def _show(value) -> str:
         text = repr(value)
         return text if len(text) <= 40 else text[:37] + "..."
     return f"a {type(value).__name__}"
+
+
+EMBEDDINGS_BESIDE_A_HEAD = ("input_embeddings work with a draft model or prompt lookup, not with "
+                            "an MTP head, a DFlash drafter or an EAGLE-3 head (they read the "
+                            "target's own prompt pass).")
+
+
+def check_input_embeddings(model, embeddings, prompt_tokens: int = 0,
+                           ids_optional: bool = True) -> None:
+    """ValueError, in one sentence, unless `embeddings` can stand for a prompt fed to `model`
+    (a call's `input_embeddings`, a batch row's): a model that takes them, an mx.array of shape
+    (positions, the model's hidden size), as many positions as `prompt_tokens` ids (0: no ids,
+    where `ids_optional`)."""
+    import mlx.core as mx
+    from mlx_lm.utils import does_model_support_input_embeddings
+
+    if not does_model_support_input_embeddings(model):
+        raise ValueError("This model does not take input_embeddings.")
+    if not isinstance(embeddings, mx.array) or embeddings.ndim != 2 or embeddings.shape[0] == 0:
+        raise ValueError("input_embeddings must be an mx.array of shape (prompt tokens, hidden "
+                         "size).")
+    hidden = getattr(getattr(model, "args", None), "hidden_size", None)
+    if isinstance(hidden, int) and embeddings.shape[1] != hidden:
+        raise ValueError(f"input_embeddings are {embeddings.shape[1]} wide: the model's hidden "
+                         f"size is {hidden}.")
+    if prompt_tokens and prompt_tokens != embeddings.shape[0]:
+        raise ValueError(f"input_embeddings hold {embeddings.shape[0]} positions and the prompt "
+                         f"{prompt_tokens} token ids; give as many ids"
+                         + (", or none." if ids_optional else "."))

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .acceptance import rule_name
-from .arguments import check_arguments
+from .arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from .assemble import assemble, check_calibration, draft_bridge
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from .dflash import dflash_directory, is_dflash_model
@@ -220,24 +220,12 @@ def _with_embeddings(model, prompt, input_embeddings, draft_model, prompt_lookup
                      processors):
     """(prompt ids, draft model, prompt lookup, suffix) for a call given input_embeddings, or
     ValueError."""
-    from mlx_lm.utils import does_model_support_input_embeddings
-
-    if not does_model_support_input_embeddings(model):
-        raise ValueError("This model does not take input_embeddings.")
-    if not isinstance(input_embeddings, mx.array) or input_embeddings.ndim != 2 or \
-            input_embeddings.shape[0] == 0:
-        raise ValueError("input_embeddings must be an mx.array of shape (prompt tokens, hidden "
-                         "size).")
     ids = [] if prompt is None else list(prompt.tolist() if isinstance(prompt, mx.array) else prompt)
-    if ids and len(ids) != input_embeddings.shape[0]:
-        raise ValueError(f"input_embeddings hold {input_embeddings.shape[0]} positions and the "
-                         f"prompt {len(ids)} token ids; give as many ids, or none.")
+    check_input_embeddings(model, input_embeddings, len(ids))
     if draft_model == "mtp" or is_dflash_model(draft_model) or is_eagle3_head(draft_model) or \
             isinstance(draft_model, (str, os.PathLike)) and \
             (dflash_directory(draft_model) or eagle3_directory(draft_model)):
-        raise ValueError("input_embeddings work with a draft model or prompt lookup, not with "
-                         "an MTP head, a DFlash drafter or an EAGLE-3 head (they read the "
-                         "target's own prompt pass).")
+        raise ValueError(EMBEDDINGS_BESIDE_A_HEAD)
     if ids:
         return ids, draft_model, prompt_lookup, suffix
     if processors:

@@ -158,3 +158,14 @@ def test_an_accept_rule_with_no_key_judges_the_rows(small_pair, rule, exact):  #
     p_value = chi_square(counts, exact_third_and_fourth(target, PROMPT,
                                                         SamplingConfig(temp=1.0)))[2]
     assert (p_value > ALPHA) == exact, p_value
+
+
+def test_a_seed_under_a_rule_with_no_key_is_one_sentence(small_pair):  # noqa: F811
+    """A row's seed fixes its draws only through its key: under an accept rule with no key it
+    is refused, as with an opaque sampler (greedy rows draw nothing: their seed is harmless)."""
+    from mlx_spec.acceptance import speculative_accept
+
+    engine = BatchEngine(small_pair[0], accept=speculative_accept)
+    with pytest.raises(ValueError, match="global random state"):
+        engine.insert(RowRequest([1, 2], 4, SamplingConfig(temp=1.0), seed=3))
+    engine.insert(RowRequest([1, 2], 4, seed=3))

@@ -101,8 +101,10 @@ def test_what_embeddings_cannot_do_is_one_sentence(pair, tmp_path):  # noqa: F81
     target, draft = pair
     prompt = ragged_prompts(1)[0]
     engine = BatchEngine(target, draft)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="give as many ids[.]"):
         engine.insert(RowRequest(prompt, 4, input_embeddings=embedded(target, prompt[:-1])))
+    with pytest.raises(ValueError, match="wide: the model's hidden size"):
+        engine.insert(RowRequest(prompt, 4, input_embeddings=embedded(target, prompt)[:, :-1]))
     with pytest.raises(ValueError, match="shape"):
         engine.insert(RowRequest(prompt, 4, input_embeddings=embedded(target, prompt)[None]))
     with pytest.raises(ValueError, match="keep_cache"):
@@ -115,3 +117,7 @@ def test_what_embeddings_cannot_do_is_one_sentence(pair, tmp_path):  # noqa: F81
         engine.insert(RowRequest([1, 2, 3], 4, input_embeddings=mtp_target.model.embed_tokens(
             mx.array([1, 2, 3]))))
     assert not engine.joining
+    with pytest.raises(ValueError, match="wide: the model's hidden size"):  # (a call's too)
+        from mlx_spec.generate import speculative_generate_step
+        speculative_generate_step(prompt, target, max_tokens=2,
+                                  input_embeddings=embedded(target, prompt)[:, :-1])

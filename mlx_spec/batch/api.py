@@ -95,10 +95,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
 
         if draft_bridge(model, draft_model, tokenizer, draft_tokenizer) is None:  # one vocabulary
             check_pair(model, draft_model, tokenizer)
-    sampling = sampling_of(temp, top_p, top_k, min_p, sampler)
-    if sampling.sampler is not None and seed is not None:
-        raise ValueError("A custom sampler draws from MLX's global random state, which seed "
-                         "cannot fix per row: call mx.random.seed first instead.")
+    sampling = sampling_of(temp, top_p, top_k, min_p, sampler)  # (with a seed: the first
+    # insert refuses an opaque sampler, whose draws no row's key fixes)
     ids = [_token_ids(tokenizer, p, i) for i, p in enumerate(prompts)]
     engine = BatchEngine(model, draft_model, num_draft_tokens=num_draft_tokens,
                          max_draft_tokens=max_draft_tokens, prefill_step_size=prefill_step_size,

@@ -182,7 +182,8 @@ def processed_rows(rows: Sequence[Row], logits: mx.array, seen: dict) -> mx.arra
 
 def draw_rows(rows: Sequence[Row], logits: mx.array, probs: list, sampled) -> mx.array:
     """One draft per row from logits (B, V): the argmax, or for a sampled row with
-    `sampled[i]` a draw with its own sampling and key (its q appended to `probs[i]`)."""
+    `sampled[i]` a draw with its own sampling and key, or its opaque sampler (its q appended
+    to `probs[i]`)."""
     greedy = mx.argmax(logits, axis=-1).astype(mx.uint32)  # (B,)
     if all(row.greedy or not s for row, s in zip(rows, sampled)):
         return greedy

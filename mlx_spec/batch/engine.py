@@ -39,7 +39,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from .. import prompt_look
 from ..acceptance import KeyedRule
-from ..arguments import check_arguments
+from ..arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
 from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
 from ..cache.rewind import leaves
@@ -122,8 +122,9 @@ class BatchEngine:
                  prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
                  draft_tokenizer=None, tree=None, calibration="auto", auto_off: bool = True,
-                 draft_confidence: float = 0.0, max_rows: Optional[int] = None):
+                 draft_confidence: float = 0.0, max_rows: Optional[int] = None, policy=None):
         check_arguments(tree=tree, draft_confidence=draft_confidence)
+        _check_policy(policy, num_draft_tokens)
         check_calibration(calibration)
         check_batchable(target_model, draft_model, tokenizer, draft_tokenizer)
         prepare_drafter(draft_model, target_model)  # float32 on the CPU backend (precision.py)
@@ -181,13 +182,16 @@ class BatchEngine:
         # tree=None: a row alone proposes trees as wide as its policy chooses each round (up to
         # MAX_CHOSEN_WIDTH), as a call's drafter does (drafters/tree.with_trees); rows beside
         # others, chains. False: chains.
-        self.chosen_width = tree is None and trees_fit and self.model_drafter is not None \
-            and accept is ACCEPT
         self.policy = BatchPolicy(max_draft_tokens, fixed=num_draft_tokens, auto_off=auto_off)
         # One row alone is the single-stream case: the single-stream adaptive policy (per
-        # source, with its automatic off switch) chooses, as `generate` does.
-        self.single = AdaptivePolicy(max_draft_tokens, auto_off=auto_off, block_tokens={
-            "dflash": self.dflash.max_draft_tokens} if self.dflash is not None else None)
+        # source, with its automatic off switch) chooses, as `generate` does; or the caller's
+        # policy object, as a call's `policy=` (asked for what it has of the adaptive one's
+        # methods, `_ask`, as loop.py asks it)
+        self.single = policy if policy is not None else AdaptivePolicy(
+            max_draft_tokens, auto_off=auto_off, block_tokens={
+                "dflash": self.dflash.max_draft_tokens} if self.dflash is not None else None)
+        self.chosen_width = tree is None and trees_fit and self.model_drafter is not None \
+            and accept is ACCEPT and hasattr(self.single, "tree_width")
         self.single_uid = None  # the row the single policy has decoded for
         self.prefill_step_size = prefill_step_size
         if max_rows is not None and max_rows < 1:
@@ -230,10 +234,11 @@ class BatchEngine:
             raise ValueError("The prompt is empty: give at least one token.")
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}.")
-        if request.sampling.sampler is not None and request.seed is not None:
-            raise ValueError("A custom sampler draws from MLX's global random state, which a "
-                             "row's seed cannot fix: seed it with mx.random.seed, or pass "
-                             "temp/top_p/top_k/min_p with the seed.")
+        if request.seed is not None and not request.sampling.greedy and (
+                request.sampling.sampler is not None or not isinstance(self.accept, KeyedRule)):
+            raise ValueError("A row's seed fixes its draws only under the batch's keyed rule: a "
+                             "custom sampler or an accept rule with no key draws from MLX's "
+                             "global random state (seed it with mx.random.seed).")
         bad = next((t for t in request.prompt if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"Prompt token id {bad} is outside the target's vocabulary "
@@ -247,6 +252,8 @@ class BatchEngine:
             self._check_embeddings(request)
         row = make_row(next(self._uids), request, self.vocab_size, self.stop_tokens,
                        self.model_drafter is not None or self.cross is not None, self.tree)
+        if not hasattr(self.single, "fall_back"):  # (a caller's policy: as a call's, assemble.py)
+            row.fallbacks = []
         prior = self._cost_prior(request.sampling)
         drafter = self.model_drafter.source if self.model_drafter is not None else (
             "draft" if self.cross is not None else None)  # (a draft of another tokenizer)
@@ -275,22 +282,13 @@ class BatchEngine:
 
     def _check_embeddings(self, request: RowRequest) -> None:
         """ValueError, in one sentence, unless this row's input_embeddings can be fed (as
-        generate's: a target that takes them, one row per prompt token; beside a draft model,
-        one of another tokenizer or the host searches, which read the ids, not a head or block
-        drafter, which read the target's own prompt pass)."""
-        from mlx_lm.utils import does_model_support_input_embeddings
-
-        embeddings = request.input_embeddings
-        if not does_model_support_input_embeddings(self.target_model):
-            raise ValueError("This model does not take input_embeddings.")
-        if not isinstance(embeddings, mx.array) or embeddings.ndim != 2 or \
-                embeddings.shape[0] != len(request.prompt):
-            raise ValueError("input_embeddings must be an mx.array of shape (prompt tokens, "
-                             f"hidden size): the prompt holds {len(request.prompt)} token ids.")
+        generate's: a target that takes them, one row per prompt token, as wide as its hidden
+        size; beside a draft model, one of another tokenizer or the host searches, which read
+        the ids, not a head or block drafter, which read the target's own prompt pass)."""
+        check_input_embeddings(self.target_model, request.input_embeddings, len(request.prompt),
+                               ids_optional=False)
         if self.head is not None:
-            raise ValueError("input_embeddings work with a draft model or prompt lookup, not "
-                             "with an MTP head, a DFlash drafter or an EAGLE-3 head (they read "
-                             "the target's own prompt pass).")
+            raise ValueError(EMBEDDINGS_BESIDE_A_HEAD)
         if request.keep_cache:
             raise ValueError("A row fed input_embeddings does not hand its cache back "
                              "(keep_cache).")
@@ -365,26 +363,33 @@ class BatchEngine:
         what the last one measured of the machine, the calibration, its sampling's acceptance
         prior, its reply's length, and prompt lookup behind the drafter at T > 0
         (`Row.fallbacks`)."""
-        self.single = self.single.next_request(
-            DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR,
-            self._cost_prior(row.request.sampling))
+        if hasattr(self.single, "next_request"):  # (a caller's policy object: the same one)
+            self.single = self.single.next_request(
+                DEFAULT_ACCEPTANCE_PRIOR if row.greedy else SAMPLING_ACCEPTANCE_PRIOR,
+                self._cost_prior(row.request.sampling))
         self.single_uid = row.uid
         if row.prefilled:  # the target's prefill alone: v's prior, as a call's
-            self.single.observe_prefill(row.prefilled, row.prefill_seconds)
+            self._ask("observe_prefill", row.prefilled, row.prefill_seconds)
         if row.draft_prefill_seconds:  # the draft read the prompt: its catch-up price, as a call's
-            self.single.observe_catch_up("draft", row.prefilled, row.draft_prefill_seconds)
-        self.single.expect_reply(row.room)
+            self._ask("observe_catch_up", "draft", row.prefilled, row.draft_prefill_seconds)
+        self._ask("expect_reply", row.room)
         if self.chosen_width and row.pinned is None and not row.chains_only:
-            self.single.allow_trees(self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (as a call's)
+            self._ask("allow_trees", self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (a call's)
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source
                                              if self.model_drafter is not None else "draft"])
         # One timed draft step, as a call's (then handed on, request to request): the draft
         # model's, a head's chained step, or the row's draft of another tokenizer
         timed = self.model_drafter if hasattr(self.model_drafter, "step_seconds") else row.cross
-        if timed is not None and self.single.wants_draft_step(timed.source) \
-                and timed.source not in self.single.step_seconds:
-            self.single.observe_draft_step(timed.source, timed.step_seconds(row))
+        if timed is not None and self._ask("wants_draft_step", timed.source) \
+                and timed.source not in getattr(self.single, "step_seconds", {}):
+            self._ask("observe_draft_step", timed.source, timed.step_seconds(row))
+
+    def _ask(self, name: str, *args):
+        """The row-alone policy's method `name` called, where it has one (a caller's policy
+        object may have only the protocol's: policy.DraftPolicy), else None."""
+        method = getattr(self.single, name, None)
+        return method(*args) if method is not None else None
 
     def _looks(self, alone: bool) -> None:
         """A row alone whose first round was handed out takes its prompt look now (before its
@@ -452,7 +457,8 @@ class BatchEngine:
         return (self._look_source() is not None and not row.greedy
                 and row.pinned is None and not request.logits_processors
                 and request.input_embeddings is None
-                and self.policy.fixed is None and self.single.auto_off
+                and self.policy.fixed is None and getattr(self.single, "auto_off", False)
+                and hasattr(self.single, "observe_prompt_look")
                 and self._cost_prior(request.sampling) is None)
 
     def _gathers_look(self, j: Joining, chunk: List[int]) -> bool:
@@ -478,8 +484,9 @@ class BatchEngine:
             j = self.joining.popleft()
             if j.row.request.input_embeddings is not None and not j.row.emitted:
                 first.append(self._first_token(j))
-                if first[-1].finish_reason is not None:
-                    continue  # (it ended there: it never joins)
+                if first[-1].finish_reason is not None:  # it ended there: it never joins
+                    _release(j.row)
+                    continue
             self._join(j)
         return first
 
@@ -506,7 +513,7 @@ class BatchEngine:
                 and not self.draft_recurrent
                 and self.joining and self.joining[0].row is row and len(self.joining) == 1
                 and self.policy.fixed is None and row.pinned is None
-                and not self._may_look(row))
+                and hasattr(self.single, "observe_catch_up") and not self._may_look(row))
 
     def _catch_up(self, row: Row) -> None:
         """A row alone whose draft waited (`Row.draft_waits`) and is asked for drafts now:
@@ -518,7 +525,7 @@ class BatchEngine:
             self.draft.cache.forward(mx.array(chunk, mx.uint32)[None], undoable=False)
             mx.eval(arrays(self.draft.cache.layers))
         row.draft_pending, row.draft_waits = pending[-1:], False
-        self.single.observe_catch_up("draft", len(pending) - 1, time.perf_counter() - started)
+        self._ask("observe_catch_up", "draft", len(pending) - 1, time.perf_counter() - started)
 
     @staticmethod
     def _ready(j: Joining) -> bool:
@@ -766,8 +773,8 @@ class BatchEngine:
         return target + draft
 
     def _drop(self, ended: List[int]) -> None:
-        for i in ended:  # (a drafter of another tokenizer holds its row's key: no cycle left)
-            self.rows[i].cross, self.rows[i].searchers, self.rows[i].fallbacks = None, [], []
+        for i in ended:
+            _release(self.rows[i])
         keep = [i for i in range(len(self.rows)) if i not in set(ended)]
         self.rows = [self.rows[i] for i in keep]
         self.target.drop(keep)
@@ -775,6 +782,26 @@ class BatchEngine:
             self.draft.cache.drop(keep)
         if self.head is not None:
             self.head.cache.drop(keep)
+
+
+def _check_policy(policy, num_draft_tokens) -> None:
+    """ValueError, in one sentence, unless `policy` is None or a draft policy a row alone may
+    ask (policy.DraftPolicy's protocol), without a pinned k."""
+    if policy is None:
+        return
+    if not all(callable(getattr(policy, name, None))
+               for name in ("proposal_length", "plain_steps", "observe")):
+        raise ValueError("policy must be a draft policy: proposal_length(source), plain_steps() "
+                         "and observe(round, seconds), as mlx_spec.policy.DraftPolicy.")
+    if num_draft_tokens is not None:
+        raise ValueError("Pass a policy or num_draft_tokens, not both (a pinned k is the "
+                         "batch's fixed policy).")
+
+
+def _release(row: Row) -> None:
+    """A row that ended lets go of its drafters (a drafter of another tokenizer holds its row's
+    key and its own one-row cache: no cycle left)."""
+    row.cross, row.searchers, row.fallbacks = None, [], []
 
 
 def _split(model):

@@ -62,8 +62,8 @@ COMPACT_AT = 64
 # Families whose recurrent layers batch (MixerReplay.replay_rows): all Gated DeltaNets
 # (replayed by their recurrence alone), or mixers replayed by kept length on batch-first
 # state (short convolutions, Mamba-2 and Mamba, OLMo Hybrid's Gated DeltaNet with its three
-# convolutions) beside attention layers, the families tested here (tests/test_batch.py,
-# tests/test_more_families.py).
+# convolutions, Kimi Delta Attention, RG-LRU, gated linear attention) beside attention layers,
+# the families tested here (tests/test_batch.py, tests/test_more_families.py).
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jamba", "plamo2",
                       "olmo_hybrid", "falcon_h1", "kimi_linear", "recurrent_gemma",
@@ -205,7 +205,8 @@ class BatchCache:
         if self._mixers is None or self._mixers.recurrent != recurrent:
             self._mixers = MixerReplay(self.model, recurrent)
         self._snapshot = [list(layer.cache) for layer in recurrent]
-        with self._mixers.recording(length):
+        per_row = [a for layer in self.attention for a in (layer.offset, layer.left_padding)]
+        with self._mixers.recording(length, per_row):
             yield
 
     def states(self) -> list:

@@ -8,8 +8,8 @@ one step later than it could (as the loop's); a row that ended or left meanwhile
 queued token with its cache.
 
 Each row is judged as verify.py judges a round of no drafts (`chain_parts`: greedy, the
-argmax; sampled, a draw with the row's own key), so a row's text and random stream do not
-depend on whether its rounds were queued.
+argmax; sampled, a draw with the row's own key, or its opaque sampler's), so a row's text
+and random stream do not depend on whether its rounds were queued.
 """
 
 from __future__ import annotations

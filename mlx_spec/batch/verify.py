@@ -54,6 +54,7 @@ def verify(target: BatchCache, rows: Sequence[Row], proposals: Sequence[Optional
     """Each row's verdict (`chances`: a sampled row's carries each draft's chance of being
     kept under the residual rule, for a row alone's policy, as a call's round does)."""
     lengths = [0 if p is None else p.tokens.shape[0] for p in proposals]
+    chances = chances and isinstance(accept, KeyedRule)  # (the keyed residual rule's own)
     x = verify_input(rows, proposals, max(lengths) + 1)  # (B, width + 1)
     with round_attention():
         target_logits = target.forward(x)  # (B, width + 1, V)
@@ -95,7 +96,8 @@ def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept
                 unread: Optional[mx.array] = None, chances: bool = False):
     """(the row's verdict parts (judge.verdict_parts), its logits (n + 1, V) after its
     processors), lazy: a chain of n drafts (none: the target's own token) judged by the row's
-    rule with its own key. `unread`: a queued plain step's input (1,), lazy, which the row's
+    rule (the keyed rule with its own key; an opaque sampler's draws, sampler_match; a rule
+    with no key from the global random state). `unread`: a queued plain step's input (1,), lazy, which the row's
     history does not hold yet (its processors see it)."""
     n = logits.shape[0] - 1
     drafts = proposal.tokens.astype(mx.uint32) if n else mx.zeros((0,), mx.uint32)

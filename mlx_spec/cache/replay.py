@@ -62,11 +62,16 @@ class MixerReplay:
         self.conv_inputs: Dict[int, mx.array] = {}  # id(conv module) -> its input
         self.recurrences: Dict[int, Tuple] = {}  # id(state in) -> (function, args, kwargs)
         self.recurrence_only = 0  # layers replayed by their recurrence alone, last replay
+        self.per_row: List[mx.array] = []  # arrays of a value a row, as the forward began
 
     @contextmanager
-    def recording(self, length: int):
+    def recording(self, length: int, per_row: Sequence[mx.array] = ()):
+        """Record the mixers' calls of a forward of `length` positions; `per_row`: a batch's
+        arrays of a value a row (its attention layers' offsets, as the forward began), which
+        a model may hand its mixers (Bailing's rotary offsets) and a replay cuts by row."""
         self.calls = {}
         self.length = length
+        self.per_row = list(per_row)  # (held: their ids stay theirs)
         watched = {id(c) for c in self.recurrent}
         saved = [(cls, cls.__dict__.get("__call__")) for cls in self.classes]
         calls = self.calls
@@ -229,8 +234,8 @@ class MixerReplay:
                 if isinstance(value, mx.array) and value.ndim >= 2 and \
                         value.shape[:2] == (rows, self.length):
                     return value[picked, :m]
-                if isinstance(value, mx.array) and value.shape == (rows,) and rows > 1:
-                    return value[picked]  # a value a row (Bailing's rotary offsets)
+                if any(value is a for a in self.per_row):
+                    return value[picked]
                 return value
 
             for module, args, kwargs in calls:
