@@ -56,12 +56,13 @@ from ..precision import prepare_drafter
 from ..sampling import model_logprobs
 from ..session import CONTEXT, held_context
 from ..mtp import load_mtp, split_target
+from ..mtp.heads import model_type
 from .cross import cross_draft
 from .dflash import BatchDFlash
 from .eagle3 import batch_eagle3
 from .drafts import BatchDraft
 from . import plain
-from .kv import BatchCache, arrays, batchable, recurrent, row_cache
+from .kv import PLACED_BY_BUFFER_LENGTH, BatchCache, arrays, batchable, recurrent, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
@@ -98,6 +99,12 @@ def check_batchable(target_model, draft_model=None, tokenizer=None,
                          "(mlx_spec.dflash.load_dflash) or the target's MTP head (\"mtp\").")
     elif draft_model is not None and (is_dflash_model(draft_model) or is_eagle3_head(draft_model)):
         draft_model = None  # it reads the target's hidden states: no cache kinds of its own
+    for role, model in (("target", target_model), ("draft model", draft_model)):
+        if model is not None and model_type(model) in PLACED_BY_BUFFER_LENGTH:
+            raise ValueError(f"The {role} ({model_type(model)}) places each row's queries by "
+                             "its cache's length, not by the row's own offset, so rows of "
+                             "other lengths cannot share a batch; decode it one request at a "
+                             "time.")
     if not batchable(target_model):
         raise ValueError("The target's cache layers are not plain or sliding-window KVCache "
                          "layers, or the recurrent state of a family the batch was tested on "

@@ -71,15 +71,23 @@ REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jam
 # ... and the families with no attention layer, replayed so too (a state a row, no padding;
 # RWKV-7's time mix and channel mix, which share a layer's cache, one after the other)
 RECURRENT_ONLY = ("mamba", "mamba2", "rwkv7")
+# Families whose layers place a row's queries by the cache buffer's length, not by its per-row
+# offsets: a row with left padding gets another row's positions, so their batched text would
+# be wrong (AFM 7's KV-reuse layers: rope(queries, offset=S - L); mlx-lm's own BatchGenerator
+# has the same fault). One request at a time, each row alone, they are exact.
+PLACED_BY_BUFFER_LENGTH = ("afm7",)
 
 
 def batchable(model) -> bool:
     """Whether every layer mlx-lm makes for `model` (a target or a draft) batches here (inside
     a CacheList too): a plain KVCache, a sliding window, or the recurrent state of a family
     tested here (GATED_DELTANET, REPLAYED_BY_LENGTH); and at least one attention layer, unless
-    the family has none (RECURRENT_ONLY)."""
+    the family has none (RECURRENT_ONLY); never a family that places rows by the buffer's
+    length (PLACED_BY_BUFFER_LENGTH)."""
     layers = make_prompt_cache(model)
     name = model_type(model)
+    if name in PLACED_BY_BUFFER_LENGTH:
+        return False
     recurrent_ok = name in GATED_DELTANET + REPLAYED_BY_LENGTH + RECURRENT_ONLY
     kinds = {"attention" if type(layer) is KVCache or _sliding(layer)
              else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"
