@@ -90,3 +90,18 @@ def test_cli_generates_from_a_gguf_file():
                                        "What is the capital of France?", "--max-tokens", "10"])
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output and "Q4_1 kept" in result.output
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_rows_of_other_lengths_in_a_batch_keep_their_greedy_text(which, request):
+    """Three prompts of other lengths decoding together (left padding; Gemma's sliding
+    windows kept whole, applied by the mask), prompt lookup drafting: each row's text is the
+    one a call alone gives."""
+    from mlx_spec import batch_generate, stream_generate
+
+    model, tokenizer = request.getfixturevalue(which)
+    prompts = ["The sea", "Name three colours: red,",
+               "Copy: the keeper wrote the wind in his book. Copy: the keeper wrote"]
+    result = batch_generate(model, tokenizer, prompts, max_tokens=10)
+    assert result.token_ids == [[r.token for r in stream_generate(
+        model, tokenizer, p, max_tokens=10, prompt_lookup=False)] for p in prompts]
