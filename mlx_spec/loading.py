@@ -119,13 +119,23 @@ def _remember_directory(model, path: str) -> None:
 
 
 def vocab_size(model) -> int:
-    """Output vocabulary size of a model (rows of its logits)."""
-    args = getattr(model, "args", None)
-    size = getattr(args, "vocab_size", None)
-    if size is None:
-        inner = getattr(model, "model", model)
-        size = inner.embed_tokens.weight.shape[0]
-    return int(size)
+    """Output vocabulary size of a model (rows of its logits): its `args.vocab_size` (or
+    `config`'s), else its embedding's rows, else those of the text model a multimodal wrapper
+    holds, looked for through `model` and `language_model` (mlx-lm's mistral3, qwen2_vl,
+    pixtral: `language_model`; gemma3n: `model.language_model`)."""
+    parts = [model]
+    for part in parts:  # breadth first (each wrapper holds one text model: a few parts)
+        for config in ("args", "config"):
+            size = getattr(getattr(part, config, None), "vocab_size", None)
+            if isinstance(size, int):
+                return size
+        embed = getattr(part, "embed_tokens", None)
+        if embed is not None and hasattr(embed, "weight"):
+            return int(embed.weight.shape[0])
+        parts += [getattr(part, name) for name in ("model", "language_model")
+                  if getattr(part, name, None) is not None]
+    raise ValueError("The model's vocabulary size cannot be read: it has no args.vocab_size, "
+                     "embed_tokens or language_model.")
 
 
 def check_pair(target_model, draft_model, target_tokenizer=None, draft_tokenizer=None) -> None:

@@ -403,6 +403,21 @@ def _quantizable(group_size):
     return predicate
 
 
+def settled(model, scale: float = WEIGHT_SCALE, noise: float = 0.0):
+    """`model` (built under a fixed seed) in float32, every matrix times `scale`, then plus
+    `noise` times a normal draw (a related draft), eval'd: the tests' tiny random models of
+    families built from their mlx-lm arguments in place (test_unbatchable, test_gemma3n,
+    test_wrapped_models)."""
+    model.set_dtype(mx.float32)
+    model.update(tree_map(lambda w: w * scale if w.ndim >= 2 else w, model.parameters()))
+    if noise:
+        model.update(tree_map(lambda w: w + noise * mx.random.normal(w.shape)
+                              if w.ndim >= 2 else w, model.parameters()))
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
 def make_family(name: str, seed: int = 0, vocab_size: int = 64, window: int = 8,
                 quantize_bits: int | None = None):
     """A random tiny model of mlx-lm's `name` class (untied embeddings), float32, eval'd.

@@ -62,7 +62,7 @@ from .dflash import BatchDFlash
 from .eagle3 import batch_eagle3
 from .drafts import BatchDraft
 from . import plain
-from .kv import PLACED_BY_BUFFER_LENGTH, BatchCache, arrays, batchable, recurrent, row_cache
+from .kv import UNBATCHABLE, BatchCache, arrays, batchable, recurrent, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
@@ -100,11 +100,10 @@ def check_batchable(target_model, draft_model=None, tokenizer=None,
     elif draft_model is not None and (is_dflash_model(draft_model) or is_eagle3_head(draft_model)):
         draft_model = None  # it reads the target's hidden states: no cache kinds of its own
     for role, model in (("target", target_model), ("draft model", draft_model)):
-        if model is not None and model_type(model) in PLACED_BY_BUFFER_LENGTH:
-            raise ValueError(f"The {role} ({model_type(model)}) places each row's queries by "
-                             "its cache's length, not by the row's own offset, so rows of "
-                             "other lengths cannot share a batch; decode it one request at a "
-                             "time.")
+        why = UNBATCHABLE.get(model_type(model)) if model is not None else None
+        if why is not None:
+            raise ValueError(f"The {role} ({model_type(model)}) cannot share a batch: {why}; "
+                             "decode it one request at a time.")
     if not batchable(target_model):
         raise ValueError("The target's cache layers are not plain or sliding-window KVCache "
                          "layers, or the recurrent state of a family the batch was tested on "

@@ -71,22 +71,35 @@ REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jam
 # ... and the families with no attention layer, replayed so too (a state a row, no padding;
 # RWKV-7's time mix and channel mix, which share a layer's cache, one after the other)
 RECURRENT_ONLY = ("mamba", "mamba2", "rwkv7")
-# Families whose layers place a row's queries by the cache buffer's length, not by its per-row
-# offsets: a row with left padding gets another row's positions, so their batched text would
-# be wrong (AFM 7's KV-reuse layers: rope(queries, offset=S - L); mlx-lm's own BatchGenerator
-# has the same fault). One request at a time, each row alone, they are exact.
-PLACED_BY_BUFFER_LENGTH = ("afm7",)
+# Families whose code cannot share a batch, and why (each exact in a call, one request at a
+# time; tests/test_unbatchable.py shows every fault through the batch's own cache, so a test
+# fails should mlx-lm mend one). Found by running mlx-lm's families through the batch.
+UNBATCHABLE = {
+    # rope(queries, offset=S - L): a left-padded row gets another row's positions (mlx-lm's
+    # own BatchGenerator has the same fault)
+    "afm7": "its KV-reuse layers place a row's queries by the cache buffer's length, not by "
+            "the row's own offset",
+    # a window one wider than the RotatingKVCache it makes: alone, the cache is the window; a
+    # batch keeps whole histories and applies the mask's
+    "plamo3": "its sliding layers' mask is one position wider than their cache, which a batch, "
+              "keeping each row's whole history, would apply",
+    # queries (B, kv heads, repeats, L, D) against a padded batch's mask (B, 1, L, S)
+    "gemma2": "its attention groups queries by key head, which a padded batch's mask does not "
+              "broadcast against",
+    # np.arange(cache[0].offset, ...): one position for every row
+    "gpt_bigcode": "its positions come from one cache offset, not from each row's own",
+}
 
 
 def batchable(model) -> bool:
     """Whether every layer mlx-lm makes for `model` (a target or a draft) batches here (inside
     a CacheList too): a plain KVCache, a sliding window, or the recurrent state of a family
     tested here (GATED_DELTANET, REPLAYED_BY_LENGTH); and at least one attention layer, unless
-    the family has none (RECURRENT_ONLY); never a family that places rows by the buffer's
-    length (PLACED_BY_BUFFER_LENGTH)."""
+    the family has none (RECURRENT_ONLY); never a family whose code cannot share a batch
+    (UNBATCHABLE)."""
     layers = make_prompt_cache(model)
     name = model_type(model)
-    if name in PLACED_BY_BUFFER_LENGTH:
+    if name in UNBATCHABLE:
         return False
     recurrent_ok = name in GATED_DELTANET + REPLAYED_BY_LENGTH + RECURRENT_ONLY
     kinds = {"attention" if type(layer) is KVCache or _sliding(layer)

@@ -102,6 +102,14 @@ class WindowKVCache(_BaseCache):
         self.offset += num_new
         used = self.used
         first = self._first_shown(num_new, used)
+        self._shown_last = (first, used)
+        return self.keys[..., first:used, :], self.values[..., first:used, :]
+
+    def keys_and_values(self):
+        """The keys and values the last update_and_fetch returned (what its queries were shown,
+        in buffer order): what a layer sharing this one's cache reads in the same pass (Gemma
+        3n's KV-shared layers), under the same mask."""
+        first, used = getattr(self, "_shown_last", (0, self.used))
         return self.keys[..., first:used, :], self.values[..., first:used, :]
 
     def _first_shown(self, num_new: int, used: int) -> int:
