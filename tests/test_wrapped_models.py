@@ -1,7 +1,8 @@
 """Text models inside mlx-lm's multimodal wrappers (`language_model`: Mistral Small 3.x's
-mistral3, pixtral, qwen2_vl) speculate through a call and the batch: the vocabulary size is
-read from the text model the wrapper holds (loading.vocab_size; every path crashed on
-`embed_tokens` before), and each gives the target's own greedy tokens."""
+mistral3, pixtral, qwen2_vl, Llama 4) speculate through a call and the batch: the vocabulary
+size is read from the text model the wrapper holds (loading.vocab_size; every path crashed on
+`embed_tokens` before), and each gives the target's own greedy tokens. Llama 4's chunked
+attention (ChunkedKVCache) rewinds in a call, across a chunk's end; the batch refuses it."""
 
 import importlib
 
@@ -50,3 +51,29 @@ def test_a_model_whose_vocabulary_cannot_be_read_is_one_sentence():
 
     with pytest.raises(ValueError, match="vocabulary size cannot be read"):
         vocab_size(Opaque())
+
+
+LLAMA4_TEXT = dict(TEXT, model_type="llama4_text", hidden_size=64, head_dim=16,
+                   intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1,
+                   interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0], use_qk_norm=True,
+                   attention_chunk_size=8, num_hidden_layers=4, attention_bias=False)
+
+
+def test_llama4_speculates_across_its_attention_chunks_and_the_batch_refuses_it():
+    module = importlib.import_module("mlx_lm.models.llama4")
+
+    def make_llama4(noise=0.0):
+        mx.random.seed(0)
+        return settled(module.Model(module.ModelArgs.from_dict(
+            {"model_type": "llama4", "text_config": LLAMA4_TEXT})), noise=noise)
+
+    target, draft = make_llama4(), make_llama4(noise=0.05)
+    prompt = PROMPTS[0] + [11, 2, 8, 30, 1, 9]  # chunks of 8: the reply crosses three ends
+    want = plain_greedy(target, prompt, 24)
+    assert vocab_size(target) == 64 and len(set(want)) > 3
+    rounds = list(speculative_generate_step(prompt, target, draft, max_tokens=24,
+                                            num_draft_tokens=3, prompt_lookup=False))
+    assert [t for r in rounds for t in r.tokens] == want
+    assert 0 < sum(r.num_accepted for r in rounds) < sum(r.num_drafted for r in rounds)
+    with pytest.raises(ValueError, match="one request at a time"):
+        BatchEngine(target)
