@@ -9,6 +9,7 @@ pair shipped inside the package.
 from __future__ import annotations
 
 import os
+from numbers import Integral
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -119,16 +120,20 @@ def _remember_directory(model, path: str) -> None:
 
 
 def vocab_size(model) -> int:
-    """Output vocabulary size of a model (rows of its logits): its `args.vocab_size` (or
-    `config`'s), else its embedding's rows, else those of the text model a multimodal wrapper
-    holds, looked for through `model` and `language_model` (mlx-lm's mistral3, qwen2_vl,
-    pixtral: `language_model`; gemma3n: `model.language_model`)."""
-    parts = [model]
+    """A model's vocabulary size (the tokens it reads and predicts; its logits may be padded
+    wider, as OLMo's `embedding_size`): its `args.vocab_size` (or `config`'s), else its
+    embedding's rows, else those of the text model a multimodal wrapper holds, looked for
+    through `model` and `language_model` (mlx-lm's mistral3, qwen2_vl, pixtral, llama4:
+    `language_model`; gemma3n: `model.language_model`)."""
+    parts, seen = [model], set()
     for part in parts:  # breadth first (each wrapper holds one text model: a few parts)
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
         for config in ("args", "config"):
             size = getattr(getattr(part, config, None), "vocab_size", None)
-            if isinstance(size, int):
-                return size
+            if isinstance(size, Integral) and not isinstance(size, bool):
+                return int(size)
         embed = getattr(part, "embed_tokens", None)
         if embed is not None and hasattr(embed, "weight"):
             return int(embed.weight.shape[0])

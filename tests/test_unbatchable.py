@@ -51,8 +51,12 @@ def make(name, seed=0, noise=0.0):
     return settled(model, noise=noise)
 
 
+# what each does through the batch's cache, two rows (the second as many as the key heads)
+FAULTS = {"afm7": "wrong", "plamo3": "wrong", "gemma2": "wrong", "gpt_bigcode": "crash"}
+
+
 def test_every_refused_family_is_tested_here():
-    assert set(UNBATCHABLE) == set(ARGS)
+    assert set(UNBATCHABLE) == set(ARGS) == set(FAULTS)
 
 
 @pytest.mark.parametrize("name", sorted(ARGS))
@@ -101,7 +105,7 @@ def _through_the_batch(model) -> str:
             together.append(cache.forward(x, undoable=False))
         together = mx.concatenate(together, axis=1)
         mx.eval(together)
-    except Exception:
+    except (ValueError, TypeError):  # (MLX's broadcast and conversion errors)
         return "crash"
     same = all(mx.allclose(together[i], alone[i], atol=1e-3).item() for i in range(2))
     return "exact" if same else "wrong"
@@ -109,7 +113,7 @@ def _through_the_batch(model) -> str:
 
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_the_fault_shows_through_the_batchs_cache(name):
-    assert _through_the_batch(make(name)) in ("wrong", "crash")
+    assert _through_the_batch(make(name)) == FAULTS[name]
 
 
 def test_a_batchable_family_goes_through_the_same_check_exactly():

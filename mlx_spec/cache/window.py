@@ -50,6 +50,7 @@ class WindowKVCache(_BaseCache):
         self.offset = 0  # tokens seen (absolute position of the next token)
         self.start = keep  # absolute position of the first non-keep entry in the buffer
         self.written = 0  # buffer entries holding data (>= the entries in use)
+        self._shown_last = None  # (first, end) the last update returned (keys_and_values)
 
     # -- layout: buffer[:keep] = positions [0, keep); buffer[keep:] = [start, offset)
 
@@ -109,7 +110,11 @@ class WindowKVCache(_BaseCache):
         """The keys and values the last update_and_fetch returned (what its queries were shown,
         in buffer order): what a layer sharing this one's cache reads in the same pass (Gemma
         3n's KV-shared layers), under the same mask."""
-        first, used = getattr(self, "_shown_last", (0, self.used))
+        if self._shown_last is None:  # (none since the last rewind: what one query is shown)
+            used = self.used
+            first = self._first_shown(1, used)
+        else:
+            first, used = self._shown_last
         return self.keys[..., first:used, :], self.values[..., first:used, :]
 
     def _first_shown(self, num_new: int, used: int) -> int:
@@ -165,6 +170,7 @@ class WindowKVCache(_BaseCache):
                 f"Cannot rewind a sliding-window cache by {n} tokens: only {self.reserve} "
                 "entries are kept behind the window; raise the reserve.")
         self.offset -= n
+        self._shown_last = None  # (what it showed held entries now rejected)
         return n
 
     def untrim(self, n: int) -> None:
@@ -172,6 +178,7 @@ class WindowKVCache(_BaseCache):
         if self.used + n > self.written:
             raise ValueError("Cannot take back a trim over entries that were overwritten.")
         self.offset += n
+        self._shown_last = None
 
     def size(self) -> int:
         return min(self.offset, self.max_size)
