@@ -379,7 +379,7 @@ class BatchEngine:
         if row.draft_prefill_seconds:  # the draft read the prompt: its catch-up price, as a call's
             self._ask("observe_catch_up", "draft", row.prefilled, row.draft_prefill_seconds)
         self._ask("expect_reply", row.room)
-        if self.chosen_width and row.pinned is None and not row.chains_only:
+        if self.chosen_width and row.pinned is None and not row.request.chains_only:
             self._ask("allow_trees", self.model_drafter.source, MAX_CHOSEN_WIDTH)  # (a call's)
         if row.fallbacks:
             self.single.fall_back("lookup", [self.model_drafter.source

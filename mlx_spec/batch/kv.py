@@ -97,10 +97,10 @@ def batchable(model) -> bool:
     tested here (GATED_DELTANET, REPLAYED_BY_LENGTH); and at least one attention layer, unless
     the family has none (RECURRENT_ONLY); never a family whose code cannot share a batch
     (UNBATCHABLE)."""
-    layers = make_prompt_cache(model)
     name = model_type(model)
     if name in UNBATCHABLE:
         return False
+    layers = make_prompt_cache(model)
     recurrent_ok = name in GATED_DELTANET + REPLAYED_BY_LENGTH + RECURRENT_ONLY
     kinds = {"attention" if type(layer) is KVCache or _sliding(layer)
              else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"

@@ -43,6 +43,13 @@ class RowRequest:
     # them). The first token comes from the last one, as the row joins (BatchEngine._first_token)
     input_embeddings: Optional[mx.array] = None
 
+    @property
+    def chains_only(self) -> bool:
+        """Whether the row drafts chains whatever tree the batch asks: logits processors (they
+        are applied along a chain's positions) or an opaque sampler (trees need the residual
+        rule's q)."""
+        return bool(self.logits_processors) or self.sampling.sampler is not None
+
 
 @dataclass
 class Row:
@@ -101,13 +108,6 @@ class Row:
         return self.request.sampling.sampler
 
     @property
-    def chains_only(self) -> bool:
-        """Whether the row drafts chains whatever tree the batch asks: logits processors (they
-        are applied along a chain's positions) or an opaque sampler (trees need the residual
-        rule's q)."""
-        return bool(self.request.logits_processors) or self.sampler is not None
-
-    @property
     def pinned(self) -> Optional[int]:
         """The row's own k, if it has one: its request's, or the default k for a seeded sampled
         row (its random stream, and so its text, then never depends on the batch)."""
@@ -157,7 +157,7 @@ def make_row(uid: int, request: RowRequest, vocab_size: int, stop_tokens: Collec
                                                  max_ngram=request.prompt_lookup_max_ngram,
                                                  min_ngram=min(min_ngram,
                                                                request.prompt_lookup_max_ngram)))
-    if tree is not None and not request.logits_processors and sampling.sampler is None:
+    if tree is not None and not request.chains_only:
         searchers = [TreeDrafter(searcher, *tree) for searcher in searchers]
     fallbacks = []
     if request.prompt_lookup is None and request.num_draft_tokens is None and \

@@ -52,14 +52,15 @@ def draft_trees(rows: Sequence[Row], wants: Sequence[int], tokens: mx.array,
     """Each drafting row's proposal from the model drafter's (`source`: a draft model, an MTP
     or EAGLE-3 head, a DFlash drafter's block or a DFlash2 drafter's walk): drafts (B, K), q
     per sampled row (wants[i], V), the per-step logits (B, K, V_d) (a DFlash2 walk's: each
-    row's selector scores given the spine's draft before it): a tree (drafters/tree.beside_the_spine, the row's own key), or a chain for a
-    row that drafts chains only (Row.chains_only); None for a row that drafts nothing."""
+    row's selector scores given the spine's draft before it): a tree
+    (drafters/tree.beside_the_spine, the row's own key), or a chain for a row that drafts
+    chains only (RowRequest.chains_only); None for a row that drafts nothing."""
     out: List[Optional[Proposal]] = []
     for i, (row, n) in enumerate(zip(rows, wants)):
         q = None if not n or probs[i] is None else probs[i][:n]  # (n, V)
         if not n:
             out.append(None)
-        elif row.chains_only:
+        elif row.request.chains_only:
             out.append(Proposal(tokens[i, :n], q, source))
         else:
             nodes, node_q = beside_the_spine(tokens[i, :n], logits[i, :n], q, width,

@@ -97,8 +97,8 @@ def chain_parts(row: Row, proposal: Optional[Proposal], logits: mx.array, accept
     """(the row's verdict parts (judge.verdict_parts), its logits (n + 1, V) after its
     processors), lazy: a chain of n drafts (none: the target's own token) judged by the row's
     rule (the keyed rule with its own key; an opaque sampler's draws, sampler_match; a rule
-    with no key from the global random state). `unread`: a queued plain step's input (1,), lazy, which the row's
-    history does not hold yet (its processors see it)."""
+    with no key from the global random state). `unread`: a queued plain step's input (1,),
+    lazy, which the row's history does not hold yet (its processors see it)."""
     n = logits.shape[0] - 1
     drafts = proposal.tokens.astype(mx.uint32) if n else mx.zeros((0,), mx.uint32)
     if row.request.logits_processors:
