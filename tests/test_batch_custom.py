@@ -169,3 +169,29 @@ def test_a_seed_under_a_rule_with_no_key_is_one_sentence(small_pair):  # noqa: F
     with pytest.raises(ValueError, match="global random state"):
         engine.insert(RowRequest([1, 2], 4, SamplingConfig(temp=1.0), seed=3))
     engine.insert(RowRequest([1, 2], 4, seed=3))
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "lookup"])
+def test_opaque_sampler_rows_with_the_mtp_head_or_lookup_alone(drafter, tmp_path):
+    """The other drafters an opaque sampler's rows meet: the target's MTP head (its draws from
+    the head's logits through the sampler) and prompt lookup with no draft model; each row's
+    text is the target's own greedy text."""
+    from test_mtp import make_target, mtp_params, write_original
+
+    target = make_target("qwen3_5")
+    prompts = [p * 2 for p in ragged_prompts(3)]  # (lookup has matches)
+    opaque = SamplingConfig(temp=1.0, sampler=opaque_argmax)
+    if drafter == "mtp":
+        weights = write_original(tmp_path / "mtp", target, mtp_params(target))
+        engine = BatchEngine(target, "mtp", num_draft_tokens=2, mtp_weights=str(weights))
+    else:
+        engine = BatchEngine(target, num_draft_tokens=2)
+    requests = [RowRequest(p, 16, opaque) for p in prompts]
+    uids = [engine.insert(r) for r in requests]
+    got, sources = {u: [] for u in uids}, set()
+    while engine.busy:
+        for out in engine.step():
+            got[out.uid] += out.tokens
+            sources.add(out.source)
+    assert [got[u] for u in uids] == [plain_greedy(target, p, 16) for p in prompts]
+    assert drafter in sources

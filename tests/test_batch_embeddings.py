@@ -121,3 +121,27 @@ def test_what_embeddings_cannot_do_is_one_sentence(pair, tmp_path):  # noqa: F81
         from mlx_spec.generate import speculative_generate_step
         speculative_generate_step(prompt, target, max_tokens=2,
                                   input_embeddings=embedded(target, prompt)[:, :-1])
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma3_text", "lfm2"])
+def test_embedding_rows_on_recurrent_and_sliding_targets_follow_mlx_lm(name):
+    """A Gated DeltaNet hybrid, sliding windows and a short-convolution hybrid, each drafted for
+    by its own weights at 4 bits (rows keep different numbers of drafts, states go back): rows
+    fed embeddings beside a plain row give mlx-lm's own greedy decoding of those embeddings."""
+    from families import shared_family, shared_plain_greedy
+
+    from mlx_spec.mtp.heads import text_model
+
+    target = shared_family(name)
+    draft = shared_family(name, quantize_bits=4)
+    prompts = ragged_prompts(3)
+    embed = text_model(target).model.embed_tokens
+    fed = [embed(mx.array(p[::-1])) * 1.5 for p in prompts[:2]]  # (not the ids' own)
+    requests = [RowRequest(p, 12, input_embeddings=e, prompt_lookup=False)
+                for p, e in zip(prompts, fed)] + [RowRequest(prompts[2], 12)]
+    got, _ = decode(BatchEngine(target, draft, num_draft_tokens=3), requests)
+    for prompt, embeddings, tokens in zip(prompts, fed, got):
+        assert tokens == [int(t) for t, _ in generate_step(
+            mx.array(prompt), target, max_tokens=12, input_embeddings=embeddings,
+            sampler=lambda lp: mx.argmax(lp, axis=-1))]
+    assert got[2] == shared_plain_greedy(target, prompts[2], 12)
