@@ -490,3 +490,51 @@ def write_family_dir(path, name: str, seed: int = 0, window: int = 8):
     (path / "config.json").write_text(json.dumps(config, default=str))
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     return path
+
+
+def decode_rows(engine, requests) -> tuple[list[list[int]], int, int]:
+    """Insert `requests` (RowRequests) into a batch engine and step it until every row ended:
+    (each row's tokens, in the requests' order; drafts proposed; drafts kept)."""
+    uids = [engine.insert(request) for request in requests]
+    got = {uid: [] for uid in uids}
+    drafted = accepted = 0
+    while engine.busy:
+        for out in engine.step():
+            got[out.uid] += out.tokens
+            drafted += out.num_drafted
+            accepted += out.num_accepted
+    return [got[uid] for uid in uids], drafted, accepted
+
+
+def through_the_batch(model) -> str:
+    """Two rows (12 and 3 prompt tokens: the shorter left-padded) through the batch's cache,
+    four forced tokens a step, against each row alone on mlx-lm's own caches: "crash",
+    "wrong" or "exact"."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_spec.batch.kv import BatchCache, row_cache
+
+    prompts = [[5, 17, 3, 40, 9, 5, 17, 3, 11, 2, 8, 30], [1, 2, 3]]
+    forced = [[7, 9, 4, 20], [6, 3, 12, 1]]
+    alone = []
+    for prompt, tokens in zip(prompts, forced):
+        own = make_prompt_cache(model)
+        model(mx.array([prompt[:-1]]), cache=own)
+        fed = [prompt[-1]] + tokens[:-1]
+        alone.append(mx.concatenate([model(mx.array([[t]]), cache=own)[0] for t in fed]))
+    try:
+        cache = BatchCache(model)
+        for prompt in prompts:
+            layers = row_cache(model)
+            model(mx.array([prompt[:-1]]), cache=layers)
+            cache.join(layers)
+        together = []
+        for step in range(4):
+            x = mx.array([[([p[-1]] + t[:-1])[step]] for p, t in zip(prompts, forced)])
+            together.append(cache.forward(x, undoable=False))
+        together = mx.concatenate(together, axis=1)
+        mx.eval(together)
+    except (ValueError, TypeError):  # (MLX's broadcast and conversion errors)
+        return "crash"
+    same = all(mx.allclose(together[i], alone[i], atol=1e-3).item() for i in range(2))
+    return "exact" if same else "wrong"

@@ -17,7 +17,7 @@ restored and each row's kept prefix re-run: kv.py).
 """
 
 import pytest
-from families import MORE_RECURRENT, shared_family, shared_plain_greedy
+from families import MORE_RECURRENT, decode_rows, shared_family, shared_plain_greedy
 
 from mlx_spec.batch import BatchEngine, RowRequest
 from mlx_spec.batch.kv import batchable
@@ -55,18 +55,11 @@ def test_batched_rows_equal_their_own_greedy_decoding(name, rows):
         return
     assert batchable(target)
     engine = BatchEngine(target, shared_family(name, quantize_bits=4), num_draft_tokens=3)
-    uids = [engine.insert(RowRequest(p, NUM_TOKENS, prompt_lookup=False))
-            for p in PROMPTS[:rows]]
-    got = {uid: [] for uid in uids}
-    drafted = accepted = 0
-    while engine.busy:
-        for out in engine.step():
-            got[out.uid] += out.tokens
-            drafted += out.num_drafted
-            accepted += out.num_accepted
+    got, drafted, accepted = decode_rows(
+        engine, [RowRequest(p, NUM_TOKENS, prompt_lookup=False) for p in PROMPTS[:rows]])
     assert 0 < accepted < drafted  # rows rejected drafts, so their states went back
-    for prompt, uid in zip(PROMPTS, uids):
-        assert got[uid] == shared_plain_greedy(target, prompt, NUM_TOKENS)
+    for prompt, tokens in zip(PROMPTS, got):
+        assert tokens == shared_plain_greedy(target, prompt, NUM_TOKENS)
 
 
 def test_a_model_whose_logits_are_scaled_after_its_head_is_not_split():

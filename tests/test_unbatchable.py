@@ -8,21 +8,20 @@ own caches, so it fails should mlx-lm mend one (and the refusal can go).
   left-padded row gets another row's positions (wrong logits, silently).
 - PLaMo 3: its sliding layers' mask is one wider than the RotatingKVCache it makes: alone the
   cache is the window, in a batch (whole histories kept) the mask's window would be (wrong).
-- Gemma 2: queries grouped by key head (B, kv heads, repeats, L, D) against a padded batch's
-  mask (B, 1, L, S) (a crash, or wrong logits where the rows are as many as the key heads).
 - GPT BigCode: np.arange(cache[0].offset, ...), one position for every row (a crash).
+
+(Gemma 2, refused here once, batches: tests/test_gemma2.py.)
 """
 
 import importlib
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
 
-from families import plain_greedy, settled
+from families import plain_greedy, settled, through_the_batch
 
 from mlx_spec.batch import BatchEngine
-from mlx_spec.batch.kv import UNBATCHABLE, BatchCache, batchable, row_cache
+from mlx_spec.batch.kv import UNBATCHABLE, batchable
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.server.worker import can_batch
 
@@ -34,9 +33,6 @@ ARGS = {
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                    vocab_size=64, rope_theta=10000.0, max_position_embeddings=4096,
                    tie_word_embeddings=False, sliding_window=8),
-    "gemma2": dict(hidden_size=64, num_hidden_layers=4, intermediate_size=64,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-                   vocab_size=64, query_pre_attn_scalar=16, rope_theta=10000.0),
     "gpt_bigcode": dict(n_embd=64, n_layer=2, n_inner=64, n_head=4, n_positions=4096,
                         layer_norm_epsilon=1e-5, vocab_size=64),
 }
@@ -52,7 +48,7 @@ def make(name, seed=0, noise=0.0):
 
 
 # what each does through the batch's cache, two rows (the second as many as the key heads)
-FAULTS = {"afm7": "wrong", "plamo3": "wrong", "gemma2": "wrong", "gpt_bigcode": "crash"}
+FAULTS = {"afm7": "wrong", "plamo3": "wrong", "gpt_bigcode": "crash"}
 
 
 def test_every_refused_family_is_tested_here():
@@ -81,43 +77,13 @@ def test_the_batch_refuses_it_in_one_sentence(name):
     assert not can_batch(target, None)  # the server serves it one request at a time
 
 
-def _through_the_batch(model) -> str:
-    """Two rows (12 and 3 prompt tokens: the shorter left-padded) through the batch's cache,
-    four forced tokens a step, against each row alone on mlx-lm's own caches: "crash",
-    "wrong" or "exact"."""
-    prompts = [PROMPT + [11, 2, 8, 30], [1, 2, 3]]
-    forced = [[7, 9, 4, 20], [6, 3, 12, 1]]
-    alone = []
-    for prompt, tokens in zip(prompts, forced):
-        own = make_prompt_cache(model)
-        model(mx.array([prompt[:-1]]), cache=own)
-        fed = [prompt[-1]] + tokens[:-1]
-        alone.append(mx.concatenate([model(mx.array([[t]]), cache=own)[0] for t in fed]))
-    try:
-        cache = BatchCache(model)
-        for prompt in prompts:
-            layers = row_cache(model)
-            model(mx.array([prompt[:-1]]), cache=layers)
-            cache.join(layers)
-        together = []
-        for step in range(4):
-            x = mx.array([[([p[-1]] + t[:-1])[step]] for p, t in zip(prompts, forced)])
-            together.append(cache.forward(x, undoable=False))
-        together = mx.concatenate(together, axis=1)
-        mx.eval(together)
-    except (ValueError, TypeError):  # (MLX's broadcast and conversion errors)
-        return "crash"
-    same = all(mx.allclose(together[i], alone[i], atol=1e-3).item() for i in range(2))
-    return "exact" if same else "wrong"
-
-
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_the_fault_shows_through_the_batchs_cache(name):
-    assert _through_the_batch(make(name)) == FAULTS[name]
+    assert through_the_batch(make(name)) == FAULTS[name]
 
 
 def test_a_batchable_family_goes_through_the_same_check_exactly():
     """The check itself on a family the batch takes (the control)."""
     from tiny import make_llama
 
-    assert _through_the_batch(make_llama(vocab_size=64, seed=0)) == "exact"
+    assert through_the_batch(make_llama(vocab_size=64, seed=0)) == "exact"

@@ -36,7 +36,8 @@ each row has its state and no padding (rows are prefilled alone and every
 round feeds all rows the same number of positions, so nothing needs aligning).
 
 Batched here: plain and sliding-window attention layers (dense, MoE and most
-mlx-lm families) beside the recurrent layers of those families, and those
+mlx-lm families; Gemma 2, whose queries are grouped by key head, with its mask shaped for
+them: `grouped`) beside the recurrent layers of those families, and those
 recurrent-only families. Other recurrent families (untested here) and quantized
 KV caches (mlx-lm has no batched one) are served one request at a time by the
 ordinary loop (`batchable`).
@@ -71,6 +72,10 @@ REPLAYED_BY_LENGTH = ("lfm2", "lfm2_moe", "nemotron_h", "granitemoehybrid", "jam
 # ... and the families with no attention layer, replayed so too (a state a row, no padding;
 # RWKV-7's time mix and channel mix, which share a layer's cache, one after the other)
 RECURRENT_ONLY = ("mamba", "mamba2", "rwkv7")
+# Families whose attention groups queries by key head, (B, kv heads, repeats, L, D), and adds
+# the mask to scores of that shape (Gemma 2): a batch's mask (B, 1, L, S) takes an axis for the
+# repeats (`grouped`), which a call's (L, S) mask needs not.
+GROUPED_QUERIES = ("gemma2",)
 # Families whose code cannot share a batch, and why (each exact in a call, one request at a
 # time; tests/test_unbatchable.py shows every fault through the batch's own cache, so a test
 # fails should mlx-lm mend one). Found by running mlx-lm's families through the batch.
@@ -83,9 +88,6 @@ UNBATCHABLE = {
     # batch keeps whole histories and applies the mask's
     "plamo3": "its sliding layers' mask is one position wider than their cache, which a batch, "
               "keeping each row's whole history, would apply",
-    # queries (B, kv heads, repeats, L, D) against a padded batch's mask (B, 1, L, S)
-    "gemma2": "its attention groups queries by key head, which a padded batch's mask does not "
-              "broadcast against",
     # np.arange(cache[0].offset, ...): one position for every row
     "gpt_bigcode": "its positions come from one cache offset, not from each row's own",
 }
@@ -106,6 +108,15 @@ def batchable(model) -> bool:
              else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"
              for layer in leaves(layers)}  # (Falcon-H1: a CacheList of both a layer)
     return "other" not in kinds and ("attention" in kinds or name in RECURRENT_ONLY)
+
+
+def _groups_queries(model) -> bool:
+    """Whether `model`'s attention groups its queries by key head (GROUPED_QUERIES, more query
+    heads than key heads: its `repeats`)."""
+    if model_type(model) not in GROUPED_QUERIES:
+        return False
+    args = model.args
+    return args.num_attention_heads > args.num_key_value_heads
 
 
 def recurrent(model) -> bool:
@@ -147,13 +158,23 @@ class RowsKVCache(BatchKVCache):
     window's reach), so a row alone runs the attention a call runs."""
 
     unpadded = False
+    grouped = False  # its model's queries grouped by key head: the mask takes an axis (grouped)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
         if self.unpadded and not return_array and (window_size is None
                                                    or self._idx + N <= window_size):
             return None if N == 1 else "causal"
-        return super().make_mask(N, return_array=return_array, window_size=window_size,
-                                 **kwargs)
+        return grouped(self, super().make_mask(N, return_array=return_array,
+                                               window_size=window_size, **kwargs))
+
+
+def grouped(layer, mask):
+    """A batch's mask (B, 1, L, S) for `layer`, with an axis for the repeats (B, 1, 1, L, S)
+    where its model groups queries by key head (GROUPED_QUERIES): broadcast against scores
+    (B, kv heads, repeats, L, S), the batch axis stays the batch's."""
+    if getattr(layer, "grouped", False) and isinstance(mask, mx.array) and mask.ndim == 4:
+        return mask[:, :, None]
+    return mask
 
 
 @leafwise
@@ -184,6 +205,7 @@ class BatchCache:
         self.hidden: Optional[mx.array] = None  # (B, T, H) of the last forward, with `split`
         # (x, layers) -> (logits, hidden): a DFlash drafter's taps, as `hidden` (B, T, taps * H)
         self.capture = None
+        self.grouped = _groups_queries(model)  # (its attention layers' masks: `grouped`)
 
     @property
     def padding(self) -> List[int]:
@@ -268,6 +290,8 @@ class BatchCache:
         merged = [_merged(layer) for layer in row_layers]
         if self.layers is None:
             self.layers = merged
+            for layer in self.attention:
+                layer.grouped = self.grouped
             self.padding = [0]
             return
         if not self.attention:  # recurrent state alone (pure Mamba): a state a row, no padding

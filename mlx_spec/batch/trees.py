@@ -41,7 +41,7 @@ from ..drafters.tree import beside_the_spine
 from ..tree import ancestor_mask, depths, spine_and_siblings
 from ..tree_acceptance import read_tree, tree_parts, tree_size
 from ..tree_verify import tree_forward
-from .kv import BatchCache
+from .kv import BatchCache, grouped
 from .rows import Row
 from .verify import ACCEPT, Verdict, chain_parts, read_chain, verify_input
 
@@ -91,8 +91,8 @@ def verify_trees(target: BatchCache, rows: Sequence[Row],
     ancestors = mx.array(np.stack([ancestor_mask(t) for t in padded]))  # (B, N, N)
     steps = mx.array(ancestors.sum(-1) - 1, mx.int32)  # (B, N) each node's depth
     x = verify_input(rows, proposals, n)  # (B, N): filler leaves under each row's root
-    with round_attention(), tree_forward(target.attention, steps, lambda layer, window: tree_mask(
-            layer, ancestors, steps, window)[:, None]):  # (B, 1, N, K)
+    with round_attention(), tree_forward(target.attention, steps, lambda layer, window: grouped(
+            layer, tree_mask(layer, ancestors, steps, window)[:, None])):  # (B, 1, N, K)
         target_logits = target.forward(x)  # (B, N, V)
     parts, row_logits = [], []
     for i, (row, proposal, tree) in enumerate(zip(rows, proposals, trees)):
