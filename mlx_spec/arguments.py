@@ -79,6 +79,11 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "prompt_lookup_max_ngram": _int(1),
     "prefill_step_size": _int(1),
     "max_kv_size": _optional(_int(1)),
+    # mlx-lm's KV cache quantization (mx.quantize's bits and group sizes; cache/quantize.py)
+    "kv_bits": ("None or one of 2, 3, 4, 5, 6, 8", lambda v: v is None or (
+        _is_int(v) and v in (2, 3, 4, 5, 6, 8))),
+    "kv_group_size": ("one of 32, 64, 128", lambda v: _is_int(v) and v in (32, 64, 128)),
+    "quantized_kv_start": _int(0),
     "samples": _int(100),
     "temp": ("a number >= 0 (0 is greedy)", lambda v: _is_real(v) and v >= 0),
     "top_p": _real("(0, 1]", lambda v: 0 < v <= 1),

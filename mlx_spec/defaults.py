@@ -10,3 +10,5 @@ DEFAULT_NUM_DRAFT_TOKENS = 4  # k when it is fixed and not pinned
 DEFAULT_MAX_DRAFT_TOKENS = 8  # the largest k the adaptive policy may choose
 DEFAULT_MAX_LOOKUP_TOKENS = 32  # the longest prompt-lookup proposal the adaptive policy may choose
 DEFAULT_MAX_NGRAM = 3  # the longest n-gram prompt lookup matches
+DEFAULT_KV_GROUP_SIZE = 64  # mlx-lm's kv_group_size (KV cache quantization: cache/quantize.py)
+DEFAULT_QUANTIZED_KV_START = 5000  # mlx-lm's quantized_kv_start

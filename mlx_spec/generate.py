@@ -20,9 +20,11 @@ from .acceptance import rule_name
 from .arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from .assemble import assemble, check_calibration, draft_bridge
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from .cache.quantize import KVQuantizer, check_kv_quantization
 from .dflash import dflash_directory, is_dflash_model
 from .eagle3 import eagle3_directory, is_eagle3_head
-from .defaults import DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS
+from .defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS,
+                       DEFAULT_QUANTIZED_KV_START)
 from .drafters.prompt_lookup import on_by_default
 from .drafters.tree import with_trees
 from .judge import stop_cut
@@ -35,11 +37,6 @@ from .session import Session
 from .stats import GenerationStats, StatsRecorder
 
 NO_LIMIT = sys.maxsize  # max_tokens=-1, as in mlx-lm: until a stop token or the caller stops
-
-MLX_LM_ONLY_ARGS = {
-    "kv_bits": "quantized KV caches are not supported while speculating.",
-}
-
 
 @dataclass(frozen=True)
 class GenerationResponse:
@@ -102,6 +99,9 @@ def speculative_generate_step(
     suffix=None,
     prompt_cache=None,
     max_kv_size: Optional[int] = None,
+    kv_bits: Optional[int] = None,
+    kv_group_size: int = DEFAULT_KV_GROUP_SIZE,
+    quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
     prompt_progress_callback=None,
     policy=None,
@@ -178,6 +178,12 @@ def speculative_generate_step(
     draft's distribution restricted to the tokens both share (docs/drafting.md); exact either
     way. A reused `prompt_cache` holds the target's layers, then the draft's.
 
+    `kv_bits`, `kv_group_size`, `quantized_kv_start`: mlx-lm's KV cache quantization. The
+    target's attention layers are quantized to `kv_bits` once its cache holds
+    `quantized_kv_start` tokens, at the token where mlx-lm's generate_step quantizes them (no
+    verify pass reaches past it), so the text is mlx-lm's with the same arguments; sliding
+    windows, recurrent state and the draft's cache stay as they are (cache/quantize.py).
+
     `tree`: a `(depth, width)` pair proposes token trees of that shape from the draft
     model, an MTP, EAGLE-3, DFlash or DFlash2 drafter, prompt lookup and suffix drafting, verified in
     one pass each (docs/drafting.md, "Token trees"); False keeps chains; None lets the policy
@@ -195,6 +201,8 @@ def speculative_generate_step(
             model, prompt, input_embeddings, draft_model, prompt_lookup, suffix, logits_processors)
     prompt = _as_tokens(None, prompt)
     _check_token_ids(prompt, vocab_size(model))
+    if kv_bits is not None:
+        check_kv_quantization(model, kv_bits, kv_group_size)
     parts = assemble(
         model, draft_model, sampling, prompt_cache=prompt_cache,
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,
@@ -203,6 +211,9 @@ def speculative_generate_step(
         machine=machine, calibration=calibration, mtp_weights=mtp_weights,
         logits_processors=logits_processors,
         suffix=suffix, tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer)
+    quantizer = None if kv_bits is None else KVQuantizer(
+        parts.target, kv_bits, kv_group_size, quantized_kv_start,
+        shown=[prompt_cache] if prompt_cache is not None else [])
     drafters = with_trees(parts.drafters, tree, parts.target, sampling,
                           accept is None and not logits_processors and parts.agree is None)
     rounds = generate_rounds(
@@ -210,7 +221,7 @@ def speculative_generate_step(
         max_tokens=max_tokens, prefill_step_size=prefill_step_size, stop_tokens=stop_tokens,
         prompt_progress_callback=prompt_progress_callback, accept=accept, agree=parts.agree,
         logits_processors=logits_processors, input_embeddings=input_embeddings,
-    )
+        kv_quantizer=quantizer)
     session = Session(parts.target, parts.draft, parts.target.length, prompt_cache, parts.earlier)
     bridges = [d.bridge for d in parts.drafters if hasattr(d, "bridge")]  # another vocabulary
     return RoundStream(rounds, session, parts.policy, bridges[0].overlap if bridges else None)
@@ -296,10 +307,6 @@ def stream_generate(
     takes the cache over. False: nothing is shown mid-stream and no token
     waits for the next round.
     """
-    unsupported = sorted(MLX_LM_ONLY_ARGS.keys() & kwargs.keys())
-    if unsupported:
-        name = unsupported[0]
-        raise ValueError(f"mlx-spec does not take mlx-lm's `{name}` argument: {MLX_LM_ONLY_ARGS[name]}")
     check_arguments(model=model, tokenizer=tokenizer, prompt=prompt, draft_model=draft_model,
                     max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temp=temp,
                     top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,

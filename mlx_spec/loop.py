@@ -22,6 +22,7 @@ from .acceptance import AcceptanceRule, greedy_accept, rule_for, speculative_acc
 from .attention import round_attention
 from .cache import ModelCache
 from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
+from .cache.quantize import KVQuantizer
 from .judge import read_verdict, stop_cut, verdict_parts
 from .policy import DraftPolicy
 from .tree import depths
@@ -270,12 +271,15 @@ def generate_rounds(
     agree: Optional[Callable[[mx.array], mx.array]] = None,
     logits_processors: Sequence = (),
     input_embeddings: Optional[mx.array] = None,
+    kv_quantizer: Optional[KVQuantizer] = None,
 ) -> Iterator[Round]:
     """Prefill, then yield rounds until `max_tokens` tokens or a stop token were emitted.
 
     No round goes past `max_tokens` or past an accepted stop token, so the
     caches never hold more than what was emitted (plus the last token, which
-    the next pass starts from).
+    the next pass starts from). With `kv_quantizer` (mlx-lm's kv_bits) no round
+    reaches past the position where the target's cache is quantized, which
+    happens between rounds (cache/quantize.py).
     """
     followers = [d for d in drafters if getattr(d, "follows_target", False)]
     decoder = Decoder(target, drafters, sampling, list(prompt),
@@ -293,7 +297,8 @@ def generate_rounds(
     started = time.perf_counter()
     prefill(target, prompt[:-1], prefill_step_size, lambda done, _: progress(done, len(prompt)),
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1],
-            tail=look_rows if split else 0)
+            tail=look_rows if split and kv_quantizer is None else 0,  # (kv_bits: mlx-lm's chunks)
+            settle=kv_quantizer.settle if kv_quantizer is not None else None)
     per_token = (time.perf_counter() - started) / (len(prompt) - 1) if len(prompt) > 1 else None
     if per_token is not None and hasattr(policy, "observe_prefill"):  # v's prior
         policy.observe_prefill(len(prompt) - 1, per_token * (len(prompt) - 1))
@@ -327,7 +332,10 @@ def generate_rounds(
     while emitted < max_tokens:
         clock.start()  # once: the first round is timed from when it is asked for
         room = max_tokens - emitted  # drafts beyond it are never wanted
-        lengths = {d.source: min(policy.proposal_length(d.source), room) for d in drafters}
+        # positions before the target's cache is quantized (None: no limit)
+        fits = kv_quantizer.room() if kv_quantizer is not None else None
+        drafts = room if fits is None else min(room, fits - 1)
+        lengths = {d.source: min(policy.proposal_length(d.source), drafts) for d in drafters}
         for drafter in shaped:
             drafter.width = policy.tree_width(drafter.source)
         for source in [source for source in later if lengths.get(source, 0) > 0]:
@@ -346,7 +354,8 @@ def generate_rounds(
             rounds = iter([round_])
         else:
             waiting = [d for d in drafters if lengths[d.source] > 0]  # asked, nothing to offer
-            steps = min(policy.plain_steps() if drafters else max_tokens, max_tokens - emitted)
+            steps = min(policy.plain_steps() if drafters else max_tokens, max_tokens - emitted,
+                        fits or max_tokens)
             rounds = plain_rounds(decoder, max(1, steps), _offers(waiting) if waiting else None)
         for round_ in rounds:
             if emitted == 0:
@@ -360,6 +369,8 @@ def generate_rounds(
             _take_look(policy, looks, sampling, look_rows, per_token, max_tokens)
             looks = {}
             clock.lap()  # its time is no round's
+        if kv_quantizer is not None:  # (the caller has released what it was shown)
+            kv_quantizer.settle()
 
 
 def _prefills_later(drafter, policy, agree, look_rows: int) -> bool:

@@ -137,7 +137,7 @@ def keep_path(target, rows: Sequence[int]) -> None:
             base = _entries(layer) - fed  # the root's buffer row
             index = mx.array([base + r for r in rows])
             for arrays in (layer.keys, layer.values):
-                for a in (arrays if isinstance(arrays, tuple) else (arrays,)):
+                for a in (arrays if isinstance(arrays, (tuple, list)) else (arrays,)):
                     a[..., base:base + len(rows), :] = a[..., index, :]
     target.keep(len(rows))
 

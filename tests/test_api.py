@@ -147,10 +147,10 @@ def test_token_ids_are_checked(pair):
         list(speculative_generate_step("text", target_model, draft_model, max_tokens=3))
 
 
-def test_mlx_lm_only_arguments_get_a_sentence(pair):
+def test_mlx_lm_arguments_out_of_range_get_a_sentence(pair):
     target_model, draft_model, tokenizer = pair
-    with pytest.raises(ValueError, match="kv_bits"):
-        list(stream_generate(target_model, tokenizer, "x = 1", draft_model=draft_model, kv_bits=4))
+    with pytest.raises(ValueError, match="kv_bits must be None or one of 2, 3, 4, 5, 6, 8"):
+        list(stream_generate(target_model, tokenizer, "x = 1", draft_model=draft_model, kv_bits=7))
     with pytest.raises(ValueError, match="either sampler or temp"):
         list(stream_generate(target_model, tokenizer, "x = 1", draft_model=draft_model,
                              sampler=lambda x: x, temp=0.5))

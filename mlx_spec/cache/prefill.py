@@ -24,7 +24,8 @@ TAIL_CHUNK_FROM = 128
 def prefill(cache: ModelCache, tokens: List[int], step_size: int,
             progress: Optional[Callable[[int, int], None]] = None,
             followers: Sequence = (), next_token: Optional[int] = None,
-            embeddings: Optional[mx.array] = None, tail: int = 0) -> None:
+            embeddings: Optional[mx.array] = None, tail: int = 0,
+            settle: Optional[Callable[[], None]] = None) -> None:
     """Run `tokens` through the model in chunks, filling its cache.
 
     `followers` (MTP drafters) are handed each chunk's hidden states with the
@@ -34,11 +35,14 @@ def prefill(cache: ModelCache, tokens: List[int], step_size: int,
     reads the hidden states of the last chunk's last rows, and the caches need
     no layer past the last one's keys and values: its attention and MLP then
     run over those rows only, not over a chunk of up to `step_size`.
+    `settle()` runs after each chunk's forward (mlx-lm's KV quantization: quantize.py).
     """
     after = tokens[1:] + [next_token]
     for start, end in chunks(len(tokens), step_size, tail):
         chunk = None if embeddings is None else embeddings[start:end]
         cache.forward(mx.array(tokens[start:end], mx.uint32), chunk)
+        if settle is not None:
+            settle()
         pending = [c.state for c in cache.layers]
         for drafter in followers:
             drafter.follow(after[start:end], cache.hidden)

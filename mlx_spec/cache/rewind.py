@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
 from .replay import MixerReplay
 from .window import DEFAULT_RESERVE, WindowKVCache
@@ -319,6 +319,23 @@ class ModelCache:
             if calls is not None:
                 self.mixers.calls = calls
         return undo
+
+    def quantize(self, group_size: int, bits: int) -> dict:
+        """mlx-lm's KV quantization: every plain KVCache layer (at the top of the list) becomes
+        its QuantizedKVCache (`to_quantized`), in `layers` itself, carrying the attributes
+        mlx-spec keeps on a layer (a prompt cache's owner, tokens, context). Returns
+        {id(old layer): new layer}, for other lists holding the same layers."""
+        replaced = {}
+        for i, layer in enumerate(self.layers):
+            if type(layer) is not KVCache:
+                continue
+            new = layer.to_quantized(group_size=group_size, bits=bits)
+            for name, value in vars(layer).items():
+                if not hasattr(new, name):
+                    setattr(new, name, value)
+            self.layers[i] = replaced[id(layer)] = new
+        self.trimmable = [c for c in leaves(self.layers) if not is_recurrent(c)]
+        return replaced
 
     def point_at(self, length: int) -> Optional[Checkpoint]:
         """A recent checkpoint holding exactly `length` tokens (recurrent caches only)."""

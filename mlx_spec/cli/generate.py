@@ -6,7 +6,7 @@ import os
 
 import click
 
-from ..defaults import DEFAULT_MAX_TOKENS
+from ..defaults import DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_QUANTIZED_KV_START
 from .models import launched_group, load_pair, load_sharded
 from .options import (SEED, apply_chat_template, check_mtp, model_options, mtp_options,
                       read_prompt, sampling_options, speculation_options)
@@ -29,12 +29,15 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the stats.")
 @click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the draft model, an MTP, EAGLE-3 or DFlash drafter, prompt lookup and suffix drafting, verified in one pass: DxW (e.g. 3x2: depth 3, width 2), off (chains), auto (the policy's choice of the model drafter's width, 1-3, from its model of the measured verify cost). Chains where the target's cache cannot verify a tree (recurrent state).")
 @mtp_options
+@click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None, callback=lambda ctx, param, value: None if value is None else int(value), help="Quantize the target's KV cache to this many bits once it holds --quantized-kv-start tokens (mlx-lm's option; the same text as mlx-lm's with it). Default: no quantization.")
+@click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default=str(DEFAULT_KV_GROUP_SIZE), show_default=True, callback=lambda ctx, param, value: int(value), help="Group size for KV cache quantization.")
+@click.option("--quantized-kv-start", type=click.IntRange(min=0), default=DEFAULT_QUANTIZED_KV_START, show_default=True, help="With --kv-bits: the number of tokens the cache holds when it is quantized.")
 @click.option("--sharding", type=click.Choice(["auto", "tensor", "pipeline"]), default="auto", show_default=True, help="Under mlx.launch with several ranks: split the target by tensor parallelism or pipeline stages (auto: tensor when the model class allows).")
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram, suffix, suffix_file,
-             ignore_chat_template, color, calibration, quiet, tree, mtp, mtp_weights, sharding,
-             dequantize):
+             ignore_chat_template, color, calibration, quiet, tree, mtp, mtp_weights, kv_bits,
+             kv_group_size, quantized_kv_start, sharding, dequantize):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from ..generate import stream_generate
 
@@ -68,7 +71,8 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
             min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
             calibration="auto" if calibration else None, mtp_weights=mtp_weights,
-            suffix=index, tree=tree,
+            suffix=index, tree=tree, kv_bits=kv_bits, kv_group_size=kv_group_size,
+            quantized_kv_start=quantized_kv_start,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
             text = click.style(response.text, fg=fg) if fg else response.text
