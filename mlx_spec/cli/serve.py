@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from ..defaults import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START
 from .generate import tree_shape
 from .models import load_mtp_head, load_pair
 from .options import check_mtp, model_options, mtp_options, sampling_options, speculation_options
@@ -53,12 +54,15 @@ class ByteSize(click.ParamType):
 @click.option("--suffix-max-tokens", type=click.IntRange(min=1), default=None, help="Tokens the suffix indexes hold, all partitions together (default: the index's own budget, 1048576); least recently used first out.")
 @click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the drafters that have them for every request, as generate --tree: DxW, off or auto (the policy's width: a request alone in the batch takes its policy's, rows beside others draft chains). A DxW tree is batched, each row its own tree (a draft of another tokenizer drafts chains beside lookup's tries, as for generate).")
 @click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention and sliding-window targets, the recurrent hybrids docs/serving.md lists: Qwen3.5, Qwen3-Next, LFM2, Nemotron-H, Granite 4.0-H, Falcon-H1, Jamba, ..., and Mamba, Mamba-2 and RWKV-7; a draft model of any tokenizer, the MTP head, an EAGLE-3 head, a DFlash or DFlash2 drafter, or none); --no-batching serves one request at a time.")
+@click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None, callback=lambda ctx, param, value: None if value is None else int(value), help="Quantize the target's KV cache to this many bits once it holds --quantized-kv-start tokens (mlx-lm's option): requests are then decoded one at a time, as mlx-lm's server decodes them. Default: no quantization.")
+@click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default=str(DEFAULT_KV_GROUP_SIZE), show_default=True, callback=lambda ctx, param, value: int(value), help="Group size for KV cache quantization.")
+@click.option("--quantized-kv-start", type=click.IntRange(min=0), default=DEFAULT_QUANTIZED_KV_START, show_default=True, help="With --kv-bits: the number of tokens a request's cache holds when it is quantized.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
-          verbose, dequantize):
+          kv_bits, kv_group_size, quantized_kv_start, verbose, dequantize):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -102,14 +106,19 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                                  auto_off=not no_auto_off, draft_confidence=draft_confidence,
                                  prompt_lookup_max_ngram=prompt_lookup_max_ngram,
                                  calibration="auto" if calibration else None,
-                                 mtp_weights=mtp_weights, tree=tree)
+                                 mtp_weights=mtp_weights, tree=tree, kv_bits=kv_bits,
+                                 kv_group_size=kv_group_size,
+                                 quantized_kv_start=quantized_kv_start)
     defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
                         suffix=suffix)
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
-    batched = batching and can_batch(target_model, draft, tokenizer)
-    worker = GenerationWorker(target_model, tokenizer, draft, options, store, max_concurrency,
-                              scopes, batching=batched)
+    batched = batching and kv_bits is None and can_batch(target_model, draft, tokenizer)
+    try:
+        worker = GenerationWorker(target_model, tokenizer, draft, options, store,
+                                  max_concurrency, scopes, batching=batched)
+    except ValueError as exc:  # (--kv-group-size that does not divide the keys)
+        raise click.UsageError(str(exc)) from None
     if max_tokens > max_tokens_limit:
         raise click.BadParameter(f"the default ({max_tokens}) is above --max-tokens-limit "
                                  f"({max_tokens_limit}).", param_hint="--max-tokens")
@@ -124,6 +133,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
     drafting = ("no draft" if draft is None else "the target's MTP head" if mtp
                 else f"draft {draft_model or 'the shipped one'}")
     drafting += ", batched" if batched else ", one request at a time"
+    if kv_bits is not None:
+        drafting += f", KV cache quantized to {kv_bits} bits from {quantized_kv_start} tokens"
     click.echo(f"Serving {model_id} ({drafting}) at http://{address}:{sock.getsockname()[1]}/v1; "
                "Ctrl-C stops it.", err=True)
     signal.signal(signal.SIGTERM, _terminated)  # uvicorn shuts down, then raises it again

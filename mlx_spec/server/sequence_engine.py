@@ -5,7 +5,8 @@ The worker (worker.py) drives an engine: `insert` a row, `step` until it ends,
 one decodes them one after another, in arrival order, through
 `stream_generate` (the single-sequence loop, loop.py): what the batch engine
 cannot take runs here (a target or draft of a recurrent family the batch has not been
-tested on, or with quantized KV caches), with or without `--no-batching`. Each
+tested on, a family whose code cannot share a batch, or quantized KV caches: `--kv-bits`),
+with or without `--no-batching`. Each
 request's policy starts from what the ones before it measured of the machine
 (`MachineRecord`), as a batch row alone does. `room` is 1 while
 nothing runs, so the worker hands it the next row only then, and takes that
@@ -161,7 +162,8 @@ class SequenceEngine:
             draft_confidence=o.draft_confidence,
             prompt_lookup_max_ngram=r.prompt_lookup_max_ngram,
             calibration=self.calibration, mtp_weights=o.mtp_weights, tree=o.tree,
-            machine=self.machine)
+            machine=self.machine, kv_bits=o.kv_bits, kv_group_size=o.kv_group_size,
+            quantized_kv_start=o.quantized_kv_start)
         return _Running(row.uid, r, cache, stream)
 
     def _end(self) -> None:

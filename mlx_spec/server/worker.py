@@ -41,7 +41,10 @@ from ..acceptance import rule_name
 from ..assemble import resolve_calibration
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable
-from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM, DEFAULT_NUM_DRAFT_TOKENS
+from ..arguments import check_arguments
+from ..cache.quantize import check_kv_quantization
+from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM,
+                        DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_QUANTIZED_KV_START)
 from ..sampling import SamplingConfig
 from ..stats import GenerationStats, StatsRecorder
 from .cache_store import PromptCacheStore
@@ -98,6 +101,10 @@ class SpeculationOptions:
     calibration: Optional[str] = "auto"  # "auto": this machine's `mlx-spec tune` file, if any
     mtp_weights: Optional[str] = None  # with draft_model="mtp": where the MTP head's weights are
     tree: Optional[tuple] = None  # token trees: (depth, width), False (chains), None (policy's)
+    # mlx-lm's KV cache quantization (None: none): requests one at a time, through the loop
+    kv_bits: Optional[int] = None
+    kv_group_size: int = DEFAULT_KV_GROUP_SIZE
+    quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START
 
 
 class Job:
@@ -158,6 +165,14 @@ class GenerationWorker:
         if options.mtp_weights is not None and not is_mtp(draft_model):
             raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or '
                              'neither.')
+        if options.kv_bits is not None:  # (checked once, not at each request)
+            check_arguments(kv_bits=options.kv_bits, kv_group_size=options.kv_group_size,
+                            quantized_kv_start=options.quantized_kv_start)
+            check_kv_quantization(target_model, options.kv_bits, options.kv_group_size)
+            if batching:
+                raise ValueError("Quantized KV caches (kv_bits) are decoded one request at a "
+                                 "time: mlx-lm has no batched quantized cache; serve without "
+                                 "batching.")
         if batching:
             check_batchable(target_model, draft_model, tokenizer)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
@@ -177,9 +192,9 @@ class GenerationWorker:
 
     def _new_engine(self):
         """The batch engine, taking every admitted job at once (`batching`) or one at a time;
-        the sequence engine only for models the batch cannot take."""
-        if not self.batching and not can_batch(self.target_model, self.draft_model,
-                                               self.tokenizer):
+        the sequence engine only for models the batch cannot take, or quantized KV caches."""
+        if not self.batching and (self.options.kv_bits is not None or not can_batch(
+                self.target_model, self.draft_model, self.tokenizer)):
             return SequenceEngine(self.target_model, self.tokenizer, self.draft_model,
                                   self.options, self.calibration)
         return BatchEngine(self.target_model, self.draft_model, max_rows=None if self.batching
