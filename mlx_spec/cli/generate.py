@@ -8,8 +8,8 @@ import click
 
 from ..defaults import DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_QUANTIZED_KV_START
 from .models import launched_group, load_pair, load_sharded
-from .options import (SEED, apply_chat_template, check_mtp, model_options, mtp_options,
-                      read_prompt, sampling_options, speculation_options)
+from .options import (SEED, apply_chat_template, check_mtp, json_kwargs, model_options,
+                      mtp_options, read_prompt, sampling_options, speculation_options)
 
 SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "green",
                  "dflash": "green"}
@@ -23,6 +23,8 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @speculation_options
 @click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
+@click.option("--system-prompt", default=None, help="A system message before the prompt in the chat template (mlx-lm's option).")
+@click.option("--chat-template-config", default=None, callback=json_kwargs, help="A JSON object of keyword arguments for the chat template, e.g. '{\"enable_thinking\": false}' (mlx-lm's option).")
 @click.option("--suffix", is_flag=True, help="Draft from everything seen before: the prompt and output so far and, with --suffix-file, every earlier run's (suffix drafting, in front of prompt lookup at --temp 0 and the draft model).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
 @click.option("--color", is_flag=True, help="Colour tokens by source: green = draft model, MTP layer or DFlash drafter, cyan = prompt lookup or suffix drafting.")
@@ -36,8 +38,9 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram, suffix, suffix_file,
-             ignore_chat_template, color, calibration, quiet, tree, mtp, mtp_weights, kv_bits,
-             kv_group_size, quantized_kv_start, sharding, dequantize):
+             ignore_chat_template, system_prompt, chat_template_config, color, calibration,
+             quiet, tree, mtp, mtp_weights, kv_bits, kv_group_size, quantized_kv_start,
+             sharding, dequantize):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from ..generate import stream_generate
 
@@ -56,7 +59,7 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
         target_model, tokenizer, draft = load_sharded(model, draft_model, no_draft or mtp,
                                                        group, sharding)
     if not ignore_chat_template:
-        prompt = apply_chat_template(tokenizer, prompt)
+        prompt = apply_chat_template(tokenizer, prompt, chat_template_config, system_prompt)
     shown = group is None or group.rank() == 0  # only rank 0 prints text and stats
     index = suffix_index(suffix_file) if suffix or suffix_file else None
 

@@ -33,11 +33,32 @@ def read_prompt(prompt: str) -> str:
     return prompt
 
 
-def apply_chat_template(tokenizer, prompt: str) -> str:
+def apply_chat_template(tokenizer, prompt: str, template_kwargs=None,
+                        system_prompt=None) -> str:
     if getattr(tokenizer, "chat_template", None) is None:
         return prompt
-    messages = [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+        [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **(template_kwargs or {}))
+
+
+def json_kwargs(ctx, param, value):
+    """A JSON object of keyword arguments for the chat template (mlx-lm's --chat-template-args
+    and --chat-template-config), checked; None when not given."""
+    import json
+
+    if value is None:
+        return None
+    from ..server.requests import RequestError, template_kwargs
+
+    try:
+        return template_kwargs(json.loads(value), param.opts[0])
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc.msg} at character {exc.pos}); write an "
+                                 "object such as '{\"enable_thinking\": false}'.") from None
+    except RequestError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def options(*decorators):

@@ -12,7 +12,8 @@ import click
 from ..defaults import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START
 from .generate import tree_shape
 from .models import load_mtp_head, load_pair
-from .options import check_mtp, model_options, mtp_options, sampling_options, speculation_options
+from .options import (check_mtp, json_kwargs, model_options, mtp_options, sampling_options,
+                      speculation_options)
 
 DEFAULT_MODEL_ID = "mlx-spec-default"  # what `serve` calls the shipped pair
 SUFFIX_SCOPES = ("request", "key", "all")  # mlx_spec.server.suffix_scope.SCOPES (kept MLX-free here)
@@ -54,6 +55,8 @@ class ByteSize(click.ParamType):
 @click.option("--suffix-max-tokens", type=click.IntRange(min=1), default=None, help="Tokens the suffix indexes hold, all partitions together (default: the index's own budget, 1048576); least recently used first out.")
 @click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the drafters that have them for every request, as generate --tree: DxW, off or auto (the policy's width: a request alone in the batch takes its policy's, rows beside others draft chains). A DxW tree is batched, each row its own tree (a draft of another tokenizer drafts chains beside lookup's tries, as for generate).")
 @click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention and sliding-window targets, the recurrent hybrids docs/serving.md lists: Qwen3.5, Qwen3-Next, LFM2, Nemotron-H, Granite 4.0-H, Falcon-H1, Jamba, ..., and Mamba, Mamba-2 and RWKV-7; a draft model of any tokenizer, the MTP head, an EAGLE-3 head, a DFlash or DFlash2 drafter, or none); --no-batching serves one request at a time.")
+@click.option("--chat-template", default=None, help="A chat template (Jinja) to use in place of the tokenizer's (mlx-lm's option).")
+@click.option("--chat-template-args", default=None, callback=json_kwargs, help="A JSON object of keyword arguments for the chat template, e.g. '{\"enable_thinking\": false}' (mlx-lm's option); a request's chat_template_kwargs go over them.")
 @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None, callback=lambda ctx, param, value: None if value is None else int(value), help="Quantize the target's KV cache to this many bits once it holds --quantized-kv-start tokens (mlx-lm's option): requests are then decoded one at a time, as mlx-lm's server decodes them. Default: no quantization.")
 @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default=str(DEFAULT_KV_GROUP_SIZE), show_default=True, callback=lambda ctx, param, value: int(value), help="Group size for KV cache quantization.")
 @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=DEFAULT_QUANTIZED_KV_START, show_default=True, help="With --kv-bits: the number of tokens a request's cache holds when it is quantized.")
@@ -62,7 +65,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
           max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
-          kv_bits, kv_group_size, quantized_kv_start, verbose, dequantize):
+          chat_template, chat_template_args, kv_bits, kv_group_size, quantized_kv_start, verbose,
+          dequantize):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -109,9 +113,12 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                                  mtp_weights=mtp_weights, tree=tree, kv_bits=kv_bits,
                                  kv_group_size=kv_group_size,
                                  quantized_kv_start=quantized_kv_start)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
-                        suffix=suffix)
+                        suffix=suffix,
+                        chat_template_kwargs=tuple((chat_template_args or {}).items()))
     store = PromptCacheStore(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
     batched = batching and kv_bits is None and can_batch(target_model, draft, tokenizer)
     try:

@@ -133,7 +133,8 @@ class Endpoints:
         """The request's token ids and budget (tokenizing and the chat template: off the loop)."""
         tokenizer = self.worker.tokenizer
         if req.chat:
-            ids, param = chat_prompt_ids(tokenizer, req.messages), "messages"
+            ids, param = chat_prompt_ids(tokenizer, req.messages,
+                                         dict(req.settings.chat_template_kwargs)), "messages"
         else:
             ids, param = completion_prompt_ids(tokenizer, req.prompt, self.vocab), "prompt"
         if len(ids) > self.limits.max_prompt_tokens:

@@ -10,7 +10,8 @@ same ids as the last one ended (the prompt cache store matches ids exactly):
     Assistant:{content}<eos>\\n       (a turn the assistant already gave)
     Assistant:                        (the generation prompt)
 
-The role is the message's, capitalised. An assistant turn is closed by the
+The role is the message's, capitalised. A request's `chat_template_kwargs` (and the
+server's `--chat-template-args` under them) go to the tokenizer's template. An assistant turn is closed by the
 end-of-sequence token, as the model ended it (one that stopped at the token
 limit is still a prefix of this, so its cache is reused as well).
 
@@ -20,20 +21,23 @@ used as given, once they are checked against the vocabulary.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .requests import RequestError
 
 ASSISTANT = "assistant"
 
 
-def chat_prompt_ids(tokenizer, messages: Sequence[Dict[str, str]]) -> List[int]:
-    """The ids of `messages` followed by the assistant's generation prompt."""
+def chat_prompt_ids(tokenizer, messages: Sequence[Dict[str, str]],
+                    template_kwargs: Optional[Dict[str, Any]] = None) -> List[int]:
+    """The ids of `messages` followed by the assistant's generation prompt; `template_kwargs`
+    go to the chat template (mlx-lm's chat_template_kwargs, e.g. {"enable_thinking": false});
+    the fallback format has none to read them."""
     if getattr(tokenizer, "chat_template", None) is None:
         return _fallback_ids(tokenizer, messages)
     try:
         ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
-                                            tokenize=True)
+                                            tokenize=True, **(template_kwargs or {}))
     except Exception as exc:  # jinja raises its own errors for roles a template refuses
         raise RequestError(400, f"The model's chat template refused these messages: {exc}",
                            "messages", "invalid_value") from None

@@ -7,7 +7,8 @@ server's default (`Settings`, from the `serve` command line). `suffix` (true or
 false) turns suffix drafting on or off (a text suffix, OpenAI's insertion, is
 refused); whose text it drafts from is the server's choice. `logit_bias`,
 `presence_penalty`, `frequency_penalty` and `repetition_penalty` become logits
-processors (worker.py). Fields that would change the answer and are not
+processors (worker.py). A chat request's `chat_template_kwargs` go to the chat template,
+over the server's `--chat-template-args`. Fields that would change the answer and are not
 supported (`tools`, `response_format` other than text, `n` > 1, ...) are
 refused with one sentence; fields that change nothing here (`user`,
 `metadata`, ...) are ignored. `num_draft_tokens` is clamped to the package's
@@ -64,6 +65,9 @@ class Settings:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: Optional[float] = None
+    # the chat template's keyword arguments (mlx-lm's --chat-template-args, then a request's
+    # chat_template_kwargs over them): (name, JSON value) pairs
+    chat_template_kwargs: Tuple[Tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ def parse_request(body: Any, chat: bool, model_id: str,
     given.update(_penalties(body))
     if body.get("suffix") is not None:
         given["suffix"] = _suffix(body["suffix"])
+    if chat and body.get("chat_template_kwargs") is not None:
+        given["chat_template_kwargs"] = tuple({
+            **dict(defaults.chat_template_kwargs),
+            **template_kwargs(body["chat_template_kwargs"], "chat_template_kwargs")}.items())
     fields: Dict[str, Any] = {"chat": chat, "settings": replace(defaults, **given)}
     if chat:
         fields["messages"] = _messages(body.get("messages"))
@@ -162,6 +170,24 @@ def _refuse_unsupported(body: dict) -> None:
         raise RequestError(400, "response_format is not supported by this server beyond "
                                 "{\"type\": \"text\"} (no JSON mode or schemas); leave it out.",
                            "response_format", "unsupported_parameter")
+
+
+# What the server itself hands apply_chat_template (the messages, the generation prompt, ids)
+RESERVED_TEMPLATE_KWARGS = ("conversation", "messages", "add_generation_prompt", "tokenize",
+                            "return_dict", "return_tensors")
+
+
+def template_kwargs(value, field: str) -> Dict[str, Any]:
+    """A chat template's keyword arguments: a JSON object, none of the reserved names."""
+    if not isinstance(value, dict):
+        raise RequestError(400, f"{field} must be an object of keyword arguments for the chat "
+                                "template, e.g. {\"enable_thinking\": false}.", field,
+                           "invalid_value")
+    reserved = next((key for key in value if key in RESERVED_TEMPLATE_KWARGS), None)
+    if reserved is not None:
+        raise RequestError(400, f"{field} may not set {reserved!r}: the server sets it.", field,
+                           "invalid_value")
+    return dict(value)
 
 
 def _suffix(value) -> bool:
