@@ -44,9 +44,11 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
     (any name: an Ollama blob has no suffix) or a directory holding one file
     is converted in memory (`mlx_spec.gguf`; keywords `dequantize=True` keeps
     quantized matrices in floats, `dtype=` picks the float type; what was done
-    is `gguf_report(model)`). Other keyword arguments go to `mlx_lm.load`.
-    Raises ValueError with a readable sentence when the model cannot be found
-    or read.
+    is `gguf_report(model)`). `adapter_path`: mlx-lm's LoRA (or DoRA, or full)
+    fine-tuning output (`mlx_lm.lora`: adapter_config.json and adapters.safetensors),
+    applied as mlx-lm applies it, to a GGUF file's model too. Other keyword arguments go
+    to `mlx_lm.load`. Raises ValueError with a readable sentence when the model cannot be
+    found or read.
     """
     import mlx_lm
 
@@ -57,9 +59,15 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
             f"Model path '{path}' does not exist; give a local model directory, a GGUF file "
             "or a Hugging Face repo id such as mlx-community/Qwen2.5-0.5B-Instruct-4bit."
         )
+    adapter_path = kwargs.pop("adapter_path", None)
+    if adapter_path is not None:
+        check_adapter_path(adapter_path)
     gguf_path = _gguf_path(path)
     if gguf_path is not None:
-        return _load_gguf(gguf_path, kwargs)
+        model, tokenizer = _load_gguf(gguf_path, kwargs)
+        if adapter_path is not None:
+            _with_adapters(model, adapter_path)
+        return model, tokenizer
     try:
         loaded = mlx_lm.load(path, **kwargs)
     except ValueError:
@@ -72,9 +80,34 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
         raise ValueError(
             f"Could not load model '{path}'{hint}: {type(exc).__name__}: {exc}".strip()
         ) from exc
+    if adapter_path is not None:  # (as mlx_lm.load applies them, with one sentence)
+        _with_adapters(loaded[0], adapter_path)
     _remember_directory(loaded[0], path)
     object.__setattr__(loaded[0], TOKENIZER_ATTR, loaded[1])  # a draft of another vocabulary
     return loaded
+
+
+def check_adapter_path(adapter_path) -> None:
+    """ValueError, in one sentence, unless `adapter_path` is a directory holding mlx-lm's
+    adapter files."""
+    folder = Path(os.path.expanduser(str(adapter_path)))
+    missing = [name for name in ("adapter_config.json", "adapters.safetensors")
+               if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"adapter_path '{adapter_path}' holds no {' or '.join(missing)}; give "
+                         "the directory mlx_lm.lora wrote (--adapter-path).")
+
+
+def _with_adapters(model, adapter_path) -> None:
+    """mlx-lm's adapters applied to `model` in place, as mlx_lm.load applies them."""
+    from mlx_lm.tuner.utils import load_adapters
+
+    try:
+        load_adapters(model, str(adapter_path))
+    except ValueError as exc:  # tensors of another model's shapes
+        raise ValueError(f"The adapters in '{adapter_path}' do not fit this model: "
+                         f"{' '.join(str(exc).split())}") from None
+    model.eval()
 
 
 def _gguf_path(path: str):

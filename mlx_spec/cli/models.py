@@ -10,14 +10,17 @@ from __future__ import annotations
 import click
 
 
-def load_model(path, role, dequantize: bool = False):
+def load_model(path, role, dequantize: bool = False, adapter_path=None):
     """Load one model; a GGUF file's conversion is reported on stderr in one line.
-    `dequantize`: a GGUF file's quantized matrices stay floats (other models: no effect)."""
+    `dequantize`: a GGUF file's quantized matrices stay floats (other models: no effect);
+    `adapter_path`: mlx-lm's fine-tuned adapters, applied to it."""
     from ..loading import gguf_report, load
 
+    options = {"dequantize": True} if dequantize and is_gguf(path) else {}
+    if adapter_path is not None:
+        options["adapter_path"] = adapter_path
     try:
-        model, tokenizer = load(path, **({"dequantize": True} if dequantize and is_gguf(path)
-                                         else {}))
+        model, tokenizer = load(path, **options)
     except ValueError as exc:
         raise click.UsageError(f"Cannot load the {role} model: {exc}") from None
     report = gguf_report(model)
@@ -56,9 +59,10 @@ def resolve_models(model, draft_model, no_draft):
     return model, (None if no_draft else draft_model)
 
 
-def load_pair(model, draft_model, no_draft, dequantize: bool = False):
+def load_pair(model, draft_model, no_draft, dequantize: bool = False, adapter_path=None):
     """Load the target (and the draft unless there is none); a draft of another tokenizer
-    drafts across it (said on stderr), a draft that does not fit is refused.
+    drafts across it (said on stderr), a draft that does not fit is refused. `adapter_path`:
+    the target's fine-tuned adapters (mlx-lm's --adapter-path; the draft has none).
 
     A draft directory holding a DFlash drafter (config.json: DFlashDraftModel) or an EAGLE-3
     head (any of its three published layouts) loads as one, checked to fit the target."""
@@ -69,7 +73,7 @@ def load_pair(model, draft_model, no_draft, dequantize: bool = False):
 
     model, draft_model = resolve_models(model, draft_model, no_draft)
     check_dequantize(dequantize, model, draft_model)
-    target_model, tokenizer = load_model(model, "target", dequantize)
+    target_model, tokenizer = load_model(model, "target", dequantize, adapter_path)
     if draft_model is None:
         return target_model, tokenizer, None
     if dflash_directory(draft_model) is not None:

@@ -70,6 +70,7 @@ def options(*decorators):
     return apply
 
 
+adapter_option = click.option("--adapter-path", type=click.Path(file_okay=False), default=None, help="The target's fine-tuned adapters: the directory mlx_lm.lora wrote (mlx-lm's option; a GGUF target takes them too).")
 dequantize_option = click.option("--dequantize", is_flag=True, help="GGUF files: keep their quantized matrices as floats (float32 on the CPU) instead of MLX's quantized formats: larger, and faster where float matmuls go through BLAS (a Linux CPU with OpenBLAS); on a Mac's GPU quantized weights are faster.")
 model_options = options(
     click.option("--model", "-m", default=None, help="Target model: local directory or Hugging Face repo id (default: the shipped pair)."),
