@@ -19,7 +19,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .acceptance import rule_name
 from .arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from .assemble import assemble, check_calibration, draft_bridge
-from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from .defaults import DEFAULT_PREFILL_STEP_SIZE
 from .cache.quantize import KVQuantizer, check_kv_quantization
 from .dflash import dflash_directory, is_dflash_model
 from .eagle3 import eagle3_directory, is_eagle3_head

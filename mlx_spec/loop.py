@@ -21,7 +21,8 @@ from . import prompt_look
 from .acceptance import AcceptanceRule, greedy_accept, rule_for, speculative_accept
 from .attention import round_attention
 from .cache import ModelCache
-from .cache.prefill import DEFAULT_PREFILL_STEP_SIZE, prefill
+from .cache.prefill import prefill
+from .defaults import DEFAULT_PREFILL_STEP_SIZE
 from .cache.quantize import KVQuantizer
 from .judge import read_verdict, stop_cut, verdict_parts
 from .policy import DraftPolicy

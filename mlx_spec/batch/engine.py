@@ -41,7 +41,7 @@ from .. import prompt_look
 from ..acceptance import KeyedRule
 from ..arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
-from ..cache.prefill import DEFAULT_PREFILL_STEP_SIZE
+from ..defaults import DEFAULT_PREFILL_STEP_SIZE
 from ..cache.rewind import leaves
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
 from ..dflash import check_fits, is_dflash_model

@@ -12,7 +12,6 @@ import mlx.core as mx
 
 from .rewind import ModelCache
 
-DEFAULT_PREFILL_STEP_SIZE = 512
 # The look's rows are a chunk of their own only when the chunk they would end is this long: a
 # forward and its sync cost ~2 plain steps on a CPU's small float32 targets (the look 17.1 ms with
 # its own chunk, 9.3 without, after 40 tokens; 18.5 and 16.8 after 150), and the last layer over

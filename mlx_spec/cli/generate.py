@@ -6,7 +6,8 @@ import os
 
 import click
 
-from ..defaults import DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_QUANTIZED_KV_START
+from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
+                        DEFAULT_QUANTIZED_KV_START)
 from .models import launched_group, load_pair, load_sharded
 from .options import (SEED, adapter_option, apply_chat_template, check_mtp, json_kwargs,
                       model_options, mtp_options, read_prompt, sampling_options,
@@ -25,6 +26,13 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is, even if the tokenizer has a chat template.")
 @click.option("--system-prompt", default=None, help="A system message before the prompt in the chat template (mlx-lm's option).")
+@click.option("--prefill-response", default=None, help="Begin the answer with this text, which the model continues (mlx-lm's option; with the chat template).")
+@click.option("--extra-eos-token", multiple=True, help="Another token that ends the answer (mlx-lm's option; repeatable).")
+@click.option("--min-tokens-to-keep", type=click.IntRange(min=1), default=1, show_default=True, help="With --min-p: the fewest tokens it keeps (mlx-lm's option).")
+@click.option("--xtc-probability", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True, help="XTC sampling: the chance of excluding the top choices (mlx-lm's option; its draws decide acceptance, exactly).")
+@click.option("--xtc-threshold", type=click.FloatRange(0.0, 0.5), default=0.0, show_default=True, help="XTC sampling: the probability above which choices are excluded.")
+@click.option("--max-kv-size", type=click.IntRange(min=1), default=None, help="Sliding-window KV caches of this many tokens (mlx-lm's option).")
+@click.option("--prefill-step-size", type=click.IntRange(min=1), default=DEFAULT_PREFILL_STEP_SIZE, show_default=True, help="Prompt tokens prefilled at a time.")
 @click.option("--chat-template-config", default=None, callback=json_kwargs, help="A JSON object of keyword arguments for the chat template, e.g. '{\"enable_thinking\": false}' (mlx-lm's option).")
 @click.option("--suffix", is_flag=True, help="Draft from everything seen before: the prompt and output so far and, with --suffix-file, every earlier run's (suffix drafting, in front of prompt lookup at --temp 0 and the draft model).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
@@ -40,7 +48,9 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              num_draft_tokens, adaptive, max_draft_tokens, no_auto_off, draft_confidence,
              seed, no_draft, prompt_lookup, prompt_lookup_max_ngram, suffix, suffix_file,
-             ignore_chat_template, system_prompt, chat_template_config, color, calibration,
+             ignore_chat_template, system_prompt, prefill_response, extra_eos_token,
+             min_tokens_to_keep, xtc_probability, xtc_threshold, max_kv_size,
+             prefill_step_size, chat_template_config, color, calibration,
              quiet, tree, mtp, mtp_weights, adapter_path, kv_bits, kv_group_size,
              quantized_kv_start, sharding, dequantize):
     """Generate text, streaming it to stdout; stats go to stderr."""
@@ -64,8 +74,19 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     else:
         target_model, tokenizer, draft = load_sharded(model, draft_model, no_draft or mtp,
                                                        group, sharding)
+    for token in extra_eos_token:
+        tokenizer.add_eos_token(token)
     if not ignore_chat_template:
-        prompt = apply_chat_template(tokenizer, prompt, chat_template_config, system_prompt)
+        prompt = apply_chat_template(tokenizer, prompt, chat_template_config, system_prompt,
+                                     prefill_response)
+    sampling = dict(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    if xtc_probability > 0 or min_tokens_to_keep != 1:  # mlx-lm's sampler, as its generate
+        from mlx_lm.sample_utils import make_sampler
+
+        sampling = {"sampler": make_sampler(
+            temp, top_p, min_p, min_tokens_to_keep, top_k=top_k,
+            xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+            xtc_special_tokens=tokenizer.encode("\n") + list(tokenizer.eos_token_ids))}
     shown = group is None or group.rank() == 0  # only rank 0 prints text and stats
     index = suffix_index(suffix_file) if suffix or suffix_file else None
 
@@ -76,12 +97,12 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
             max_tokens=max_tokens,
             num_draft_tokens=num_draft_tokens, adaptive=adaptive,
             max_draft_tokens=max_draft_tokens, auto_off=not no_auto_off,
-            draft_confidence=draft_confidence, temp=temp, top_p=top_p, top_k=top_k,
-            min_p=min_p, seed=seed, prompt_lookup=prompt_lookup,
+            draft_confidence=draft_confidence, **sampling, seed=seed, prompt_lookup=prompt_lookup,
             prompt_lookup_max_ngram=prompt_lookup_max_ngram,
             calibration="auto" if calibration else None, mtp_weights=mtp_weights,
             suffix=index, tree=tree, kv_bits=kv_bits, kv_group_size=kv_group_size,
-            quantized_kv_start=quantized_kv_start,
+            quantized_kv_start=quantized_kv_start, max_kv_size=max_kv_size,
+            prefill_step_size=prefill_step_size,
         ):
             fg = SOURCE_COLORS.get(response.source) if color else None
             text = click.style(response.text, fg=fg) if fg else response.text

@@ -33,13 +33,20 @@ def read_prompt(prompt: str) -> str:
     return prompt
 
 
-def apply_chat_template(tokenizer, prompt: str, template_kwargs=None,
-                        system_prompt=None) -> str:
+def apply_chat_template(tokenizer, prompt: str, template_kwargs=None, system_prompt=None,
+                        prefill_response=None) -> str:
+    """The prompt in the tokenizer's chat template, as mlx-lm's generate puts it: a system
+    message first, the answer begun with `prefill_response` (the template continues it)."""
     if getattr(tokenizer, "chat_template", None) is None:
         return prompt
     messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
         [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+    prefilled = prefill_response is not None
+    if prefilled:
+        messages.append({"role": "assistant", "content": prefill_response})
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=not prefilled,
+                                         continue_final_message=prefilled,
                                          **(template_kwargs or {}))
 
 
