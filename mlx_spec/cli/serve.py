@@ -9,7 +9,8 @@ import sys
 
 import click
 
-from ..defaults import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START
+from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_PREFILL_STEP_SIZE,
+                        DEFAULT_QUANTIZED_KV_START)
 from .generate import tree_shape
 from .models import load_mtp_head, load_pair
 from .options import (adapter_option, check_mtp, json_kwargs, model_options, mtp_options,
@@ -40,6 +41,7 @@ class ByteSize(click.ParamType):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on; 0.0.0.0 exposes the server to the network.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--api-key", default=None, envvar="MLX_SPEC_API_KEY", help="Require `Authorization: Bearer KEY` on every request (401 otherwise); also read from $MLX_SPEC_API_KEY.")
+@click.option("--allowed-origins", default=None, help="Web pages whose scripts may call the server (CORS): origins such as http://localhost:3000, comma-separated, or * for any page (mlx-lm's option; mlx-lm allows any by default, this server none).")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Requests admitted at once (queued + generating); more get 429.")
 @click.option("--prompt-cache-bytes", type=ByteSize(), default="2GiB", show_default=True, help="Memory for prompt caches kept between requests (multi-turn reuse); 0 turns reuse off.")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=512, show_default=True, help="Token budget of a request that gives no max_tokens.")
@@ -61,13 +63,15 @@ class ByteSize(click.ParamType):
 @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None, callback=lambda ctx, param, value: None if value is None else int(value), help="Quantize the target's KV cache to this many bits once it holds --quantized-kv-start tokens (mlx-lm's option): requests are then decoded one at a time, as mlx-lm's server decodes them. Default: no quantization.")
 @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default=str(DEFAULT_KV_GROUP_SIZE), show_default=True, callback=lambda ctx, param, value: int(value), help="Group size for KV cache quantization.")
 @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=DEFAULT_QUANTIZED_KV_START, show_default=True, help="With --kv-bits: the number of tokens a request's cache holds when it is quantized.")
+@click.option("--prefill-step-size", type=click.IntRange(min=1), default=DEFAULT_PREFILL_STEP_SIZE, show_default=True, help="Prompt tokens prefilled at a time (mlx-lm's option); the batch prefills this many between its rounds.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
-def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, prompt_cache_bytes,
-          max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
+def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, max_concurrency,
+          prompt_cache_bytes, max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes,
+          temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
-          adapter_path, chat_template, chat_template_args, kv_bits, kv_group_size, quantized_kv_start, verbose,
-          dequantize):
+          adapter_path, chat_template, chat_template_args, kv_bits, kv_group_size,
+          quantized_kv_start, prefill_step_size, verbose, dequantize):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -113,7 +117,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                                  calibration="auto" if calibration else None,
                                  mtp_weights=mtp_weights, tree=tree, kv_bits=kv_bits,
                                  kv_group_size=kv_group_size,
-                                 quantized_kv_start=quantized_kv_start)
+                                 quantized_kv_start=quantized_kv_start,
+                                 prefill_step_size=prefill_step_size)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     defaults = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
@@ -132,7 +137,9 @@ def serve(model, draft_model, no_draft, host, port, api_key, max_concurrency, pr
                                  f"({max_tokens_limit}).", param_hint="--max-tokens")
     limits = Limits(max_body_bytes=max_body_bytes, max_tokens=max_tokens_limit,
                     max_prompt_tokens=max_prompt_tokens)
-    app = create_app(worker, model_id, defaults, api_key, limits)
+    origins = [o.strip() for o in allowed_origins.split(",") if o.strip()] \
+        if allowed_origins else []
+    app = create_app(worker, model_id, defaults, api_key, limits, origins)
     if api_key is None and not _loopback(host):
         click.echo(f"Warning: listening on {host} without --api-key: anyone who can reach this "
                    "address can use the model.", err=True)

@@ -31,10 +31,12 @@ import socket
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
+from typing import Optional, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -188,8 +190,11 @@ class Endpoints:
 
 
 def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Settings(),
-               api_key: Optional[str] = None, limits: Limits = Limits()) -> Starlette:
-    """The ASGI app serving `worker`'s models as `model_id`; it starts and stops the worker."""
+               api_key: Optional[str] = None, limits: Limits = Limits(),
+               allowed_origins: Sequence[str] = ()) -> Starlette:
+    """The ASGI app serving `worker`'s models as `model_id`; it starts and stops the worker.
+    `allowed_origins`: web pages whose scripts may call it (CORS; "*": any page), none by
+    default."""
     endpoints = Endpoints(worker, model_id, defaults, api_key, limits)
 
     @contextlib.asynccontextmanager
@@ -208,7 +213,11 @@ def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Set
               Route("/health", endpoints.health, methods=["GET"])]
     handlers = {RequestError: _refused, HTTPException: _http_error,
                 ClientDisconnect: _client_gone, Exception: _server_error}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [Middleware(CORSMiddleware, allow_origins=list(allowed_origins),
+                             allow_methods=["GET", "POST"], allow_headers=["*"])] \
+        if allowed_origins else []
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
+                     middleware=middleware)
 
 
 def _save_suffix(worker: GenerationWorker) -> None:

@@ -163,7 +163,7 @@ class SequenceEngine:
             prompt_lookup_max_ngram=r.prompt_lookup_max_ngram,
             calibration=self.calibration, mtp_weights=o.mtp_weights, tree=o.tree,
             machine=self.machine, kv_bits=o.kv_bits, kv_group_size=o.kv_group_size,
-            quantized_kv_start=o.quantized_kv_start)
+            quantized_kv_start=o.quantized_kv_start, prefill_step_size=o.prefill_step_size)
         return _Running(row.uid, r, cache, stream)
 
     def _end(self) -> None:

@@ -44,7 +44,8 @@ from ..batch.engine import check_batchable
 from ..arguments import check_arguments
 from ..cache.quantize import check_kv_quantization
 from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM,
-                        DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_QUANTIZED_KV_START)
+                        DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
+                        DEFAULT_QUANTIZED_KV_START)
 from ..sampling import SamplingConfig
 from ..stats import GenerationStats, StatsRecorder
 from .cache_store import PromptCacheStore
@@ -105,6 +106,7 @@ class SpeculationOptions:
     kv_bits: Optional[int] = None
     kv_group_size: int = DEFAULT_KV_GROUP_SIZE
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE  # prompt tokens a prefill chunk feeds
 
 
 class Job:
@@ -202,6 +204,7 @@ class GenerationWorker:
                            max_draft_tokens=self.options.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
                            mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer,
+                           prefill_step_size=self.options.prefill_step_size,
                            tree=self.options.tree, calibration=self.calibration,
                            auto_off=self.options.auto_off,
                            draft_confidence=self.options.draft_confidence)
