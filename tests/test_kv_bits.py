@@ -297,3 +297,28 @@ def test_the_shipped_targets_drafters_give_mlx_lms_text():
                                                 quantized_kv_start=10, calibration=None))
         assert [t for r in rounds for t in r.tokens] == expected, drafter
         assert sum(r.num_accepted for r in rounds) > 0
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("start", [8, 40])  # in the prompt; in the reply
+def test_a_real_model_with_kv_bits_speculates_to_mlx_lms_text(start):
+    """SmolLM2 (GGUF, Q4_1; keys 64 wide) with 4-bit KV caches, prompt lookup proposing on a
+    copying prompt: mlx-lm's greedy text."""
+    from gguf_files import real_model_path
+
+    from mlx_spec import load
+
+    path = real_model_path("SmolLM2-135M-Instruct.Q4_1.gguf")
+    if path is None:
+        pytest.skip("SmolLM2 is not downloaded (make real-models)")
+    target, tokenizer = load(str(path))
+    prompt = tokenizer.encode("Copy: the keeper wrote the wind in his book every night. "
+                              "Copy: the keeper wrote")
+    expected = [int(t) for t, _ in generate_step(
+        mx.array(prompt), target, max_tokens=16, sampler=lambda lp: mx.argmax(lp, axis=-1),
+        kv_bits=4, kv_group_size=64, quantized_kv_start=start)]
+    rounds = list(speculative_generate_step(prompt, target, None, max_tokens=16, kv_bits=4,
+                                            kv_group_size=64, quantized_kv_start=start,
+                                            prefill_step_size=2048, calibration=None))
+    assert [t for r in rounds for t in r.tokens] == expected
+    assert any(r.source == "lookup" and r.num_accepted for r in rounds)
