@@ -66,3 +66,20 @@ def test_cache_and_prefill_options_are_the_apis(args, kwargs):
                         max_tokens=30, **kwargs)
     assert cli("-n", "30", "--ignore-chat-template", "--prompt", "import os\n\n\ndef main():\n",
                *args) == expected
+
+
+def test_trust_remote_code_reaches_mlx_lms_loader(monkeypatch):
+    """--trust-remote-code goes to mlx_lm.load for both models (as mlx-lm's flag does)."""
+    import mlx_lm
+
+    seen, real = [], mlx_lm.load
+
+    def spy(path, **kwargs):
+        seen.append(kwargs.get("trust_remote_code", False))
+        return real(path, **kwargs)
+    monkeypatch.setattr(mlx_lm, "load", spy)
+    cli("-n", "4", "--trust-remote-code")
+    assert seen == [True, True]  # the target and the shipped draft
+    seen.clear()
+    cli("-n", "4")
+    assert seen == [False, False]

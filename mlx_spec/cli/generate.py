@@ -11,7 +11,7 @@ from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFI
 from .models import launched_group, load_pair, load_sharded
 from .options import (SEED, adapter_option, apply_chat_template, check_mtp, json_kwargs,
                       model_options, mtp_options, read_prompt, sampling_options,
-                      speculation_options)
+                      speculation_options, trust_option)
 
 SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "green",
                  "dflash": "green"}
@@ -41,6 +41,7 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the draft model, an MTP, EAGLE-3 or DFlash drafter, prompt lookup and suffix drafting, verified in one pass: DxW (e.g. 3x2: depth 3, width 2), off (chains), auto (the policy's choice of the model drafter's width, 1-3, from its model of the measured verify cost). Chains where the target's cache cannot verify a tree (recurrent state).")
 @mtp_options
 @adapter_option
+@trust_option
 @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None, callback=lambda ctx, param, value: None if value is None else int(value), help="Quantize the target's KV cache to this many bits once it holds --quantized-kv-start tokens (mlx-lm's option; the same text as mlx-lm's with it). Default: no quantization.")
 @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default=str(DEFAULT_KV_GROUP_SIZE), show_default=True, callback=lambda ctx, param, value: int(value), help="Group size for KV cache quantization.")
 @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=DEFAULT_QUANTIZED_KV_START, show_default=True, help="With --kv-bits: the number of tokens the cache holds when it is quantized.")
@@ -51,8 +52,8 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
              ignore_chat_template, system_prompt, prefill_response, extra_eos_token,
              min_tokens_to_keep, xtc_probability, xtc_threshold, max_kv_size,
              prefill_step_size, chat_template_config, color, calibration,
-             quiet, tree, mtp, mtp_weights, adapter_path, kv_bits, kv_group_size,
-             quantized_kv_start, sharding, dequantize):
+             quiet, tree, mtp, mtp_weights, adapter_path, trust_remote_code, kv_bits,
+             kv_group_size, quantized_kv_start, sharding, dequantize):
     """Generate text, streaming it to stdout; stats go to stderr."""
     from ..generate import stream_generate
 
@@ -64,7 +65,8 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
     if group is None:
         target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp,
                                                    dequantize=dequantize,
-                                                   adapter_path=adapter_path)
+                                                   adapter_path=adapter_path,
+                                                   trust_remote_code=trust_remote_code)
     elif adapter_path is not None:
         raise click.UsageError("--adapter-path applies to one machine's target, not a sharded "
                                "one.")

@@ -10,15 +10,20 @@ from __future__ import annotations
 import click
 
 
-def load_model(path, role, dequantize: bool = False, adapter_path=None):
+def load_model(path, role, dequantize: bool = False, adapter_path=None,
+               trust_remote_code: bool = False):
     """Load one model; a GGUF file's conversion is reported on stderr in one line.
     `dequantize`: a GGUF file's quantized matrices stay floats (other models: no effect);
-    `adapter_path`: mlx-lm's fine-tuned adapters, applied to it."""
+    `adapter_path`: mlx-lm's fine-tuned adapters, applied to it; `trust_remote_code`: its
+    tokenizer's own code may run (mlx-lm's option; a GGUF file has none)."""
     from ..loading import gguf_report, load
 
-    options = {"dequantize": True} if dequantize and is_gguf(path) else {}
+    gguf = is_gguf(path)
+    options = {"dequantize": True} if dequantize and gguf else {}
     if adapter_path is not None:
         options["adapter_path"] = adapter_path
+    if trust_remote_code and not gguf:
+        options["trust_remote_code"] = True
     try:
         model, tokenizer = load(path, **options)
     except ValueError as exc:
@@ -59,7 +64,8 @@ def resolve_models(model, draft_model, no_draft):
     return model, (None if no_draft else draft_model)
 
 
-def load_pair(model, draft_model, no_draft, dequantize: bool = False, adapter_path=None):
+def load_pair(model, draft_model, no_draft, dequantize: bool = False, adapter_path=None,
+              trust_remote_code: bool = False):
     """Load the target (and the draft unless there is none); a draft of another tokenizer
     drafts across it (said on stderr), a draft that does not fit is refused. `adapter_path`:
     the target's fine-tuned adapters (mlx-lm's --adapter-path; the draft has none).
@@ -73,7 +79,8 @@ def load_pair(model, draft_model, no_draft, dequantize: bool = False, adapter_pa
 
     model, draft_model = resolve_models(model, draft_model, no_draft)
     check_dequantize(dequantize, model, draft_model)
-    target_model, tokenizer = load_model(model, "target", dequantize, adapter_path)
+    target_model, tokenizer = load_model(model, "target", dequantize, adapter_path,
+                                         trust_remote_code)
     if draft_model is None:
         return target_model, tokenizer, None
     if dflash_directory(draft_model) is not None:
@@ -85,7 +92,8 @@ def load_pair(model, draft_model, no_draft, dequantize: bool = False, adapter_pa
         return target_model, tokenizer, drafter
     if eagle3_directory(draft_model) is not None:
         return target_model, tokenizer, _eagle3_head(draft_model, target_model)
-    draft, draft_tokenizer = load_model(draft_model, "draft", dequantize)
+    draft, draft_tokenizer = load_model(draft_model, "draft", dequantize,
+                                        trust_remote_code=trust_remote_code)
     try:
         bridge = draft_bridge(target_model, draft, tokenizer, draft_tokenizer)
         if bridge is None:

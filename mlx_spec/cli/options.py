@@ -77,6 +77,7 @@ def options(*decorators):
     return apply
 
 
+trust_option = click.option("--trust-remote-code", is_flag=True, help="Let the models' tokenizers run their own code from their repositories (mlx-lm's option).")
 adapter_option = click.option("--adapter-path", type=click.Path(file_okay=False), default=None, help="The target's fine-tuned adapters: the directory mlx_lm.lora wrote (mlx-lm's option; a GGUF target takes them too).")
 dequantize_option = click.option("--dequantize", is_flag=True, help="GGUF files: keep their quantized matrices as floats (float32 on the CPU) instead of MLX's quantized formats: larger, and faster where float matmuls go through BLAS (a Linux CPU with OpenBLAS); on a Mac's GPU quantized weights are faster.")
 model_options = options(

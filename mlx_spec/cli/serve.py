@@ -14,7 +14,7 @@ from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_PREFILL_STEP_SIZE,
 from .generate import tree_shape
 from .models import load_mtp_head, load_pair
 from .options import (adapter_option, check_mtp, json_kwargs, model_options, mtp_options,
-                      sampling_options, speculation_options)
+                      sampling_options, speculation_options, trust_option)
 
 DEFAULT_MODEL_ID = "mlx-spec-default"  # what `serve` calls the shipped pair
 SUFFIX_SCOPES = ("request", "key", "all")  # mlx_spec.server.suffix_scope.SCOPES (kept MLX-free here)
@@ -58,6 +58,7 @@ class ByteSize(click.ParamType):
 @click.option("--tree", default="auto", show_default=True, callback=lambda ctx, param, value: tree_shape(value), help="Token trees from the drafters that have them for every request, as generate --tree: DxW, off or auto (the policy's width: a request alone in the batch takes its policy's, rows beside others draft chains). A DxW tree is batched, each row its own tree (a draft of another tokenizer drafts chains beside lookup's tries, as for generate).")
 @click.option("--batching/--no-batching", default=True, show_default=True, help="Decode all admitted requests together (continuous batching, speculating per row) where the models allow it (attention and sliding-window targets, the recurrent hybrids docs/serving.md lists: Qwen3.5, Qwen3-Next, LFM2, Nemotron-H, Granite 4.0-H, Falcon-H1, Jamba, ..., and Mamba, Mamba-2 and RWKV-7; a draft model of any tokenizer, the MTP head, an EAGLE-3 head, a DFlash or DFlash2 drafter, or none); --no-batching serves one request at a time.")
 @adapter_option
+@trust_option
 @click.option("--chat-template", default=None, help="A chat template (Jinja) to use in place of the tokenizer's (mlx-lm's option).")
 @click.option("--chat-template-args", default=None, callback=json_kwargs, help="A JSON object of keyword arguments for the chat template, e.g. '{\"enable_thinking\": false}' (mlx-lm's option); a request's chat_template_kwargs go over them.")
 @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None, callback=lambda ctx, param, value: None if value is None else int(value), help="Quantize the target's KV cache to this many bits once it holds --quantized-kv-start tokens (mlx-lm's option): requests are then decoded one at a time, as mlx-lm's server decodes them. Default: no quantization.")
@@ -70,8 +71,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, ma
           temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
-          adapter_path, chat_template, chat_template_args, kv_bits, kv_group_size,
-          quantized_kv_start, prefill_step_size, verbose, dequantize):
+          adapter_path, trust_remote_code, chat_template, chat_template_args, kv_bits,
+          kv_group_size, quantized_kv_start, prefill_step_size, verbose, dequantize):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
 
     Options other than the model's and the suffix index's are defaults: a
@@ -99,7 +100,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, ma
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     target_model, tokenizer, draft = load_pair(model, draft_model, no_draft or mtp,
-                                               dequantize=dequantize, adapter_path=adapter_path)
+                                               dequantize=dequantize, adapter_path=adapter_path,
+                                               trust_remote_code=trust_remote_code)
     if mtp:
         draft = load_mtp_head(target_model, mtp_weights)
     try:

@@ -10,10 +10,11 @@ same ids as the last one ended (the prompt cache store matches ids exactly):
     Assistant:{content}<eos>\\n       (a turn the assistant already gave)
     Assistant:                        (the generation prompt)
 
-The role is the message's, capitalised. A request's `chat_template_kwargs` (and the
-server's `--chat-template-args` under them) go to the tokenizer's template. An assistant turn is closed by the
+The role is the message's, capitalised. An assistant turn is closed by the
 end-of-sequence token, as the model ended it (one that stopped at the token
-limit is still a prefix of this, so its cache is reused as well).
+limit is still a prefix of this, so its cache is reused as well). A request's
+`chat_template_kwargs` (over the server's `--chat-template-args`) go to the
+tokenizer's template.
 
 Completions: text is encoded as `stream_generate` encodes it; token ids are
 used as given, once they are checked against the vocabulary.
