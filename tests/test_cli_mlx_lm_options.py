@@ -83,3 +83,12 @@ def test_trust_remote_code_reaches_mlx_lms_loader(monkeypatch):
     seen.clear()
     cli("-n", "4")
     assert seen == [False, False]
+
+
+def test_escapes_in_the_prompt_are_read_as_mlx_lms_generate_reads_them():
+    """`--prompt 'a\\nb'` (a backslash and an n, as a shell passes them) is a newline."""
+    target, draft, tokenizer = load_default_pair()
+    expected = generate(target, tokenizer, "def f(x):\n\treturn", draft_model=draft,
+                        max_tokens=12)
+    assert cli("-n", "12", "--ignore-chat-template", "--prompt", "def f(x):\\n\\treturn") == \
+        expected

@@ -14,10 +14,13 @@ SEED = click.IntRange(0, SEED_LIMIT - 1)  # what mx.random.seed accepts
 
 
 def read_prompt(prompt: str) -> str:
-    """The prompt text; bytes that are not UTF-8 become U+FFFD, with a one-line warning."""
+    """The prompt text; bytes that are not UTF-8 become U+FFFD, with a one-line warning. On
+    the command line `\\n` and `\\t` are a newline and a tab, as mlx-lm's generate reads them
+    (standard input is read as it is)."""
     if prompt == "-":
         raw = sys.stdin.buffer.read()
     else:  # on Linux, undecodable bytes in argv arrive as surrogate escapes
+        prompt = prompt.replace("\\n", "\n").replace("\\t", "\t")
         try:
             raw = os.fsencode(prompt)
         except UnicodeEncodeError:  # a lone surrogate that no byte produced
