@@ -77,7 +77,7 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "num_draft_tokens": _optional(_int(1)),
     "max_draft_tokens": _int(1),
     "prompt_lookup_max_ngram": _int(1),
-    "prefill_step_size": _int(1),
+    "prefill_step_size": _optional(_int(1)),
     "max_kv_size": _optional(_int(1)),
     # mlx-lm's KV cache quantization (mx.quantize's bits and group sizes; cache/quantize.py)
     "kv_bits": ("None or one of 2, 3, 4, 5, 6, 8", lambda v: v is None or (

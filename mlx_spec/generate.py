@@ -19,12 +19,12 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .acceptance import rule_name
 from .arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from .assemble import assemble, check_calibration, draft_bridge
-from .defaults import DEFAULT_PREFILL_STEP_SIZE
 from .cache.quantize import KVQuantizer, check_kv_quantization
 from .dflash import dflash_directory, is_dflash_model
 from .eagle3 import eagle3_directory, is_eagle3_head
 from .defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS,
-                       DEFAULT_QUANTIZED_KV_START)
+                       DEFAULT_PREFILL_STEP_SIZE, DEFAULT_QUANTIZED_KV_START,
+                       MLX_LM_PREFILL_STEP_SIZE)
 from .drafters.prompt_lookup import on_by_default
 from .drafters.tree import with_trees
 from .judge import stop_cut
@@ -102,7 +102,7 @@ def speculative_generate_step(
     kv_bits: Optional[int] = None,
     kv_group_size: int = DEFAULT_KV_GROUP_SIZE,
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
-    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    prefill_step_size: Optional[int] = None,
     prompt_progress_callback=None,
     policy=None,
     machine=None,
@@ -183,6 +183,8 @@ def speculative_generate_step(
     `quantized_kv_start` tokens, at the token where mlx-lm's generate_step quantizes them (no
     verify pass reaches past it), so the text is mlx-lm's with the same arguments; sliding
     windows, recurrent state and the draft's cache stay as they are (cache/quantize.py).
+    `prefill_step_size` (None: 512; with kv_bits, mlx-lm's 2048, whose chunks decide where a
+    long prompt's cache is quantized).
 
     `tree`: a `(depth, width)` pair proposes token trees of that shape from the draft
     model, an MTP, EAGLE-3, DFlash or DFlash2 drafter, prompt lookup and suffix drafting, verified in
@@ -202,7 +204,10 @@ def speculative_generate_step(
     prompt = _as_tokens(None, prompt)
     _check_token_ids(prompt, vocab_size(model))
     if kv_bits is not None:
-        check_kv_quantization(model, kv_bits, kv_group_size)
+        check_kv_quantization(model, kv_bits, kv_group_size, max_kv_size)
+    if prefill_step_size is None:  # with kv_bits, mlx-lm's chunks: its cache quantized as theirs
+        prefill_step_size = DEFAULT_PREFILL_STEP_SIZE if kv_bits is None \
+            else MLX_LM_PREFILL_STEP_SIZE
     parts = assemble(
         model, draft_model, sampling, prompt_cache=prompt_cache,
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,
@@ -222,7 +227,8 @@ def speculative_generate_step(
         prompt_progress_callback=prompt_progress_callback, accept=accept, agree=parts.agree,
         logits_processors=logits_processors, input_embeddings=input_embeddings,
         kv_quantizer=quantizer)
-    session = Session(parts.target, parts.draft, parts.target.length, prompt_cache, parts.earlier)
+    session = Session(parts.target, parts.draft, parts.target.length, prompt_cache, parts.earlier,
+                      quantizer=quantizer)
     bridges = [d.bridge for d in parts.drafters if hasattr(d, "bridge")]  # another vocabulary
     return RoundStream(rounds, session, parts.policy, bridges[0].overlap if bridges else None)
 

@@ -8,6 +8,7 @@ pair shipped inside the package.
 
 from __future__ import annotations
 
+import json
 import os
 from numbers import Integral
 from pathlib import Path
@@ -61,6 +62,7 @@ def load(path_or_hf_repo: Optional[str] = None, **kwargs) -> Tuple[object, Token
         )
     adapter_path = kwargs.pop("adapter_path", None)
     if adapter_path is not None:
+        adapter_path = os.path.expanduser(str(adapter_path))
         check_adapter_path(adapter_path)
     gguf_path = _gguf_path(path)
     if gguf_path is not None:
@@ -104,6 +106,11 @@ def _with_adapters(model, adapter_path) -> None:
 
     try:
         load_adapters(model, str(adapter_path))
+    except json.JSONDecodeError as exc:  # (a ValueError too: first)
+        raise ValueError(f"{adapter_path}/adapter_config.json is not JSON ({exc.msg}).") from None
+    except (AttributeError, KeyError, TypeError) as exc:  # a field it needs is missing
+        raise ValueError(f"{adapter_path}/adapter_config.json lacks what mlx-lm needs "
+                         f"({exc}); give the file mlx_lm.lora wrote.") from None
     except ValueError as exc:  # tensors of another model's shapes
         raise ValueError(f"The adapters in '{adapter_path}' do not fit this model: "
                          f"{' '.join(str(exc).split())}") from None

@@ -22,8 +22,8 @@ from .acceptance import AcceptanceRule, greedy_accept, rule_for, speculative_acc
 from .attention import round_attention
 from .cache import ModelCache
 from .cache.prefill import prefill
-from .defaults import DEFAULT_PREFILL_STEP_SIZE
 from .cache.quantize import KVQuantizer
+from .defaults import DEFAULT_PREFILL_STEP_SIZE
 from .judge import read_verdict, stop_cut, verdict_parts
 from .policy import DraftPolicy
 from .tree import depths
@@ -365,6 +365,8 @@ def generate_rounds(
             policy.observe(round_, clock.lap())
             yield round_
             if round_.tokens[-1] in decoder.stop_tokens:
+                if kv_quantizer is not None:  # (as after any round: the cache the call leaves)
+                    kv_quantizer.settle()
                 return
         if looks:  # after the first round: see _take_look
             _take_look(policy, looks, sampling, look_rows, per_token, max_tokens)

@@ -53,6 +53,9 @@ class Session:
     prompt_cache: Optional[list] = None  # the caller's list, when reused
     earlier: Optional[List[int]] = None  # the `start` tokens the cache held before, when known
     seen: Optional[List[int]] = None  # this call's prompt + tokens handed out, once it started
+    # mlx-lm's kv_bits (cache/quantize.KVQuantizer): the target's layers quantized after the
+    # forward that settling may run, as after any other
+    quantizer: Optional[object] = None
     _held: List = field(default_factory=list)
 
     def __post_init__(self):
@@ -112,11 +115,19 @@ class Session:
                 target.keep(wanted - target.anchor_length)
             else:
                 target.restore_length(wanted)
+        if self.quantizer is not None:  # (after the rounds' last forward, which the call's
+            self.quantizer.settle()  # rounds may not have been resumed to follow)
         if target.length < wanted:  # lazily: computed by the cache's next use
             tail = seen[target.length - self.start:]
-            target.forward(mx.array(tail, mx.uint32))
-            if getattr(self.draft, "follows_target", False):  # a block drafter: the tail's taps
-                self.draft.follow(tail, target.hidden)
+            # (kv_bits: no forward reaches past where the cache is quantized, as no round does)
+            room = self.quantizer.room() if self.quantizer is not None else None
+            for part in (tail[:room], tail[room:]) if room is not None else (tail,):
+                if part:
+                    target.forward(mx.array(part, mx.uint32))
+                    if getattr(self.draft, "follows_target", False):  # a block drafter's taps
+                        self.draft.follow(part, target.hidden)
+                    if self.quantizer is not None:
+                        self.quantizer.settle()
         if self.draft is not None:
             self.draft.settle(seen, len(seen))
         if self.prompt_cache:  # for the next call's prompt lookup (a proposal source only)

@@ -84,10 +84,23 @@ def test_the_command_line_takes_mlx_lms_option(tuned):
     assert result.stdout[:-1] == expected
 
 
-def test_missing_or_unfitting_adapters_are_one_sentence(tuned, tmp_path):
+def test_missing_or_unfitting_adapters_are_one_sentence(tuned, tmp_path, monkeypatch):
+    import shutil
+
     model_dir, adapters = tuned
     with pytest.raises(ValueError, match="holds no adapter_config.json or adapters.safetensors"):
         load(str(model_dir), adapter_path=str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))  # a path given with ~ is read there
+    shutil.copytree(adapters, tmp_path / "mine")
+    assert load(str(model_dir), adapter_path="~/mine")[0] is not None
+    broken = tmp_path / "broken"
+    shutil.copytree(adapters, broken)
+    (broken / "adapter_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="adapter_config.json is not JSON"):
+        load(str(model_dir), adapter_path=str(broken))
+    (broken / "adapter_config.json").write_text('{"fine_tune_type": "lora"}')
+    with pytest.raises(ValueError, match="adapter_config.json lacks what mlx-lm needs"):
+        load(str(model_dir), adapter_path=str(broken))
     other_dir = write_model_dir(tmp_path / "wider", hidden=64)
     other, _ = load(str(other_dir))
     wider = write_adapters(other, tmp_path / "wider-adapters")

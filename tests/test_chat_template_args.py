@@ -28,7 +28,10 @@ def test_a_requests_kwargs_go_over_the_servers():
     plain = parse_request({"messages": MESSAGES}, True, "tiny", defaults)
     assert plain.settings.chat_template_kwargs == defaults.chat_template_kwargs
     for bad, says in (([1], "must be an object"), ({"tokenize": False}, "may not set 'tokenize'"),
-                      ({"add_generation_prompt": False}, "may not set")):
+                      ({"add_generation_prompt": False}, "may not set"),
+                      ({"chat_template": "{{ 1 }}"}, "may not set 'chat_template'"),
+                      ({"tools": [{"type": "function"}]}, "may not set 'tools'"),
+                      ({"continue_final_message": True}, "may not set")):
         with pytest.raises(RequestError, match=says) as error:
             parse_request({**body, "chat_template_kwargs": bad}, True, "tiny")
         assert error.value.status == 400 and error.value.param == "chat_template_kwargs"
@@ -109,8 +112,10 @@ def test_generate_takes_mlx_lms_template_options(tmp_path):
     assert len({text for _, text in cases}) > 1  # the options change the text here
     for args, text in cases:
         assert cli(*args) == text, args
-    bad = CliRunner().invoke(main, ["generate", "-n", "4", "--chat-template-config", "{oops"])
-    assert bad.exit_code == 2 and "not JSON" in bad.output
+    for value, says in (("{oops", "not JSON"),
+                        ('{"continue_final_message": true}', "may not set")):
+        bad = CliRunner().invoke(main, ["generate", "-n", "4", "--chat-template-config", value])
+        assert bad.exit_code == 2 and says in bad.output, bad.output
 
 
 def test_serve_refuses_a_bad_template_args_in_one_sentence():

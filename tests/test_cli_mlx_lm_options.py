@@ -44,6 +44,8 @@ def test_an_extra_eos_token_ends_the_answer():
                tokenizer.convert_ids_to_tokens(stop))
     assert text == tokenizer.decode(cut)
     assert len(cut) < 30
+    bad = CliRunner().invoke(main, ["generate", "-n", "4", "--extra-eos-token", "zzqq-nothing"])
+    assert bad.exit_code == 2 and "is not a token of this tokenizer" in bad.output
 
 
 def test_xtc_and_min_tokens_to_keep_are_mlx_lms_sampler():
@@ -60,12 +62,22 @@ def test_xtc_and_min_tokens_to_keep_are_mlx_lms_sampler():
 
 @pytest.mark.parametrize("args,kwargs", [(("--max-kv-size", "12"), {"max_kv_size": 12}),
                                          (("--prefill-step-size", "3"), {"prefill_step_size": 3})])
-def test_cache_and_prefill_options_are_the_apis(args, kwargs):
+def test_cache_and_prefill_options_reach_the_api(args, kwargs, monkeypatch):
+    import importlib
+
+    module = importlib.import_module("mlx_spec.generate")  # (the package's `generate` is a function)
+    seen, real = [], module.stream_generate
+
+    def spy(*a, **given):
+        seen.append(given)
+        return real(*a, **given)
+    monkeypatch.setattr(module, "stream_generate", spy)
     target, draft, tokenizer = load_default_pair()
     expected = generate(target, tokenizer, "import os\n\n\ndef main():\n", draft_model=draft,
                         max_tokens=30, **kwargs)
     assert cli("-n", "30", "--ignore-chat-template", "--prompt", "import os\n\n\ndef main():\n",
                *args) == expected
+    assert all(seen[-1][name] == value for name, value in kwargs.items())
 
 
 def test_trust_remote_code_reaches_mlx_lms_loader(monkeypatch):

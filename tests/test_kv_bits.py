@@ -102,39 +102,52 @@ def test_the_control_rounds_past_the_point_change_the_text(pair, monkeypatch):
     assert all(tokens != expected for tokens in got)
 
 
-def test_a_reused_prompt_cache_holds_the_quantized_layers_and_a_second_turn_is_mlx_lms():
+@pytest.mark.parametrize("bits,start", [(4, 12), (2, 8 + 20), (2, 8 + 20 - 1), (2, 8 + 20 + 1)])
+def test_a_reused_prompt_cache_holds_the_quantized_layers_and_a_second_turn_is_mlx_lms(bits,
+                                                                                       start):
     """The shipped pair (keys 64 wide), two turns on one prompt cache, against mlx-lm's
-    generate_step on its own."""
+    generate_step on its own: the point in the first reply, and at its last tokens (where the
+    call's own end must quantize the cache it leaves, as mlx-lm's last forward does)."""
     from mlx_spec import load_default_pair, stream_generate
 
     target, draft, tokenizer = load_default_pair()
     cache = make_prompt_cache(target) + make_prompt_cache(draft)
     first = [r.token for r in stream_generate(target, tokenizer, PROMPT, draft_model=draft,
-                                              max_tokens=20, prompt_cache=cache, kv_bits=4,
-                                              kv_group_size=GROUP, quantized_kv_start=12)]
+                                              max_tokens=20, prompt_cache=cache, kv_bits=bits,
+                                              kv_group_size=GROUP, quantized_kv_start=start)]
     n = len(target.layers)
-    assert all(type(layer) is QuantizedKVCache for layer in cache[:n])
+    quantized = len(PROMPT) + len(first) >= start
+    assert all(type(layer) is (QuantizedKVCache if quantized else KVCache)
+               for layer in cache[:n])
     assert all(type(layer) is KVCache for layer in cache[n:])  # the draft's stay as they are
     second_prompt = tokenizer.encode("\n\ndef main():")
     second = [r.token for r in stream_generate(target, tokenizer, second_prompt,
                                                draft_model=draft, max_tokens=20,
-                                               prompt_cache=cache, kv_bits=4,
-                                               kv_group_size=GROUP, quantized_kv_start=12)]
+                                               prompt_cache=cache, kv_bits=bits,
+                                               kv_group_size=GROUP, quantized_kv_start=start)]
     reference = make_prompt_cache(target)
     expected = []
     for prompt in (PROMPT, second_prompt):
         expected.append([int(t) for t, _ in generate_step(
             mx.array(prompt), target, max_tokens=20, prompt_cache=reference,
-            sampler=lambda lp: mx.argmax(lp, axis=-1), kv_bits=4, kv_group_size=GROUP,
-            quantized_kv_start=12)])
+            sampler=lambda lp: mx.argmax(lp, axis=-1), kv_bits=bits, kv_group_size=GROUP,
+            quantized_kv_start=start)])
     assert first == expected[0]
     assert second == expected[1]
 
 
 def test_a_group_size_that_does_not_divide_the_keys_is_one_sentence():
     target = make_llama(vocab_size=64)  # keys 12 wide
-    with pytest.raises(ValueError, match="12 and 12 wide, which kv_group_size 32 does not"):
+    with pytest.raises(ValueError, match="are 12 wide, which kv_group_size 32 does not divide: "
+                                         "pass no kv_bits"):
         speculative_generate_step(PROMPT, target, None, kv_bits=4, kv_group_size=32)
+    wide = make_llama(vocab_size=64, hidden=64, heads=2)  # keys 32 wide
+    with pytest.raises(ValueError, match="which kv_group_size 64 does not divide: pass "
+                                         "kv_group_size=32"):
+        speculative_generate_step(PROMPT, wide, None, kv_bits=4, kv_group_size=64)
+    with pytest.raises(ValueError, match="max_kv_size makes every layer a sliding window"):
+        speculative_generate_step(PROMPT, wide, None, kv_bits=4, kv_group_size=32,
+                                  max_kv_size=16)
     with pytest.raises(ValueError, match="kv_bits must be None or one of 2, 3, 4, 5, 6, 8"):
         speculative_generate_step(PROMPT, target, None, kv_bits=7)
     with pytest.raises(ValueError, match="kv_group_size must be one of 32, 64, 128"):

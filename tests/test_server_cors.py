@@ -1,13 +1,16 @@
 """`serve --allowed-origins` (mlx-lm's option): web pages of those origins may call the server
-from their scripts (CORS preflight answered, the origin echoed on answers); other origins get
-no CORS header, and with no --allowed-origins (the default here; mlx-lm's is any origin)
-no page may.
+from their scripts (CORS preflight answered, the origin echoed on answers); a request from any
+other page is refused (403) before any work, even one a browser sends with no preflight (a
+text/plain POST), and with no --allowed-origins (the default here; mlx-lm's is any origin) no
+page may. Clients that are not web pages send no Origin and are served as before.
 """
 
 import pytest
 
 for _name in ("starlette", "uvicorn", "httpx"):
     pytest.importorskip(_name, reason="the server tests need the 'dev' extra (pip install -e '.[dev]')")
+
+import json  # noqa: E402
 
 import httpx  # noqa: E402
 
@@ -31,11 +34,17 @@ def answers(allowed):
         preflight = httpx.options(url + "/v1/completions", headers=PREFLIGHT, timeout=30)
         post = httpx.post(url + "/v1/completions", json=BODY, timeout=60,
                           headers={"Origin": PAGE, "Authorization": "Bearer k"})
-        elsewhere = httpx.post(url + "/v1/completions", json=BODY, timeout=60,
-                               headers={"Origin": "http://evil.test", "Authorization": "Bearer k"})
+        elsewhere = httpx.post(url + "/v1/completions", timeout=60,  # (a "simple" request)
+                               content=json.dumps(BODY).encode(),
+                               headers={"Origin": "http://evil.test", "Authorization": "Bearer k",
+                                        "Content-Type": "text/plain"})
+        no_page = httpx.post(url + "/v1/completions", json=BODY, timeout=60,
+                             headers={"Authorization": "Bearer k"})
+        admitted = worker.admitted
     finally:
         server.should_exit = True
         thread.join(30)
+    assert no_page.status_code == 200 and admitted == 0
     return preflight, post, elsewhere
 
 
@@ -45,11 +54,13 @@ def test_an_allowed_origin_may_call_it_and_others_may_not():
     assert preflight.headers["access-control-allow-origin"] == PAGE
     assert "POST" in preflight.headers["access-control-allow-methods"]
     assert post.status_code == 200 and post.headers["access-control-allow-origin"] == PAGE
-    assert elsewhere.status_code == 200 and "access-control-allow-origin" not in elsewhere.headers
+    assert elsewhere.status_code == 403 and "access-control-allow-origin" not in elsewhere.headers
+    assert "--allowed-origins" in elsewhere.json()["error"]["message"]
 
 
 def test_by_default_no_page_may():
-    preflight, post, _ = answers([])
+    preflight, post, elsewhere = answers([])
     assert "access-control-allow-origin" not in preflight.headers
     assert preflight.status_code == 405
-    assert post.status_code == 200 and "access-control-allow-origin" not in post.headers
+    assert post.status_code == 403 and elsewhere.status_code == 403
+    assert "access-control-allow-origin" not in post.headers

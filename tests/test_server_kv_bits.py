@@ -21,7 +21,7 @@ from mlx_spec.server.sequence_engine import SequenceEngine  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker, SpeculationOptions  # noqa: E402
 
 MAX_TOKENS = 24
-QUANTIZED = dict(kv_bits=4, kv_group_size=64, quantized_kv_start=12)
+QUANTIZED = dict(kv_bits=2, kv_group_size=64, quantized_kv_start=12)
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +37,28 @@ def complete(url, prompt):
 
 
 def test_answers_are_generates_with_kv_bits_and_a_second_turn_reuses_the_cache(pair):
+    """Turn 2's reference continues turn 1's prompt cache, quantized in turn 1 (as mlx-lm's
+    generate_step on one shared cache: tests/test_kv_bits.py), at 2 bits, where a cache
+    quantized at another token would give other text."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_spec import stream_generate
+
     target, draft, tokenizer = pair
     first_ids = tokenizer.encode("import os\n\n\ndef main():")
-    answer_ids = tokenizer.encode(generate(target, tokenizer, first_ids, max_tokens=MAX_TOKENS,
-                                           **QUANTIZED))
-    second_ids = first_ids + answer_ids + tokenizer.encode("\n\n\ndef parse(")
-    expected = [generate(target, tokenizer, ids, max_tokens=MAX_TOKENS, prompt_lookup=False,
-                         **QUANTIZED) for ids in (first_ids, second_ids)]
+    cache = make_prompt_cache(target) + make_prompt_cache(draft)
+    answer_ids = [r.token for r in stream_generate(target, tokenizer, first_ids, draft_model=draft,
+                                                   max_tokens=MAX_TOKENS, prompt_cache=cache,
+                                                   **QUANTIZED)]
+    more = tokenizer.encode("\n\n\ndef parse(")
+    second_ids = first_ids + answer_ids + more
+    expected = [tokenizer.decode(answer_ids), tokenizer.decode(
+        [r.token for r in stream_generate(target, tokenizer, more, draft_model=draft,
+                                          max_tokens=MAX_TOKENS, prompt_cache=cache,
+                                          **QUANTIZED)])]
     assert expected[0] != generate(target, tokenizer, first_ids, max_tokens=MAX_TOKENS)
+    assert expected[1] != generate(target, tokenizer, second_ids, max_tokens=MAX_TOKENS,
+                                   **QUANTIZED)  # (quantized at token 12, not in one prefill)
     store = PromptCacheStore(2**28)
     worker = GenerationWorker(target, tokenizer, draft,
                               SpeculationOptions(calibration=None, **QUANTIZED), store=store)

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 from ..arguments import check_arguments
-from ..defaults import DEFAULT_PREFILL_STEP_SIZE
-from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS
+from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_STEP_SIZE
 from ..sampling import sampling_of
 from .engine import BatchEngine, check_batchable, is_draft_model
 from .rows import RowRequest

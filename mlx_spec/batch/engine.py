@@ -41,9 +41,8 @@ from .. import prompt_look
 from ..acceptance import KeyedRule
 from ..arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
-from ..defaults import DEFAULT_PREFILL_STEP_SIZE
 from ..cache.rewind import leaves
-from ..defaults import DEFAULT_MAX_DRAFT_TOKENS
+from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_PREFILL_STEP_SIZE
 from ..dflash import check_fits, is_dflash_model
 from ..drafters.protocol import Proposal
 from ..drafters.tree import MAX_CHOSEN_WIDTH
@@ -125,7 +124,7 @@ def is_draft_model(draft_model) -> bool:
 class BatchEngine:
     def __init__(self, target_model, draft_model=None, *, num_draft_tokens: Optional[int] = None,
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
-                 prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
+                 prefill_step_size: Optional[int] = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
                  draft_tokenizer=None, tree=None, calibration="auto", auto_off: bool = True,
                  draft_confidence: float = 0.0, max_rows: Optional[int] = None, policy=None):
@@ -143,6 +142,8 @@ class BatchEngine:
         if is_draft_model(draft_model):
             draft_model, self.cross = cross_draft(target_model, draft_model, tokenizer,
                                                   draft_tokenizer)
+        if prefill_step_size is None:
+            prefill_step_size = DEFAULT_PREFILL_STEP_SIZE
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)

@@ -69,12 +69,18 @@ def _replace(layers: list, convert: Callable) -> int:
             continue
         new = convert(layer)
         if new is not None:
-            for key, value in getattr(layer, "__dict__", {}).items():
-                if key.startswith(MARK):
-                    setattr(new, key, value)
-            layers[i] = new
+            layers[i] = _marked(layer, new)
             replaced += 1
     return replaced
+
+
+def _marked(old, new):
+    """`new`, carrying the attributes mlx-spec keeps on `old` (MARK: a prompt cache's owner,
+    tokens, context)."""
+    for key, value in getattr(old, "__dict__", {}).items():
+        if key.startswith(MARK):
+            setattr(new, key, value)
+    return new
 
 
 def make_rewindable(layers: list, reserve: int = DEFAULT_RESERVE) -> None:
@@ -322,18 +328,14 @@ class ModelCache:
 
     def quantize(self, group_size: int, bits: int) -> dict:
         """mlx-lm's KV quantization: every plain KVCache layer (at the top of the list) becomes
-        its QuantizedKVCache (`to_quantized`), in `layers` itself, carrying the attributes
-        mlx-spec keeps on a layer (a prompt cache's owner, tokens, context). Returns
-        {id(old layer): new layer}, for other lists holding the same layers."""
+        its QuantizedKVCache (`to_quantized`), in `layers` itself, carrying what mlx-spec keeps
+        on a layer (`_marked`). Returns {id(old layer): new layer}, for other lists holding
+        the same layers."""
         replaced = {}
-        for i, layer in enumerate(self.layers):
-            if type(layer) is not KVCache:
-                continue
-            new = layer.to_quantized(group_size=group_size, bits=bits)
-            for name, value in vars(layer).items():
-                if not hasattr(new, name):
-                    setattr(new, name, value)
-            self.layers[i] = replaced[id(layer)] = new
+        for i, layer in enumerate(self.layers):  # (as mlx-lm: not inside a CacheList)
+            if type(layer) is KVCache:
+                self.layers[i] = replaced[id(layer)] = _marked(
+                    layer, layer.to_quantized(group_size=group_size, bits=bits))
         self.trimmable = [c for c in leaves(self.layers) if not is_recurrent(c)]
         return replaced
 

@@ -7,7 +7,7 @@ import os
 import click
 
 from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
-                        DEFAULT_QUANTIZED_KV_START)
+                        DEFAULT_QUANTIZED_KV_START, MLX_LM_PREFILL_STEP_SIZE)
 from .models import launched_group, load_pair, load_sharded
 from .options import (SEED, adapter_option, apply_chat_template, check_mtp, json_kwargs,
                       model_options, mtp_options, read_prompt, sampling_options,
@@ -32,7 +32,7 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--xtc-probability", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True, help="XTC sampling: the chance of excluding the top choices (mlx-lm's option; its draws decide acceptance, exactly).")
 @click.option("--xtc-threshold", type=click.FloatRange(0.0, 0.5), default=0.0, show_default=True, help="XTC sampling: the probability above which choices are excluded.")
 @click.option("--max-kv-size", type=click.IntRange(min=1), default=None, help="Sliding-window KV caches of this many tokens (mlx-lm's option).")
-@click.option("--prefill-step-size", type=click.IntRange(min=1), default=DEFAULT_PREFILL_STEP_SIZE, show_default=True, help="Prompt tokens prefilled at a time.")
+@click.option("--prefill-step-size", type=click.IntRange(min=1), default=None, help=f"Prompt tokens prefilled at a time (default {DEFAULT_PREFILL_STEP_SIZE}; with --kv-bits {MLX_LM_PREFILL_STEP_SIZE}, mlx-lm's, whose chunks decide where a long prompt's cache is quantized).")
 @click.option("--chat-template-config", default=None, callback=json_kwargs, help="A JSON object of keyword arguments for the chat template, e.g. '{\"enable_thinking\": false}' (mlx-lm's option).")
 @click.option("--suffix", is_flag=True, help="Draft from everything seen before: the prompt and output so far and, with --suffix-file, every earlier run's (suffix drafting, in front of prompt lookup at --temp 0 and the draft model).")
 @click.option("--suffix-file", type=click.Path(dir_okay=False), default=None, help="With --suffix (implied): read the suffix index from this file when it exists, and write it back with this run's text added.")
@@ -77,7 +77,11 @@ def generate(model, draft_model, prompt, max_tokens, temp, top_p, top_k, min_p,
         target_model, tokenizer, draft = load_sharded(model, draft_model, no_draft or mtp,
                                                        group, sharding)
     for token in extra_eos_token:
-        tokenizer.add_eos_token(token)
+        try:
+            tokenizer.add_eos_token(token)
+        except ValueError:
+            raise click.UsageError(f"--extra-eos-token {token!r} is not a token of this "
+                                   "tokenizer's vocabulary.") from None
     if not ignore_chat_template:
         prompt = apply_chat_template(tokenizer, prompt, chat_template_config, system_prompt,
                                      prefill_response)

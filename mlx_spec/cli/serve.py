@@ -10,7 +10,7 @@ import sys
 import click
 
 from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_PREFILL_STEP_SIZE,
-                        DEFAULT_QUANTIZED_KV_START)
+                        DEFAULT_QUANTIZED_KV_START, MLX_LM_PREFILL_STEP_SIZE)
 from .generate import tree_shape
 from .models import load_mtp_head, load_pair
 from .options import (adapter_option, check_mtp, json_kwargs, model_options, mtp_options,
@@ -64,7 +64,7 @@ class ByteSize(click.ParamType):
 @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None, callback=lambda ctx, param, value: None if value is None else int(value), help="Quantize the target's KV cache to this many bits once it holds --quantized-kv-start tokens (mlx-lm's option): requests are then decoded one at a time, as mlx-lm's server decodes them. Default: no quantization.")
 @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default=str(DEFAULT_KV_GROUP_SIZE), show_default=True, callback=lambda ctx, param, value: int(value), help="Group size for KV cache quantization.")
 @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=DEFAULT_QUANTIZED_KV_START, show_default=True, help="With --kv-bits: the number of tokens a request's cache holds when it is quantized.")
-@click.option("--prefill-step-size", type=click.IntRange(min=1), default=DEFAULT_PREFILL_STEP_SIZE, show_default=True, help="Prompt tokens prefilled at a time (mlx-lm's option); the batch prefills this many between its rounds.")
+@click.option("--prefill-step-size", type=click.IntRange(min=1), default=None, help=f"Prompt tokens prefilled at a time (mlx-lm's option; default {DEFAULT_PREFILL_STEP_SIZE}, with --kv-bits {MLX_LM_PREFILL_STEP_SIZE}, mlx-lm's); the batch prefills this many between its rounds.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, max_concurrency,
           prompt_cache_bytes, max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes,

@@ -87,13 +87,22 @@ class Endpoints:
     """The route handlers for one served model (its worker, id, defaults and API key)."""
 
     def __init__(self, worker: GenerationWorker, model_id: str, defaults: Settings,
-                 api_key: Optional[str], limits: Limits = Limits()):
+                 api_key: Optional[str], limits: Limits = Limits(),
+                 allowed_origins: Sequence[str] = ()):
         self.worker, self.model_id, self.defaults, self.limits = worker, model_id, defaults, limits
+        self.origins = frozenset(allowed_origins)
         self.vocab, self.context = vocab_size(worker.target_model), context_length(worker.target_model)
         self.created = int(time.time())
         self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
 
     def authorize(self, request: Request) -> None:
+        """401 without the API key; 403 for a web page's request from an origin not allowed
+        (a browser sends some cross-origin POSTs with no preflight: refused before any work)."""
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in self.origins and "*" not in self.origins:
+            raise RequestError(403, f"Requests from web pages of {origin} are not allowed here; "
+                                    "start the server with --allowed-origins to allow them.",
+                               code="origin_not_allowed")
         if self.expected is None:
             return
         given = request.headers.get("authorization", "").encode()
@@ -195,7 +204,7 @@ def create_app(worker: GenerationWorker, model_id: str, defaults: Settings = Set
     """The ASGI app serving `worker`'s models as `model_id`; it starts and stops the worker.
     `allowed_origins`: web pages whose scripts may call it (CORS; "*": any page), none by
     default."""
-    endpoints = Endpoints(worker, model_id, defaults, api_key, limits)
+    endpoints = Endpoints(worker, model_id, defaults, api_key, limits, allowed_origins)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -24,6 +24,7 @@ from ..arguments import check_arguments
 
 # status -> OpenAI's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+               403: "invalid_request_error",
                404: "invalid_request_error", 405: "invalid_request_error",
                413: "invalid_request_error",
                429: "requests", 500: "server_error", 503: "server_error"}
@@ -172,9 +173,14 @@ def _refuse_unsupported(body: dict) -> None:
                            "response_format", "unsupported_parameter")
 
 
-# What the server itself hands apply_chat_template (the messages, the generation prompt, ids)
+# apply_chat_template's own arguments (the messages, the generation prompt, the template,
+# tokenizing), and the template variables whose features this server refuses (tools: tool
+# calling; documents): not template variables a request or --chat-template-args may set
 RESERVED_TEMPLATE_KWARGS = ("conversation", "messages", "add_generation_prompt", "tokenize",
-                            "return_dict", "return_tensors")
+                            "return_dict", "return_tensors", "chat_template",
+                            "continue_final_message", "tokenizer_kwargs", "padding",
+                            "truncation", "max_length", "return_assistant_tokens_mask",
+                            "tools", "documents")
 
 
 def template_kwargs(value, field: str) -> Dict[str, Any]:
@@ -185,8 +191,8 @@ def template_kwargs(value, field: str) -> Dict[str, Any]:
                            "invalid_value")
     reserved = next((key for key in value if key in RESERVED_TEMPLATE_KWARGS), None)
     if reserved is not None:
-        raise RequestError(400, f"{field} may not set {reserved!r}: the server sets it.", field,
-                           "invalid_value")
+        raise RequestError(400, f"{field} may not set {reserved!r}: it is not a template "
+                                "variable that can be passed on here.", field, "invalid_value")
     return dict(value)
 
 

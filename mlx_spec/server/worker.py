@@ -44,8 +44,7 @@ from ..batch.engine import check_batchable
 from ..arguments import check_arguments
 from ..cache.quantize import check_kv_quantization
 from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM,
-                        DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
-                        DEFAULT_QUANTIZED_KV_START)
+                        DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_QUANTIZED_KV_START)
 from ..sampling import SamplingConfig
 from ..stats import GenerationStats, StatsRecorder
 from .cache_store import PromptCacheStore
@@ -106,7 +105,8 @@ class SpeculationOptions:
     kv_bits: Optional[int] = None
     kv_group_size: int = DEFAULT_KV_GROUP_SIZE
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START
-    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE  # prompt tokens a prefill chunk feeds
+    # prompt tokens a prefill chunk feeds (None: 512; with kv_bits, mlx-lm's 2048)
+    prefill_step_size: Optional[int] = None
 
 
 class Job:
@@ -289,6 +289,8 @@ class GenerationWorker:
                                                "the details."))
                     self.engine = self._new_engine()  # its rows were in the failed round
                     continue
+                if not self.engine.busy and not self._pending:  # (/health: before the last
+                    self.running = None  # answer is out, so no client sees it running after)
                 for out in outputs:
                     self._deliver(out)
             self._fail_all(Failed(503, CANCELLED))
