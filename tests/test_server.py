@@ -387,6 +387,20 @@ def test_cache_store_matches_exact_prefixes_and_evicts_least_recent():
     assert len(store) == 1 and store.nbytes == 100
 
 
+def test_cache_store_holds_at_most_max_entries():
+    """mlx-lm's --prompt-cache-size: the least recently stored go first beyond it, whatever
+    the bytes allow."""
+    store = PromptCacheStore(max_bytes=10**6, max_entries=2)
+    a, b, c = [FakeLayer(10)], [FakeLayer(10)], [FakeLayer(10)]
+    store.put([1], a)
+    store.put([2], b)
+    store.put([3], c)
+    assert len(store) == 2 and store.nbytes == 20
+    assert store.take([1, 0]) == (None, 0) and store.take([3, 0]) == (c, 1)
+    with pytest.raises(ValueError, match="max_entries must be >= 1"):
+        PromptCacheStore(100, max_entries=0)
+
+
 def test_cache_store_counts_real_bytes_and_refuses_what_cannot_say(pair):
     """Real caches after a generation (the shipped pair, target + draft): the store counts the
     bytes of every key and value array; a layer that cannot say its size is not kept."""

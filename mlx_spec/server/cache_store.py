@@ -59,10 +59,13 @@ def _arrays_nbytes(value) -> Optional[int]:
 
 
 class PromptCacheStore:
-    """LRU store of caches keyed by the tokens they hold, bounded by bytes."""
+    """LRU store of caches keyed by the tokens they hold, bounded by bytes (and, when
+    `max_entries` is given, by how many it holds: mlx-lm's --prompt-cache-size)."""
 
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
+    def __init__(self, max_bytes: int, max_entries: Optional[int] = None):
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1 (or None: no limit), got {max_entries}.")
+        self.max_bytes, self.max_entries = max_bytes, max_entries
         self._entries: "OrderedDict[Tuple[int, ...], Tuple[list, int]]" = OrderedDict()
         self._nbytes = 0
         self._lock = threading.Lock()
@@ -92,7 +95,8 @@ class PromptCacheStore:
                 return
             self._entries[key] = (cache, nbytes)
             self._nbytes += nbytes
-            while self._nbytes > self.max_bytes:
+            while self._nbytes > self.max_bytes or (
+                    self.max_entries is not None and len(self._entries) > self.max_entries):
                 _, (_, dropped) = self._entries.popitem(last=False)
                 self._nbytes -= dropped
 
