@@ -66,6 +66,10 @@ class Settings:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: Optional[float] = None
+    # how many of the last tokens each penalty looks at (mlx-lm's request fields and defaults)
+    repetition_context_size: int = 20
+    presence_context_size: int = 20
+    frequency_context_size: int = 20
     # the chat template's keyword arguments (mlx-lm's --chat-template-args, then a request's
     # chat_template_kwargs over them): (name, JSON value) pairs
     chat_template_kwargs: Tuple[Tuple[str, Any], ...] = ()
@@ -153,8 +157,15 @@ UNSUPPORTED = {
     "function_call": "function calling", "best_of": "best_of",
     "echo": "echo", "audio": "audio output",
     "modalities": "output modalities", "prediction": "predicted outputs",
+    # mlx-lm's server fields this one does not take
+    "adapters": "adapters per request: start the server with --adapter-path",
+    "draft_model": "a draft model per request: start the server with --draft-model",
+    "xtc_probability": "XTC sampling; mlx-spec generate takes --xtc-probability",
+    "xtc_threshold": "XTC sampling; mlx-spec generate takes --xtc-threshold",
 }
+OFF_AT_ZERO = ("xtc_probability", "xtc_threshold")  # 0: the feature is off, as mlx-lm's default
 MAX_NUM_DRAFT_TOKENS = 64  # a request's k: more would only inflate the caches' rewind reserve
+MAX_CONTEXT_SIZE = 1 << 20  # a penalty's window, in tokens (mlx-lm's fields; default 20)
 PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's, for presence_penalty and frequency_penalty
 BIAS_RANGE = (-100.0, 100.0)  # OpenAI's, per logit_bias entry
 
@@ -162,7 +173,8 @@ BIAS_RANGE = (-100.0, 100.0)  # OpenAI's, per logit_bias entry
 def _refuse_unsupported(body: dict) -> None:
     for field, what in UNSUPPORTED.items():
         value = body.get(field)
-        if value is None or value is False or value == []:
+        if value is None or value is False or value == [] or (
+                field in OFF_AT_ZERO and value == 0):
             continue
         raise RequestError(400, f"{field} is not supported by this server ({what}); leave it "
                                 "out.", field, "unsupported_parameter")
@@ -215,6 +227,13 @@ def _penalties(body: dict) -> Dict[str, Any]:
                 raise RequestError(400, f"{field} must be a number in [-2, 2], got {value!r}.",
                                    field, "invalid_value")
             out[field] = float(value)
+    for field in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
+        value = body.get(field)
+        if value is not None:
+            if type(value) is not int or not 1 <= value <= MAX_CONTEXT_SIZE:
+                raise RequestError(400, f"{field} must be an int in [1, {MAX_CONTEXT_SIZE}], got "
+                                        f"{value!r}.", field, "invalid_value")
+            out[field] = value
     value = body.get("repetition_penalty")
     if value is not None:
         if not _is_number(value) or value <= 0:

@@ -439,7 +439,10 @@ def _processors(settings) -> Optional[list]:
 
     return make_logits_processors(logit_bias=dict(settings.logit_bias) or None,
                                   repetition_penalty=settings.repetition_penalty,
+                                  repetition_context_size=settings.repetition_context_size,
                                   presence_penalty=settings.presence_penalty or None,
-                                  frequency_penalty=settings.frequency_penalty or None)
+                                  presence_context_size=settings.presence_context_size,
+                                  frequency_penalty=settings.frequency_penalty or None,
+                                  frequency_context_size=settings.frequency_context_size)
 
 

@@ -1,0 +1,59 @@
+"""mlx-lm's server request fields: the penalties' context sizes (`repetition_context_size`,
+`presence_context_size`, `frequency_context_size`) reach mlx-lm's logits processors; the
+fields this server does not take (per-request adapters and draft models, XTC sampling) are
+refused in one sentence, not ignored (XTC at 0, mlx-lm's "off", is taken).
+"""
+
+import mlx.core as mx
+import pytest
+
+from mlx_spec.server.requests import RequestError, Settings, parse_request
+from mlx_spec.server.worker import _processors
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_context_sizes_are_checked_and_kept():
+    request = parse_request({"messages": MESSAGES, "repetition_penalty": 1.5,
+                             "repetition_context_size": 3, "presence_context_size": 7,
+                             "frequency_context_size": 9}, True, "tiny")
+    s = request.settings
+    assert (s.repetition_context_size, s.presence_context_size, s.frequency_context_size) == \
+        (3, 7, 9)
+    assert parse_request({"messages": MESSAGES}, True, "tiny").settings.repetition_context_size \
+        == 20  # mlx-lm's default
+    for bad in (0, -1, 2.5, "5", True):
+        with pytest.raises(RequestError, match="repetition_context_size must be an int"):
+            parse_request({"messages": MESSAGES, "repetition_context_size": bad}, True, "tiny")
+
+
+def test_a_penalty_looks_back_as_far_as_its_context_size():
+    """Token 3 appeared 4 tokens back: a repetition penalty with a window of 5 lowers its
+    logit, one with a window of 2 does not."""
+    tokens = mx.array([3, 1, 1, 1, 1], mx.uint32)
+
+    def penalised(size):
+        settings = Settings(repetition_penalty=2.0, repetition_context_size=size)
+        out = mx.ones((1, 8))  # (mlx-lm's processor writes into the logits it is given)
+        for processor in _processors(settings):
+            out = processor(tokens, out)
+        return out[0].tolist()
+    assert penalised(5)[3] < 1.0 and penalised(2)[3] == 1.0
+    assert penalised(5)[1] < 1.0 and penalised(2)[1] < 1.0
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("adapters", "my-lora", "start the server with --adapter-path"),
+    ("draft_model", "other", "start the server with --draft-model"),
+    ("xtc_probability", 0.5, "XTC sampling"),
+    ("xtc_threshold", 0.1, "XTC sampling")])
+def test_fields_this_server_does_not_take_are_refused(field, value, says):
+    with pytest.raises(RequestError, match=says) as error:
+        parse_request({"messages": MESSAGES, field: value}, True, "tiny")
+    assert error.value.status == 400 and error.value.param == field
+
+
+def test_xtc_at_zero_is_mlx_lms_off_and_taken():
+    request = parse_request({"messages": MESSAGES, "xtc_probability": 0.0,
+                             "xtc_threshold": 0}, True, "tiny")
+    assert request.chat
