@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
+import mlx.core as mx
+
 from ..arguments import check_arguments
 from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_STEP_SIZE
 from ..sampling import sampling_of
@@ -35,6 +37,11 @@ class BatchResponse:
     token_ids: List[List[int]]
     finish_reasons: List[str]
     stats: dict = field(default_factory=dict)  # tokens, seconds, tokens_per_s, rounds by k, ...
+    # with return_prompt_caches (mlx-lm's): each row's cache at its end (target layers, then the
+    # draft's), holding its prompt and output; with return_logprobs: the target's
+    # log-probability of each token in token_ids
+    caches: Optional[List[list]] = None
+    logprobs: Optional[List[List[float]]] = None
 
 
 def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], draft_model=None,
@@ -49,7 +56,9 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                    verbose: bool = False, tree=None, draft_tokenizer=None,
                    calibration="auto", auto_off: bool = True,
                    draft_confidence: float = 0.0, sampler=None,
-                   logits_processors=None) -> BatchResponse:
+                   logits_processors=None, prompt_caches=None,
+                   return_prompt_caches: bool = False, return_token_ids: bool = True,
+                   return_logprobs: bool = False) -> BatchResponse:
     """Generate for every prompt (text or token ids), speculating with `draft_model` (a
     loaded model, a loaded DFlash drafter or EAGLE-3 head, or "mtp": the target's own MTP head, from
     `mtp_weights` or the model's directory) and/or prompt lookup; `num_draft_tokens` pins k
@@ -71,8 +80,17 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     mlx-lm's batch_generate takes them, for every row: a sampler made by mlx-lm's
     `make_sampler` is read back into temp/top_p/top_k/min_p (pass one or the other); any other
     callable draws each row's tokens itself (from MLX's global random state: no `seed`) and a
-    draft is kept while it equals the sampler's draw (acceptance.sampler_match)."""
+    draft is kept while it equals the sampler's draw (acceptance.sampler_match).
+    mlx-lm's `return_prompt_caches` (each row's cache at its end, holding its prompt and
+    output: `BatchResponse.caches`) and `return_logprobs` (the target's log-probability of
+    each token: `BatchResponse.logprobs`); `token_ids` are always returned (with a row's stop
+    token, which mlx-lm's leave out). mlx-lm's `prompt_caches` is refused in one sentence."""
     check_arguments(tree=tree)
+    if prompt_caches is not None:
+        raise ValueError("batch_generate takes no prompt_caches: a row's cache must come with "
+                         "the tokens it holds; insert it with BatchEngine.insert(request, "
+                         "cache, cached), or reuse it one prompt at a time with "
+                         "stream_generate(prompt_cache=...).")
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
     budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
@@ -104,12 +122,15 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
                          calibration=calibration, auto_off=auto_off,
                          draft_confidence=draft_confidence)
     requests = [RowRequest(p, b, sampling, None if seed is None else seed + i, prompt_lookup,
-                           logits_processors=tuple(logits_processors or ()))
+                           logits_processors=tuple(logits_processors or ()),
+                           logprobs=return_logprobs, keep_cache=return_prompt_caches)
                 for i, (p, b) in enumerate(zip(ids, budgets))]
     start = time.perf_counter()
     waiting, uids = list(reversed(range(len(requests)))), {}
     tokens = [[] for _ in requests]
     reasons = [""] * len(requests)
+    caches = [None] * len(requests)
+    logprobs = [[] for _ in requests]
     cross_rules = {}  # a draft of another tokenizer: rule -> [rounds, drafted, accepted]
     trees = [0, 0]  # token trees: rounds, nodes verified (a round of a row)
     while waiting or engine.busy:
@@ -119,6 +140,11 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         for out in engine.step():
             i = uids[out.uid]
             tokens[i] += out.tokens
+            if return_logprobs and out.tokens:  # each token's, read once a step
+                logprobs[i] += out.logprobs[mx.arange(len(out.tokens)),
+                                            mx.array(out.tokens)].tolist()
+            if out.cache is not None:
+                caches[i] = out.cache
             trees = [trees[0] + bool(out.tree_nodes), trees[1] + out.tree_nodes]
             if out.cross_rule is not None:
                 counts = cross_rules.setdefault(out.cross_rule, [0, 0, 0])
@@ -143,7 +169,9 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
     if verbose:
         print(f"\n[batch_generate] {total} tokens in {seconds:.2f} s "
               f"({stats['tokens_per_s']:.1f} tok/s); rounds by k: {stats['rounds_by_k']}")
-    return BatchResponse(texts, tokens, reasons, stats)
+    return BatchResponse(texts, tokens, reasons, stats,
+                         caches if return_prompt_caches else None,
+                         logprobs if return_logprobs else None)
 
 
 def _token_ids(tokenizer, prompt, i: int) -> List[int]:
