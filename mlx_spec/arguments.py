@@ -90,6 +90,8 @@ CHECKS: Dict[str, Tuple[str, Callable]] = {
     "top_k": _int(0, " (0 disables top-k)"),
     "min_p": _real("[0, 1)", lambda v: 0 <= v < 1),
     "min_tokens_to_keep": _int(1),
+    "xtc_probability": _real("[0, 1]", lambda v: 0 <= v <= 1),  # mlx-lm's XTC sampling
+    "xtc_threshold": _real("[0, 0.5]", lambda v: 0 <= v <= 0.5),
     "draft_confidence": _real("[0, 1)", lambda v: 0 <= v < 1),
     "alpha": _real("(0, 1)", lambda v: 0 < v < 1),
     "seed": _optional(_SEED),

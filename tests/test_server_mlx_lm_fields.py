@@ -1,7 +1,9 @@
 """mlx-lm's server request fields: the penalties' context sizes (`repetition_context_size`,
-`presence_context_size`, `frequency_context_size`) reach mlx-lm's logits processors; the
-fields this server does not take (per-request adapters and draft models, XTC sampling) are
-refused in one sentence, not ignored (XTC at 0, mlx-lm's "off", is taken).
+`presence_context_size`, `frequency_context_size`) reach mlx-lm's logits processors; XTC
+sampling (`xtc_probability`, `xtc_threshold`) draws each token with mlx-lm's own sampler in
+both workers (a draft kept while it equals the sampler's draw: exact for any sampler,
+tests/test_batch_custom.py), not with a seed; the fields this server does not take
+(per-request adapters and draft models) are refused in one sentence, not ignored.
 """
 
 import mlx.core as mx
@@ -44,16 +46,44 @@ def test_a_penalty_looks_back_as_far_as_its_context_size():
 
 @pytest.mark.parametrize("field,value,says", [
     ("adapters", "my-lora", "start the server with --adapter-path"),
-    ("draft_model", "other", "start the server with --draft-model"),
-    ("xtc_probability", 0.5, "XTC sampling"),
-    ("xtc_threshold", 0.1, "XTC sampling")])
+    ("draft_model", "other", "start the server with --draft-model")])
 def test_fields_this_server_does_not_take_are_refused(field, value, says):
     with pytest.raises(RequestError, match=says) as error:
         parse_request({"messages": MESSAGES, field: value}, True, "tiny")
     assert error.value.status == 400 and error.value.param == field
 
 
-def test_xtc_at_zero_is_mlx_lms_off_and_taken():
-    request = parse_request({"messages": MESSAGES, "xtc_probability": 0.0,
-                             "xtc_threshold": 0}, True, "tiny")
-    assert request.chat
+def test_xtc_fields_are_checked():
+    request = parse_request({"messages": MESSAGES, "xtc_probability": 0.5,
+                             "xtc_threshold": 0.1, "temperature": 0.9}, True, "tiny")
+    assert (request.settings.xtc_probability, request.settings.xtc_threshold) == (0.5, 0.1)
+    for field, bad in (("xtc_probability", 1.5), ("xtc_threshold", 0.7), ("xtc_threshold", "x")):
+        with pytest.raises(RequestError, match=f"{field} must be a number in"):
+            parse_request({"messages": MESSAGES, field: bad}, True, "tiny")
+    with pytest.raises(RequestError, match="seed does not fix XTC"):
+        parse_request({"messages": MESSAGES, "xtc_probability": 0.5, "seed": 1}, True, "tiny")
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_both_workers_draw_xtc_requests_with_mlx_lms_sampler(batching):
+    import httpx
+
+    from mlx_spec import load_default_pair
+    from mlx_spec.server.app import create_app, serve_in_background
+    from mlx_spec.server.worker import GenerationWorker, SpeculationOptions
+
+    target, draft, tokenizer = load_default_pair()
+    worker = GenerationWorker(target, tokenizer, draft, SpeculationOptions(calibration=None),
+                              batching=batching)
+    server, thread, url = serve_in_background(create_app(worker, "tiny"))
+    body = {"model": "tiny", "prompt": "def fibonacci(n):", "max_tokens": 24,
+            "temperature": 0.9, "xtc_probability": 0.5, "xtc_threshold": 0.1}
+    try:
+        answer = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        greedy = httpx.post(url + "/v1/completions", timeout=60,
+                            json={**body, "temperature": 0}).json()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert answer["choices"][0]["text"] and answer["speculation"]["rule"] == "sampler match"
+    assert greedy["speculation"]["rule"] == "greedy"  # (mlx-lm's XTC is off at T = 0)

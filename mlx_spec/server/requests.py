@@ -33,7 +33,8 @@ DEFAULT_MODEL_ALIAS = "default"
 # request field -> the API argument it is checked as
 SAMPLING_FIELDS = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                    "seed": "seed", "num_draft_tokens": "num_draft_tokens",
-                   "prompt_lookup": "prompt_lookup"}
+                   "prompt_lookup": "prompt_lookup", "xtc_probability": "xtc_probability",
+                   "xtc_threshold": "xtc_threshold"}
 
 
 class RequestError(Exception):
@@ -66,6 +67,9 @@ class Settings:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: Optional[float] = None
+    # mlx-lm's XTC sampling (off at 0): the request's rows drawn by mlx-lm's own sampler
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.0
     # how many of the last tokens each penalty looks at (mlx-lm's request fields and defaults)
     repetition_context_size: int = 20
     presence_context_size: int = 20
@@ -103,6 +107,10 @@ def parse_request(body: Any, chat: bool, model_id: str,
         if body.get(field) is not None:
             _check(argument, body[field], field)
             given[argument] = body[field]
+    if given.get("xtc_probability") and given.get("seed") is not None:
+        raise RequestError(400, "seed does not fix XTC sampling's draws here (mlx-lm's XTC "
+                                "sampler draws from MLX's global random state, which requests "
+                                "share); leave one of them out.", "seed", "invalid_value")
     if given.get("num_draft_tokens") is not None:
         given["num_draft_tokens"] = min(given["num_draft_tokens"], MAX_NUM_DRAFT_TOKENS)
     given.update(_penalties(body))
@@ -160,10 +168,7 @@ UNSUPPORTED = {
     # mlx-lm's server fields this one does not take
     "adapters": "adapters per request: start the server with --adapter-path",
     "draft_model": "a draft model per request: start the server with --draft-model",
-    "xtc_probability": "XTC sampling; mlx-spec generate takes --xtc-probability",
-    "xtc_threshold": "XTC sampling; mlx-spec generate takes --xtc-threshold",
 }
-OFF_AT_ZERO = ("xtc_probability", "xtc_threshold")  # 0: the feature is off, as mlx-lm's default
 MAX_NUM_DRAFT_TOKENS = 64  # a request's k: more would only inflate the caches' rewind reserve
 MAX_CONTEXT_SIZE = 1 << 20  # a penalty's window, in tokens (mlx-lm's fields; default 20)
 PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's, for presence_penalty and frequency_penalty
@@ -173,8 +178,7 @@ BIAS_RANGE = (-100.0, 100.0)  # OpenAI's, per logit_bias entry
 def _refuse_unsupported(body: dict) -> None:
     for field, what in UNSUPPORTED.items():
         value = body.get(field)
-        if value is None or value is False or value == [] or (
-                field in OFF_AT_ZERO and value == 0):
+        if value is None or value is False or value == []:
             continue
         raise RequestError(400, f"{field} is not supported by this server ({what}); leave it "
                                 "out.", field, "unsupported_parameter")

@@ -58,7 +58,7 @@ def speculation(done: "Finished") -> Optional[dict]:
             "rounds": stats.rounds, "drafted": stats.drafted, "accepted": stats.accepted,
             "plain_steps": stats.plain_steps,
             "accepted_by_source": dict(stats.accepted_by_source),
-            "calibrated": stats.calibrated,
+            "calibrated": stats.calibrated, "rule": stats.rule,
             "generation_tps": round(stats.generation_tps, 2), **_kinds(stats)}
 
 

@@ -155,7 +155,8 @@ class SequenceEngine:
             # Closed when the row ends, so the cache need only be right then: no per-token
             # upkeep (a draft pass per plain-decoded token), no round-end token held back.
             prompt_cache_live=False,
-            temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=r.seed,
+            **({"sampler": s.sampler} if s.sampler is not None else dict(
+                temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)), seed=r.seed,
             logits_processors=processors or None, num_draft_tokens=r.num_draft_tokens,
             prompt_lookup=r.prompt_lookup, suffix=r.suffix,
             adaptive=o.adaptive, max_draft_tokens=o.max_draft_tokens, auto_off=o.auto_off,

@@ -297,6 +297,14 @@ class GenerationWorker:
         finally:
             mx.clear_streams()
 
+    def _sampling(self, s) -> SamplingConfig:
+        """A request's sampling: its temperature and filters, or, with XTC at T > 0, mlx-lm's
+        own sampler drawing each token (a draft kept while it equals the sampler's draw:
+        acceptance.sampler_match; mlx-lm's sampler at T = 0 is the argmax, XTC off)."""
+        if s.xtc_probability > 0 and s.temp > 0:
+            return SamplingConfig(temp=1.0, sampler=xtc_sampler(s, self.tokenizer))
+        return SamplingConfig(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
+
     def _start_job(self, job: Job) -> None:
         if job.cancelled:
             self._end(job, Failed(503, CANCELLED))
@@ -307,8 +315,7 @@ class GenerationWorker:
             k = DEFAULT_NUM_DRAFT_TOKENS
         cache, cached = self.store.take(job.prompt_ids) if self.store is not None else (None, 0)
         request = RowRequest(
-            job.prompt_ids, job.max_tokens,
-            SamplingConfig(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p),
+            job.prompt_ids, job.max_tokens, self._sampling(s),
             seed=s.seed, prompt_lookup=s.prompt_lookup, num_draft_tokens=k,
             logits_processors=tuple(_processors(s) or ()), logprobs=job.request.logprobs is not None,
             suffix=self.suffix.index_for(job.partition) if s.suffix else None,
@@ -426,6 +433,18 @@ def can_batch(target_model, draft_model, tokenizer=None) -> bool:
 def is_mtp(draft_model) -> bool:
     """Whether `draft_model` names the target's own MTP head."""
     return isinstance(draft_model, str) and draft_model == "mtp"
+
+
+def xtc_sampler(settings, tokenizer):
+    """mlx-lm's sampler with XTC for a request's settings, as mlx-lm's server makes it (its
+    special tokens: the newline and the end-of-sequence tokens)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(settings.temp, settings.top_p, settings.min_p, 1, top_k=settings.top_k,
+                        xtc_probability=settings.xtc_probability,
+                        xtc_threshold=settings.xtc_threshold,
+                        xtc_special_tokens=tokenizer.encode("\n")
+                        + list(tokenizer.eos_token_ids))
 
 
 def _processors(settings) -> Optional[list]:
