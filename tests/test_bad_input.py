@@ -41,8 +41,8 @@ API_CASES = [
     ({"top_k": -1}, "top_k must be an int >= 0 (0 disables top-k), got -1."),
     ({"max_draft_tokens": 0}, "max_draft_tokens must be an int >= 1, got 0."),
     ({"max_draft_tokens": 1.5}, "max_draft_tokens must be an int >= 1, got 1.5."),
-    ({"prefill_step_size": 0}, "prefill_step_size must be an int >= 1, got 0."),
-    ({"prefill_step_size": 64.0}, "prefill_step_size must be an int >= 1, got 64.0."),
+    ({"prefill_step_size": 0}, "prefill_step_size must be None or an int >= 1, got 0."),
+    ({"prefill_step_size": 64.0}, "prefill_step_size must be None or an int >= 1, got 64.0."),
     ({"prompt_lookup_max_ngram": 0}, "prompt_lookup_max_ngram must be an int >= 1, got 0."),
     ({"prompt_lookup_max_ngram": 2.5}, "prompt_lookup_max_ngram must be an int >= 1, got 2.5."),
     # floats in range
@@ -114,7 +114,7 @@ STEP_CASES = [
     ({"sampling": "greedy"}, "sampling must be a SamplingConfig, got 'greedy'."),
     ({"max_tokens": 3.0}, "max_tokens must be an int >= 1, or -1 for no limit, got 3.0."),
     ({"num_draft_tokens": True}, "num_draft_tokens must be None or an int >= 1, got True."),
-    ({"prefill_step_size": -4}, "prefill_step_size must be an int >= 1, got -4."),
+    ({"prefill_step_size": -4}, "prefill_step_size must be None or an int >= 1, got -4."),
 ]
 
 
