@@ -14,3 +14,4 @@ DEFAULT_KV_GROUP_SIZE = 64  # mlx-lm's kv_group_size (KV cache quantization: cac
 DEFAULT_QUANTIZED_KV_START = 5000  # mlx-lm's quantized_kv_start
 DEFAULT_PREFILL_STEP_SIZE = 512  # prompt tokens a prefill chunk feeds
 MLX_LM_PREFILL_STEP_SIZE = 2048  # mlx-lm's: kv_bits' default (where a prompt's cache is quantized)
+DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's (generate and its server)

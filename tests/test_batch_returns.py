@@ -30,6 +30,21 @@ def test_each_tokens_log_probability_is_a_row_alones(pair):
         assert logprobs == pytest.approx(expected, abs=1e-4)
 
 
+def test_a_rows_stop_token_has_its_log_probability_too():
+    """Rows that end on a stop token (a frequent one made an end-of-sequence token): each
+    token's log-probability lines up with token_ids, the stop token's included."""
+    target, draft, tokenizer = load_default_pair()  # (its own tokenizer: one EOS more)
+    tokenizer.add_eos_token(tokenizer.convert_ids_to_tokens(tokenizer.encode("(")[0]))
+    result = batch_generate(target, tokenizer, PROMPTS, draft_model=draft, max_tokens=40,
+                            return_logprobs=True)
+    assert "stop" in result.finish_reasons
+    for prompt, ids, logprobs in zip(PROMPTS, result.token_ids, result.logprobs):
+        alone = list(stream_generate(target, tokenizer, prompt, max_tokens=40,
+                                     prompt_lookup=False))
+        assert ids == [r.token for r in alone]
+        assert logprobs == pytest.approx([r.logprobs[r.token].item() for r in alone], abs=1e-4)
+
+
 def test_a_returned_cache_carries_the_next_turn(pair):
     target, draft, tokenizer = pair
     result = batch_generate(target, tokenizer, PROMPTS, draft_model=draft, max_tokens=12,

@@ -24,9 +24,11 @@ def test_context_sizes_are_checked_and_kept():
         (3, 7, 9)
     assert parse_request({"messages": MESSAGES}, True, "tiny").settings.repetition_context_size \
         == 20  # mlx-lm's default
-    for bad in (0, -1, 2.5, "5", True):
+    for bad in (-1, 2.5, "5", True):
         with pytest.raises(RequestError, match="repetition_context_size must be an int"):
             parse_request({"messages": MESSAGES, "repetition_context_size": bad}, True, "tiny")
+    whole = parse_request({"messages": MESSAGES, "repetition_context_size": 0}, True, "tiny")
+    assert whole.settings.repetition_context_size == 0  # mlx-lm's: the whole context
 
 
 def test_a_penalty_looks_back_as_far_as_its_context_size():
@@ -42,6 +44,11 @@ def test_a_penalty_looks_back_as_far_as_its_context_size():
         return out[0].tolist()
     assert penalised(5)[3] < 1.0 and penalised(2)[3] == 1.0
     assert penalised(5)[1] < 1.0 and penalised(2)[1] < 1.0
+    assert penalised(0)[3] < 1.0  # 0: the whole context
+
+
+def test_mlx_lms_name_for_the_served_draft_is_taken():
+    assert parse_request({"messages": MESSAGES, "draft_model": "default_model"}, True, "tiny")
 
 
 @pytest.mark.parametrize("field,value,says", [
@@ -61,7 +68,37 @@ def test_xtc_fields_are_checked():
         with pytest.raises(RequestError, match=f"{field} must be a number in"):
             parse_request({"messages": MESSAGES, field: bad}, True, "tiny")
     with pytest.raises(RequestError, match="seed does not fix XTC"):
-        parse_request({"messages": MESSAGES, "xtc_probability": 0.5, "seed": 1}, True, "tiny")
+        parse_request({"messages": MESSAGES, "xtc_probability": 0.5, "seed": 1,
+                       "temperature": 0.7}, True, "tiny")
+    # at T = 0 (given, or the server's default) XTC is off: a seed is harmless
+    assert parse_request({"messages": MESSAGES, "xtc_probability": 0.5, "seed": 1}, True, "tiny")
+    only = parse_request({"messages": MESSAGES, "xtc_probability": 0.5}, True, "tiny")
+    assert only.settings.xtc_threshold == 0.1  # mlx-lm's server's default
+
+
+def test_the_xtc_sampler_is_the_one_mlx_lms_server_makes():
+    """Under one seed, on fixed log-probabilities, the worker's sampler draws what mlx-lm's
+    server's (`_make_sampler`: the request's temperature, filters, XTC, its special tokens:
+    the newline and the EOS ids) draws; the threshold left out is mlx-lm's 0.1."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlx_spec import load_default_pair
+    from mlx_spec.server.worker import xtc_sampler
+
+    _, _, tokenizer = load_default_pair()
+    settings = parse_request({"messages": MESSAGES, "temperature": 0.8, "top_k": 40,
+                              "min_p": 0.02, "xtc_probability": 1.0}, True, "tiny").settings
+    theirs = make_sampler(0.8, top_p=1.0, top_k=40, min_p=0.02, xtc_probability=1.0,
+                          xtc_threshold=0.1, xtc_special_tokens=tokenizer.encode("\n")
+                          + list(tokenizer.eos_token_ids))
+    mx.random.seed(0)
+    logits = mx.random.normal((1, 64)) * 3
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    draws = []
+    for sampler in (xtc_sampler(settings, tokenizer), theirs):
+        mx.random.seed(1)
+        draws.append([sampler(logprobs).item() for _ in range(40)])
+    assert draws[0] == draws[1] and len(set(draws[0])) > 1
 
 
 @pytest.mark.parametrize("batching", [True, False])

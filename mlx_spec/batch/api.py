@@ -137,12 +137,17 @@ def batch_generate(model, tokenizer, prompts: Sequence[Union[str, List[int]]], d
         while waiting and len(engine.rows) + len(engine.joining) < max_batch_size:
             i = waiting.pop()
             uids[engine.insert(requests[i])] = i
-        for out in engine.step():
+        outputs = engine.step()
+        if return_logprobs:  # each token's, every row's read in one sync a step
+            picked = [(uids[o.uid], o.logprobs[mx.arange(len(o.tokens)), mx.array(o.tokens)])
+                      for o in outputs if o.tokens]
+            values = mx.concatenate([p for _, p in picked]).tolist() if picked else []
+            for i, p in picked:
+                logprobs[i] += values[:p.shape[0]]
+                values = values[p.shape[0]:]
+        for out in outputs:
             i = uids[out.uid]
             tokens[i] += out.tokens
-            if return_logprobs and out.tokens:  # each token's, read once a step
-                logprobs[i] += out.logprobs[mx.arange(len(out.tokens)),
-                                            mx.array(out.tokens)].tolist()
             if out.cache is not None:
                 caches[i] = out.cache
             trees = [trees[0] + bool(out.tree_nodes), trees[1] + out.tree_nodes]

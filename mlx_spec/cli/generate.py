@@ -7,7 +7,8 @@ import os
 import click
 
 from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
-                        DEFAULT_QUANTIZED_KV_START, MLX_LM_PREFILL_STEP_SIZE)
+                        DEFAULT_QUANTIZED_KV_START, DEFAULT_XTC_THRESHOLD,
+                        MLX_LM_PREFILL_STEP_SIZE)
 from .models import launched_group, load_pair, load_sharded
 from .options import (SEED, adapter_option, apply_chat_template, check_mtp, json_kwargs,
                       model_options, mtp_options, read_prompt, sampling_options,
@@ -30,7 +31,7 @@ SOURCE_COLORS = {"draft": "green", "lookup": "cyan", "suffix": "cyan", "mtp": "g
 @click.option("--extra-eos-token", multiple=True, help="Another token that ends the answer (mlx-lm's option; repeatable).")
 @click.option("--min-tokens-to-keep", type=click.IntRange(min=1), default=1, show_default=True, help="With --min-p: the fewest tokens it keeps (mlx-lm's option).")
 @click.option("--xtc-probability", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True, help="XTC sampling: the chance of excluding the top choices (mlx-lm's option; its draws decide acceptance, exactly).")
-@click.option("--xtc-threshold", type=click.FloatRange(0.0, 0.5), default=0.0, show_default=True, help="XTC sampling: the probability above which choices are excluded.")
+@click.option("--xtc-threshold", type=click.FloatRange(0.0, 0.5), default=DEFAULT_XTC_THRESHOLD, show_default=True, help="XTC sampling: the probability above which choices are excluded.")
 @click.option("--max-kv-size", type=click.IntRange(min=1), default=None, help="Sliding-window KV caches of this many tokens (mlx-lm's option).")
 @click.option("--prefill-step-size", type=click.IntRange(min=1), default=None, help=f"Prompt tokens prefilled at a time (default {DEFAULT_PREFILL_STEP_SIZE}; with --kv-bits {MLX_LM_PREFILL_STEP_SIZE}, mlx-lm's, whose chunks decide where a long prompt's cache is quantized).")
 @click.option("--chat-template-config", default=None, callback=json_kwargs, help="A JSON object of keyword arguments for the chat template, e.g. '{\"enable_thinking\": false}' (mlx-lm's option).")

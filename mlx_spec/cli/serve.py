@@ -68,8 +68,8 @@ class ByteSize(click.ParamType):
 @click.option("--prefill-step-size", type=click.IntRange(min=1), default=None, help=f"Prompt tokens prefilled at a time (mlx-lm's option; default {DEFAULT_PREFILL_STEP_SIZE}, with --kv-bits {MLX_LM_PREFILL_STEP_SIZE}, mlx-lm's); the batch prefills this many between its rounds.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, max_concurrency,
-          prompt_cache_bytes, prompt_cache_size, max_tokens, max_tokens_limit, max_prompt_tokens, max_body_bytes,
-          temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
+          prompt_cache_bytes, prompt_cache_size, max_tokens, max_tokens_limit,
+          max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
           adapter_path, trust_remote_code, chat_template, chat_template_args, kv_bits,
@@ -128,8 +128,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, ma
                         num_draft_tokens=num_draft_tokens, prompt_lookup=prompt_lookup,
                         suffix=suffix,
                         chat_template_kwargs=tuple((chat_template_args or {}).items()))
-    store = PromptCacheStore(prompt_cache_bytes, prompt_cache_size) \
-        if prompt_cache_bytes > 0 else None
+    store = (PromptCacheStore(prompt_cache_bytes, prompt_cache_size)
+             if prompt_cache_bytes > 0 else None)
     batched = batching and kv_bits is None and can_batch(target_model, draft, tokenizer)
     try:
         worker = GenerationWorker(target_model, tokenizer, draft, options, store,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..arguments import check_arguments
+from ..defaults import DEFAULT_XTC_THRESHOLD
 
 # status -> OpenAI's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
@@ -29,6 +30,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                413: "invalid_request_error",
                429: "requests", 500: "server_error", 503: "server_error"}
 DEFAULT_MODEL_ALIAS = "default"
+DEFAULT_DRAFT_ALIAS = "default_model"  # mlx-lm's server's name for the draft it serves
 
 # request field -> the API argument it is checked as
 SAMPLING_FIELDS = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -69,7 +71,7 @@ class Settings:
     repetition_penalty: Optional[float] = None
     # mlx-lm's XTC sampling (off at 0): the request's rows drawn by mlx-lm's own sampler
     xtc_probability: float = 0.0
-    xtc_threshold: float = 0.0
+    xtc_threshold: float = DEFAULT_XTC_THRESHOLD
     # how many of the last tokens each penalty looks at (mlx-lm's request fields and defaults)
     repetition_context_size: int = 20
     presence_context_size: int = 20
@@ -107,7 +109,8 @@ def parse_request(body: Any, chat: bool, model_id: str,
         if body.get(field) is not None:
             _check(argument, body[field], field)
             given[argument] = body[field]
-    if given.get("xtc_probability") and given.get("seed") is not None:
+    if given.get("xtc_probability") and given.get("seed") is not None and \
+            given.get("temp", defaults.temp) > 0:  # (at T = 0 XTC is off: greedy)
         raise RequestError(400, "seed does not fix XTC sampling's draws here (mlx-lm's XTC "
                                 "sampler draws from MLX's global random state, which requests "
                                 "share); leave one of them out.", "seed", "invalid_value")
@@ -167,7 +170,8 @@ UNSUPPORTED = {
     "modalities": "output modalities", "prediction": "predicted outputs",
     # mlx-lm's server fields this one does not take
     "adapters": "adapters per request: start the server with --adapter-path",
-    "draft_model": "a draft model per request: start the server with --draft-model",
+    "draft_model": "a draft model per request: start the server with --draft-model",  # (but
+    # mlx-lm's own name for the served one is taken: DEFAULT_DRAFT_ALIAS)
 }
 MAX_NUM_DRAFT_TOKENS = 64  # a request's k: more would only inflate the caches' rewind reserve
 MAX_CONTEXT_SIZE = 1 << 20  # a penalty's window, in tokens (mlx-lm's fields; default 20)
@@ -178,7 +182,8 @@ BIAS_RANGE = (-100.0, 100.0)  # OpenAI's, per logit_bias entry
 def _refuse_unsupported(body: dict) -> None:
     for field, what in UNSUPPORTED.items():
         value = body.get(field)
-        if value is None or value is False or value == []:
+        if value is None or value is False or value == [] or (
+                field == "draft_model" and value == DEFAULT_DRAFT_ALIAS):
             continue
         raise RequestError(400, f"{field} is not supported by this server ({what}); leave it "
                                 "out.", field, "unsupported_parameter")
@@ -234,9 +239,10 @@ def _penalties(body: dict) -> Dict[str, Any]:
     for field in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
         value = body.get(field)
         if value is not None:
-            if type(value) is not int or not 1 <= value <= MAX_CONTEXT_SIZE:
-                raise RequestError(400, f"{field} must be an int in [1, {MAX_CONTEXT_SIZE}], got "
-                                        f"{value!r}.", field, "invalid_value")
+            if type(value) is not int or not 0 <= value <= MAX_CONTEXT_SIZE:
+                raise RequestError(400, f"{field} must be an int in [0, {MAX_CONTEXT_SIZE}] (0: "
+                                        f"the whole context, as mlx-lm's), got {value!r}.",
+                                   field, "invalid_value")
             out[field] = value
     value = body.get("repetition_penalty")
     if value is not None:

@@ -301,8 +301,8 @@ class GenerationWorker:
         """A request's sampling: its temperature and filters, or, with XTC at T > 0, mlx-lm's
         own sampler drawing each token (a draft kept while it equals the sampler's draw:
         acceptance.sampler_match; mlx-lm's sampler at T = 0 is the argmax, XTC off)."""
-        if s.xtc_probability > 0 and s.temp > 0:
-            return SamplingConfig(temp=1.0, sampler=xtc_sampler(s, self.tokenizer))
+        if s.xtc_probability > 0 and s.temp > 0:  # (its temperature: the policy's calibration)
+            return SamplingConfig(temp=s.temp, sampler=xtc_sampler(s, self.tokenizer))
         return SamplingConfig(temp=s.temp, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
 
     def _start_job(self, job: Job) -> None:
