@@ -124,3 +124,48 @@ def test_both_workers_draw_xtc_requests_with_mlx_lms_sampler(batching):
         thread.join(30)
     assert answer["choices"][0]["text"] and answer["speculation"]["rule"] == "sampler match"
     assert greedy["speculation"]["rule"] == "greedy"  # (mlx-lm's XTC is off at T = 0)
+
+
+def test_decode_concurrency_bounds_the_rows_decoding_together():
+    """mlx-lm's --decode-concurrency (`max_rows`): four requests at once through a batched
+    worker holding at most two rows; every answer is the one it gets alone."""
+    import threading
+
+    import httpx
+
+    from mlx_spec import generate, load_default_pair
+    from mlx_spec.server.app import create_app, serve_in_background
+    from mlx_spec.server.worker import GenerationWorker, SpeculationOptions
+
+    target, draft, tokenizer = load_default_pair()
+    prompts = ["def fibonacci(n):", "class Stack:", "import os\n\n\ndef", "def parse(text):"]
+    expected = [generate(target, tokenizer, p, max_tokens=16, prompt_lookup=False)
+                for p in prompts]
+    worker = GenerationWorker(target, tokenizer, draft, SpeculationOptions(calibration=None),
+                              batching=True, max_rows=2)
+    held, step = [], worker.engine.step
+
+    def counting_step():
+        held.append(len(worker.engine.rows) + len(worker.engine.joining))
+        return step()
+    worker.engine.step = counting_step
+    server, thread, url = serve_in_background(create_app(worker, "tiny"))
+    texts = [None] * len(prompts)
+
+    def ask(i):
+        body = {"model": "tiny", "prompt": prompts[i], "max_tokens": 16, "temperature": 0}
+        texts[i] = httpx.post(url + "/v1/completions", json=body, timeout=120).json()[
+            "choices"][0]["text"]
+    try:
+        askers = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for asker in askers:
+            asker.start()
+        for asker in askers:
+            asker.join(120)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert texts == expected
+    assert max(held) == 2  # two at once, never more
+    with pytest.raises(ValueError, match="max_rows must be >= 1"):
+        GenerationWorker(target, tokenizer, draft, batching=True, max_rows=0)

@@ -44,6 +44,7 @@ class ByteSize(click.ParamType):
 @click.option("--allowed-origins", default=None, help="Web pages whose scripts may call the server (CORS): origins such as http://localhost:3000, comma-separated, or * for any page (mlx-lm's option; mlx-lm allows any by default, this server none).")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Requests admitted at once (queued + generating); more get 429.")
 @click.option("--prompt-cache-bytes", type=ByteSize(), default="2GiB", show_default=True, help="Memory for prompt caches kept between requests (multi-turn reuse); 0 turns reuse off.")
+@click.option("--decode-concurrency", type=click.IntRange(min=1), default=None, help="Batched: the most requests decoding together; the others admitted wait their turn (mlx-lm's option; default: every admitted request, up to --max-concurrency).")
 @click.option("--prompt-cache-size", type=click.IntRange(min=1), default=None, help="The most prompt caches kept between requests, the least recently stored out first (mlx-lm's option; default: as many as --prompt-cache-bytes holds).")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=512, show_default=True, help="Token budget of a request that gives no max_tokens.")
 @click.option("--max-tokens-limit", type=click.IntRange(min=1), default=8192, show_default=True, help="The most max_tokens a request may ask for (400 beyond).")
@@ -68,8 +69,9 @@ class ByteSize(click.ParamType):
 @click.option("--prefill-step-size", type=click.IntRange(min=1), default=None, help=f"Prompt tokens prefilled at a time (mlx-lm's option; default {DEFAULT_PREFILL_STEP_SIZE}, with --kv-bits {MLX_LM_PREFILL_STEP_SIZE}, mlx-lm's); the batch prefills this many between its rounds.")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, max_concurrency,
-          prompt_cache_bytes, prompt_cache_size, max_tokens, max_tokens_limit,
-          max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p, num_draft_tokens, adaptive, max_draft_tokens,
+          decode_concurrency, prompt_cache_bytes, prompt_cache_size, max_tokens,
+          max_tokens_limit, max_prompt_tokens, max_body_bytes, temp, top_p, top_k, min_p,
+          num_draft_tokens, adaptive, max_draft_tokens,
           no_auto_off, draft_confidence, prompt_lookup, prompt_lookup_max_ngram, calibration,
           mtp, mtp_weights, suffix, suffix_scope, suffix_file, suffix_max_tokens, tree, batching,
           adapter_path, trust_remote_code, chat_template, chat_template_args, kv_bits,
@@ -133,7 +135,8 @@ def serve(model, draft_model, no_draft, host, port, api_key, allowed_origins, ma
     batched = batching and kv_bits is None and can_batch(target_model, draft, tokenizer)
     try:
         worker = GenerationWorker(target_model, tokenizer, draft, options, store,
-                                  max_concurrency, scopes, batching=batched)
+                                  max_concurrency, scopes, batching=batched,
+                                  max_rows=decode_concurrency)
     except ValueError as exc:  # (--kv-group-size that does not divide the keys)
         raise click.UsageError(str(exc)) from None
     if max_tokens > max_tokens_limit:

@@ -157,13 +157,15 @@ class GenerationWorker:
     `options.mtp_weights`) or None. `batching`: decode the jobs together in the batch engine
     (ValueError, in one sentence, when these models cannot be: see `can_batch`); otherwise
     one at a time (the batch engine holding one row where it takes these models, else the
-    sequence engine)."""
+    sequence engine). `max_rows`: batched, the most requests decoding together (mlx-lm's
+    --decode-concurrency; the others wait their turn, admitted), None: all admitted."""
 
     def __init__(self, target_model, tokenizer, draft_model=None,
                  options: SpeculationOptions = SpeculationOptions(),
                  store: Optional[PromptCacheStore] = None,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                 suffix: Optional[SuffixScopes] = None, batching: bool = False):
+                 suffix: Optional[SuffixScopes] = None, batching: bool = False,
+                 max_rows: Optional[int] = None):
         if options.mtp_weights is not None and not is_mtp(draft_model):
             raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or '
                              'neither.')
@@ -180,6 +182,10 @@ class GenerationWorker:
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.options, self.store, self.max_concurrency = options, store, max_concurrency
         self.batching = batching
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1 (or None: every admitted request), got "
+                             f"{max_rows}.")
+        self.max_rows = max_rows
         self.suffix = suffix if suffix is not None else SuffixScopes()
         self.calibration = resolve_calibration(options.calibration, target_model)  # read once
         self.engine = self._new_engine()
@@ -199,8 +205,8 @@ class GenerationWorker:
                 self.target_model, self.draft_model, self.tokenizer)):
             return SequenceEngine(self.target_model, self.tokenizer, self.draft_model,
                                   self.options, self.calibration)
-        return BatchEngine(self.target_model, self.draft_model, max_rows=None if self.batching
-                           else 1,
+        return BatchEngine(self.target_model, self.draft_model,
+                           max_rows=self.max_rows if self.batching else 1,
                            max_draft_tokens=self.options.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
                            mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer,
