@@ -39,6 +39,16 @@ def write_results(out: str, header: dict, rows: list, markdown: str) -> None:
     print(markdown)
 
 
+def paired_ratio(over, under) -> dict:
+    """{median, low, high, coverage} of the per-repeat ratios over[i] / under[i]: their median
+    and its order-statistics interval (mlx_spec.bench.timing.median_interval)."""
+    from mlx_spec.bench.timing import median, median_interval
+
+    ratios = [a / b for a, b in zip(over, under)]
+    low, high, coverage = median_interval(ratios)
+    return {"median": median(ratios), "low": low, "high": high, "coverage": coverage}
+
+
 def check_pairs(parser, names: str, known) -> None:
     """Refuse (argparse's one-sentence error, exit 2) the first of the comma-separated
     `names` not among `known`."""

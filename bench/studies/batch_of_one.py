@@ -21,11 +21,11 @@ import time
 
 from mlx_spec.batch import BatchEngine, RowRequest
 from mlx_spec.bench.prompts import encode_prompts
-from mlx_spec.bench.timing import median, median_interval, time_after_prefill
+from mlx_spec.bench.timing import median, time_after_prefill
 from mlx_spec.generate import speculative_generate_step
 from mlx_spec.sampling import SamplingConfig
 from ..zoo import ZOO_NAMES, build_zoo
-from . import check_pairs, parse_temps, study_header, write_results
+from . import check_pairs, paired_ratio, parse_temps, study_header, write_results
 from .never_behind import DEFAULT_PROMPTS
 
 DEFAULT_PAIRS = "shipped-f16,shipped-f32,hybrid-f32,mtp-f32"
@@ -68,13 +68,10 @@ def measure(args) -> list:
                 ids = prompts[repeat % len(prompts)]
                 for name in (list(engines) if repeat % 2 == 0 else list(engines)[::-1]):
                     rates[name].append(engines[name](pair, ids, temp, args.tokens, args.k))
-            per_repeat = [b / a for a, b in zip(rates[LOOP], rates[BATCH])]
-            low, high, coverage = median_interval(per_repeat)
-            rows.append({"pair": pair.name, "temp": temp, "tokens_per_s": rates,
-                         "ratio": {"median": median(per_repeat), "low": low, "high": high,
-                                   "coverage": coverage}})
-            print(f"{pair.name}, T={temp:g}: batch of one ÷ loop {median(per_repeat):.3f} "
-                  f"({low:.2f}-{high:.2f})", flush=True)
+            r = paired_ratio(rates[BATCH], rates[LOOP])
+            rows.append({"pair": pair.name, "temp": temp, "tokens_per_s": rates, "ratio": r})
+            print(f"{pair.name}, T={temp:g}: batch of one ÷ loop {r['median']:.3f} "
+                  f"({r['low']:.2f}-{r['high']:.2f})", flush=True)
     return rows
 
 

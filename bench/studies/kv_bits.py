@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 
 from mlx_spec import load
-from mlx_spec.bench.timing import median, median_interval, time_after_prefill
+from mlx_spec.bench.timing import median, time_after_prefill
 from mlx_spec.generate import speculative_generate_step
-from . import study_header, write_results
+from . import paired_ratio, study_header, write_results
 from .cross_tokenizer import real_model
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -56,13 +56,11 @@ def measure(args) -> list:
                 rates[way].append(rate(model, ids, way[1], way[2], args.tokens))
         for bits in (None, 4):
             alone, lookup = rates[("alone", False, bits)], rates[("lookup", None, bits)]
-            ratios = [b / a for a, b in zip(alone, lookup)]
-            low, high, coverage = median_interval(ratios)
+            r = paired_ratio(lookup, alone)
             rows.append({"prompt": name, "kv_bits": bits, "alone": alone, "lookup": lookup,
-                         "ratio": {"median": median(ratios), "low": low, "high": high,
-                                   "coverage": coverage}})
-            print(f"{name}, kv_bits {bits}: lookup ÷ alone {median(ratios):.3f} "
-                  f"({low:.2f}-{high:.2f})", flush=True)
+                         "ratio": r})
+            print(f"{name}, kv_bits {bits}: lookup ÷ alone {r['median']:.3f} "
+                  f"({r['low']:.2f}-{r['high']:.2f})", flush=True)
     return rows
 
 
