@@ -51,6 +51,7 @@ from typing import Optional, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from .cache.rewind import leaves, make_rewindable
 from .cache.window import WindowKVCache, visible
 from .tree import ancestor_mask, depths
 
@@ -59,8 +60,39 @@ TREE_KINDS = (KVCache, QuantizedKVCache, WindowKVCache)
 
 def tree_capable(target) -> bool:
     """Whether a ModelCache's layers can verify a tree: attention caches of TREE_KINDS only
-    (plain, quantized, sliding windows, in any mix), no recurrent state."""
-    return not target.recurrent and all(type(layer) in TREE_KINDS for layer in target.trimmable)
+    (plain, quantized, sliding windows, in any mix), no recurrent state, and a model whose
+    positions follow the tree's (`positions_follow`)."""
+    return not target.recurrent and all(type(layer) in TREE_KINDS for layer in target.trimmable) \
+        and positions_follow(target.model)
+
+
+PROBED = "_mlx_spec_tree_positions"  # on a model: what `positions_follow` found
+
+
+def positions_follow(model) -> bool:
+    """Whether a tree pass gives a node the logits its path decoded alone gives: true where the
+    model takes its positions from mx.fast.rope (patched here); false where it computes them
+    itself (GPT BigCode's and GPT-2's learned position embeddings, read from the cache's
+    offset: a node would get its flattened index, not its depth). Probed once per model: a
+    node beside its sibling at depth 1 against that node decoded after the root alone."""
+    found = getattr(model, PROBED, None)
+    if found is None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        context, (root, first, second) = mx.array([[1, 2]]), (3, 4, 5)
+        tree_cache, chain_cache = make_prompt_cache(model), make_prompt_cache(model)
+        make_rewindable(tree_cache)  # (sliding windows: as a call's tree pass meets them)
+        model(context, cache=tree_cache)
+        model(context, cache=chain_cache)
+        with tree_attention([c for c in leaves(tree_cache) if type(c) in TREE_KINDS],
+                            (-1, 0, 0)):
+            in_tree = model(mx.array([[root, first, second]]), cache=tree_cache)[0, 2]
+        alone = model(mx.array([[root, second]]), cache=chain_cache)[0, 1]
+        in_tree, alone = in_tree.astype(mx.float32), alone.astype(mx.float32)
+        # (the pass's own rounding: a small share of the logits' spread)
+        found = bool(mx.max(mx.abs(in_tree - alone)) <= 0.05 * mx.std(alone) + 1e-4)
+        object.__setattr__(model, PROBED, found)  # (not a parameter)
+    return found
 
 
 def tree_mask(layer, ancestors: mx.array, steps: mx.array,

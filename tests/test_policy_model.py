@@ -422,21 +422,23 @@ def test_a_machine_record_hands_each_call_the_machine_not_the_text(target_model,
         speculative_generate_step([1, 2], target_model, machine="no")
 
 
-def test_the_one_at_a_time_worker_hands_the_machine_on():
-    """The server's sequence engine gives every request the same MachineRecord: each request's
-    policy learns from the one before it (the shipped pair)."""
+def test_the_one_at_a_time_engine_hands_the_machine_on():
+    """The server's one-at-a-time engine gives each request's policy what the one before it
+    measured of the machine (AdaptivePolicy.next_request), a row on its models' own cache
+    kinds too (a quantized KV cache: batch/solo.py; the shipped pair)."""
+    from mlx_spec.batch import BatchEngine
     from mlx_spec.batch.rows import RowRequest
     from mlx_spec import load_default_pair
-    from mlx_spec.server.sequence_engine import SequenceEngine
-    from mlx_spec.server.worker import SpeculationOptions
 
     target, draft, tokenizer = load_default_pair()
-    engine = SequenceEngine(target, tokenizer, draft, SpeculationOptions(), calibration=None)
+    engine = BatchEngine(target, draft, max_rows=1, calibration=None, kv_bits=4,
+                         kv_group_size=64)
+    assert engine.solo
     seen = []
     for text in ("def add(a, b):", "class Point:"):
         engine.insert(RowRequest(tokenizer.encode(text), max_tokens=6))
         while engine.busy:
             engine.step()
-        seen.append(engine.machine.policy)
+        seen.append(engine.single)
     assert seen[0] is not None and seen[1] is not seen[0]
     assert seen[1].plain_time[0] >= seen[0].plain_time[0] > 0

@@ -531,19 +531,18 @@ def test_a_server_error_does_not_echo_the_exception(pair, monkeypatch):
 
 
 def test_a_target_the_batch_cannot_take_is_served_one_request_at_a_time():
-    """Quantized KV caches (mlx-lm has no batched kind of them): the sequence engine serves
-    them, the single-sequence loop a request at a time (`batching` asks for the batch in vain,
-    in one sentence); two clients at once get generate's answers."""
+    """Quantized KV caches (mlx-lm has no batched kind of them): the batch engine serves them
+    one request at a time, each row on the target's own cache kinds (batch/solo.py;
+    `batching` asks for the batch in vain, in one sentence); two clients at once get
+    generate's answers."""
     from mlx_lm.models.cache import QuantizedKVCache
-
-    from mlx_spec.server.sequence_engine import SequenceEngine
 
     target, draft, tokenizer = load_default_pair()  # (its own: its caches are changed here)
     target.make_cache = lambda: [QuantizedKVCache() for _ in target.layers]
     with pytest.raises(ValueError, match="one request at a time"):
         batched_worker(target, tokenizer, draft)
     worker = GenerationWorker(target, tokenizer, draft, max_concurrency=4)
-    assert isinstance(worker.engine, SequenceEngine)
+    assert worker.engine.solo and worker.engine.max_rows == 1
     ids = [completion_prompt_ids(tokenizer, p, 4096) for p in PROMPTS[:2]]
     expected = [generate(target, tokenizer, i, draft_model=draft, max_tokens=MAX_TOKENS)
                 for i in ids]

@@ -1,6 +1,6 @@
 """`mlx-spec serve --kv-bits`: mlx-lm's server option. Requests are decoded one at a time (as
-mlx-lm's server decodes them: it has no batched quantized cache), through the loop with the
-target's cache quantized where mlx-lm quantizes it (cache/quantize.py): a greedy answer is
+mlx-lm's server decodes them: it has no batched quantized cache), each on the target's own
+cache kinds (batch/solo.py), quantized where mlx-lm quantizes it (cache/quantize.py): a greedy answer is
 the text `generate` gives with the same kv_bits, a second turn reuses the stored (quantized)
 prompt cache. Asking the worker to batch them, or a group size that does not divide the
 keys, is one sentence before anything is served.
@@ -17,7 +17,6 @@ from mlx_lm.models.cache import QuantizedKVCache  # noqa: E402
 from mlx_spec import generate, load_default_pair  # noqa: E402
 from mlx_spec.server.app import create_app, serve_in_background  # noqa: E402
 from mlx_spec.server.cache_store import PromptCacheStore  # noqa: E402
-from mlx_spec.server.sequence_engine import SequenceEngine  # noqa: E402
 from mlx_spec.server.worker import GenerationWorker, SpeculationOptions  # noqa: E402
 
 MAX_TOKENS = 24
@@ -62,7 +61,7 @@ def test_answers_are_generates_with_kv_bits_and_a_second_turn_reuses_the_cache(p
     store = PromptCacheStore(2**28)
     worker = GenerationWorker(target, tokenizer, draft,
                               SpeculationOptions(calibration=None, **QUANTIZED), store=store)
-    assert isinstance(worker.engine, SequenceEngine)
+    assert worker.engine.solo and worker.engine.max_rows == 1
     server, thread, url = serve_in_background(create_app(worker, "tiny"))
     try:
         first = complete(url, first_ids)

@@ -59,14 +59,15 @@ LLAMA4_TEXT = dict(TEXT, model_type="llama4_text", hidden_size=64, head_dim=16,
                    attention_chunk_size=8, num_hidden_layers=4, attention_bias=False)
 
 
-def test_llama4_speculates_across_its_attention_chunks_and_the_batch_refuses_it():
+def make_llama4(noise=0.0):
+    """A tiny Llama 4 (chunked attention, chunks of 8)."""
     module = importlib.import_module("mlx_lm.models.llama4")
+    mx.random.seed(0)
+    return settled(module.Model(module.ModelArgs.from_dict(
+        {"model_type": "llama4", "text_config": LLAMA4_TEXT})), noise=noise)
 
-    def make_llama4(noise=0.0):
-        mx.random.seed(0)
-        return settled(module.Model(module.ModelArgs.from_dict(
-            {"model_type": "llama4", "text_config": LLAMA4_TEXT})), noise=noise)
 
+def test_llama4_speculates_across_its_attention_chunks_and_the_batch_refuses_it():
     target, draft = make_llama4(), make_llama4(noise=0.05)
     prompt = PROMPTS[0] + [11, 2, 8, 30, 1, 9]  # chunks of 8: the reply crosses three ends
     want = plain_greedy(target, prompt, 24)

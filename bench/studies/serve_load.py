@@ -1,7 +1,8 @@
 """Throughput and latency of `mlx-spec serve` and of mlx-lm's server under concurrent clients.
 
     python -m bench.studies.serve_load [--max-tokens 64] [--clients 1,2,4,8,16]
-        [--repeats 2] [--modes spec,spec-plain,spec-serial,lm,lm-draft] [--baseline DIR]
+        [--repeats 2] [--modes spec,spec-plain,spec-serial,lm,lm-draft,spec-kv4]
+        [--baseline DIR]
         [--temp 0] [--json out.json]
 
 Starts every server at once, each a child process on a free local port with
@@ -28,7 +29,8 @@ contacted. Prints a Markdown table; writes a file only with
 --json (bench/results/ holds them).
 
 `--modes` keeps some of the servers (short names: spec, spec-plain,
-spec-serial, lm, lm-draft). `--baseline DIR` adds every kept mlx-spec server
+spec-serial, lm, lm-draft, spec-kv4: one at a time with `--kv-bits 4`, the cache quantized
+from token 8). `--baseline DIR` adds every kept mlx-spec server
 again, run from the checkout DIR (`python -m mlx_spec` with DIR as its working
 directory: that checkout's code, e.g. a `git worktree` of an earlier commit),
 named "... (baseline)" and interleaved with the others: an A/B of a change.
@@ -64,8 +66,11 @@ MODES = {  # name -> command line
     "mlx-spec one at a time, speculative": MLX_SPEC + ["--no-batching"],
     "mlx-lm batched, no draft": MLX_LM,
     "mlx-lm with draft (unbatched)": MLX_LM + ["--draft-model", "{draft}"],
+    # mlx-lm's kv_bits (requests one at a time), the cache quantized inside every prompt
+    "mlx-spec one at a time, 4-bit KV cache": MLX_SPEC + ["--kv-bits", "4",
+                                                          "--quantized-kv-start", "8"],
 }
-SHORT = dict(zip(["spec", "spec-plain", "spec-serial", "lm", "lm-draft"], MODES))
+SHORT = dict(zip(["spec", "spec-plain", "spec-serial", "lm", "lm-draft", "spec-kv4"], MODES))
 BASELINE = " (baseline)"
 REUSE_FRESH = MLX_SPEC + ["--prompt-cache-bytes", "0"]
 FOLLOW_UP = "\n\ndef test():\n"
@@ -185,7 +190,7 @@ def servers_to_run(modes, baseline=None) -> dict:
     return out
 
 
-def measure(levels, max_tokens: int, repeats: int, reuse: bool, modes=tuple(MODES),
+def measure(levels, max_tokens: int, repeats: int, reuse: bool, modes=tuple(MODES)[:5],
             baseline=None, temperature: float = 0.0):
     servers = {}
     timed = servers_to_run(modes, baseline)
@@ -259,7 +264,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure turn 2 on a reused prompt cache against fresh")
-    parser.add_argument("--modes", default=",".join(SHORT),
+    parser.add_argument("--modes", default="spec,spec-plain,spec-serial,lm,lm-draft",
                         help=f"comma-separated servers to run, of {', '.join(SHORT)}")
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="also run the mlx-spec servers from this checkout (an A/B)")

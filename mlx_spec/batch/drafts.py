@@ -35,14 +35,17 @@ from ..drafters.chain import draft_chain
 from ..mtp.heads import split_target
 from ..sampling import keyed_categorical, logprobs_from_logits, sample
 from .kv import BatchCache, row_cache
+from .solo import SoloCache
 from .rows import Row
 
 
 class BatchDraft:
     source = "draft"
 
-    def __init__(self, draft_model, target_vocab_size: int, confidence: float = 0.0):
-        self.cache = BatchCache(draft_model)
+    def __init__(self, draft_model, target_vocab_size: int, confidence: float = 0.0,
+                 solo: bool = False):
+        # (`solo`: one row at a time on the draft's own cache kinds, batch/solo.py)
+        self.cache = SoloCache(draft_model) if solo else BatchCache(draft_model)
         self.confidence = confidence
         self.cut: List[int] = []  # each row's drafts before its confidence stop (the last proposal)
         self.model = draft_model

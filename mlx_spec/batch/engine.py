@@ -41,8 +41,10 @@ from .. import prompt_look
 from ..acceptance import KeyedRule
 from ..arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
-from ..cache.rewind import leaves
-from ..defaults import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_PREFILL_STEP_SIZE
+from ..cache.rewind import leaves, make_rewindable
+from ..cache.quantize import KVQuantizer, check_kv_quantization
+from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
+                        DEFAULT_QUANTIZED_KV_START, MLX_LM_PREFILL_STEP_SIZE)
 from ..dflash import check_fits, is_dflash_model
 from ..drafters.protocol import Proposal
 from ..drafters.tree import MAX_CHOSEN_WIDTH
@@ -53,6 +55,7 @@ from ..loop import first_proposal
 from ..policy import DEFAULT_ACCEPTANCE_PRIOR, SAMPLING_ACCEPTANCE_PRIOR, AdaptivePolicy
 from ..precision import prepare_drafter
 from ..sampling import model_logprobs
+from ..tree_verify import positions_follow
 from ..session import CONTEXT, held_context
 from ..mtp import load_mtp, split_target
 from ..mtp.heads import model_type
@@ -65,6 +68,7 @@ from .kv import UNBATCHABLE, BatchCache, arrays, batchable, recurrent, row_cache
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
+from .solo import SoloCache
 from .trees import draft_trees, keep_paths, path_states, verify_trees
 from .verify import (ACCEPT, chain_parts, emitted_tokens, read_chain, spine_kept, verify,
                      verify_input)
@@ -82,6 +86,7 @@ class Joining:
         self.head_layers = head_layers  # the MTP head's or the DFlash drafter's one-row cache
         self.done = done  # prompt tokens the caches hold
         self.held = done  # ... when it was inserted (what a deferred draft's layers keep)
+        self.target_cache = None  # a row alone on its own cache kinds: its ModelCache
 
 
 def check_batchable(target_model, draft_model=None, tokenizer=None,
@@ -89,30 +94,45 @@ def check_batchable(target_model, draft_model=None, tokenizer=None,
     """ValueError, in one sentence, unless these models can decode in a batch (a draft of
     another tokenizer than the target's `tokenizer` too: its own, `draft_tokenizer`, or the one
     `load` kept, needs the target's)."""
+    check_drafter(target_model, draft_model, tokenizer, draft_tokenizer)
+    why = unbatchable(target_model, draft_model)
+    if why is not None:
+        raise ValueError(why)
+
+
+def check_drafter(target_model, draft_model=None, tokenizer=None, draft_tokenizer=None) -> None:
+    """ValueError, in one sentence, unless the engine takes this drafter: a loaded model (of
+    another tokenizer, only where it can bridge to the target's), "mtp", a DFlash drafter, an
+    EAGLE-3 head or None."""
     if is_draft_model(draft_model):
         draft_bridge(target_model, draft_model, tokenizer, draft_tokenizer)  # (its refusal only)
-    if draft_model == "mtp":
-        draft_model = None  # the target's own head: the target's check is the one
-    elif isinstance(draft_model, str):
+    if isinstance(draft_model, str) and draft_model != "mtp":
         raise ValueError("Batched decoding takes loaded models: a draft model, a DFlash drafter "
                          "(mlx_spec.dflash.load_dflash) or the target's MTP head (\"mtp\").")
-    elif draft_model is not None and (is_dflash_model(draft_model) or is_eagle3_head(draft_model)):
-        draft_model = None  # it reads the target's hidden states: no cache kinds of its own
+
+
+def unbatchable(target_model, draft_model=None) -> Optional[str]:
+    """Why these models' caches cannot hold rows side by side, in one sentence (None: they
+    can): a family whose code cannot share a batch, or cache kinds the batch does not merge
+    (kv.batchable). One row at a time they still decode (`max_rows=1`: batch/solo.py)."""
+    if not is_draft_model(draft_model):
+        draft_model = None  # (a head reads the target's states: no cache kinds of its own)
     for role, model in (("target", target_model), ("draft model", draft_model)):
         why = UNBATCHABLE.get(model_type(model)) if model is not None else None
         if why is not None:
-            raise ValueError(f"The {role} ({model_type(model)}) cannot share a batch: {why}; "
-                             "decode it one request at a time.")
+            return (f"The {role} ({model_type(model)}) cannot share a batch: {why}; decode it "
+                    "one request at a time (max_rows=1).")
     if not batchable(target_model):
-        raise ValueError("The target's cache layers are not plain or sliding-window KVCache "
-                         "layers, or the recurrent state of a family the batch was tested on "
-                         "(mlx_spec/batch/kv.py), which batched decoding needs; decode it one "
-                         "request at a time.")
+        return ("The target's cache layers are not plain or sliding-window KVCache layers, or "
+                "the recurrent state of a family the batch was tested on "
+                "(mlx_spec/batch/kv.py), which batched decoding needs; decode it one request "
+                "at a time (max_rows=1).")
     if draft_model is not None and not batchable(draft_model):
-        raise ValueError("The draft model's cache layers are not plain or sliding-window "
-                         "KVCache layers, or the recurrent state of a family the batch was "
-                         "tested on (mlx_spec/batch/kv.py), which a batched draft needs; "
-                         "decode with it one request at a time.")
+        return ("The draft model's cache layers are not plain or sliding-window KVCache "
+                "layers, or the recurrent state of a family the batch was tested on "
+                "(mlx_spec/batch/kv.py), which a batched draft needs; decode with it one "
+                "request at a time (max_rows=1).")
+    return None
 
 
 def is_draft_model(draft_model) -> bool:
@@ -127,11 +147,29 @@ class BatchEngine:
                  prefill_step_size: Optional[int] = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
                  draft_tokenizer=None, tree=None, calibration="auto", auto_off: bool = True,
-                 draft_confidence: float = 0.0, max_rows: Optional[int] = None, policy=None):
-        check_arguments(tree=tree, draft_confidence=draft_confidence)
+                 draft_confidence: float = 0.0, max_rows: Optional[int] = None, policy=None,
+                 kv_bits: Optional[int] = None, kv_group_size: int = DEFAULT_KV_GROUP_SIZE,
+                 quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START):
+        check_arguments(tree=tree, draft_confidence=draft_confidence, kv_bits=kv_bits,
+                        kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
         _check_policy(policy, num_draft_tokens)
         check_calibration(calibration)
-        check_batchable(target_model, draft_model, tokenizer, draft_tokenizer)
+        check_drafter(target_model, draft_model, tokenizer, draft_tokenizer)
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1 (or None: no limit), got {max_rows}.")
+        # One row at a time on the models' own cache kinds (batch/solo.py): what a batch
+        # cannot hold (quantized KV caches: mlx-lm has no batched kind)
+        why = unbatchable(target_model, draft_model)
+        if kv_bits is not None:
+            check_kv_quantization(target_model, kv_bits, kv_group_size)
+            why = why or ("Quantized KV caches (kv_bits) are decoded one request at a time: "
+                          "mlx-lm has no batched quantized cache; pass max_rows=1.")
+        if why is not None and max_rows != 1:
+            raise ValueError(why)
+        self.solo = why is not None
+        self.kv_quantization = None if kv_bits is None else dict(
+            bits=kv_bits, group_size=kv_group_size, start=quantized_kv_start)
+        self.quantizer: Optional[KVQuantizer] = None  # the row's, with kv_bits
         prepare_drafter(draft_model, target_model)  # float32 on the CPU backend (precision.py)
         # This machine's calibration (`mlx-spec tune`), read once: each request's policy starts
         # from it as a call's does (assemble.cost_prior, for the request's sampling)
@@ -142,12 +180,13 @@ class BatchEngine:
         if is_draft_model(draft_model):
             draft_model, self.cross = cross_draft(target_model, draft_model, tokenizer,
                                                   draft_tokenizer)
-        if prefill_step_size is None:
-            prefill_step_size = DEFAULT_PREFILL_STEP_SIZE
+        if prefill_step_size is None:  # (with kv_bits, mlx-lm's chunks: where it quantizes)
+            prefill_step_size = DEFAULT_PREFILL_STEP_SIZE if kv_bits is None \
+                else MLX_LM_PREFILL_STEP_SIZE
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)
-        self.target = BatchCache(target_model)
+        self.target = SoloCache(target_model) if self.solo else BatchCache(target_model)
         # A head that reads pairs (the target's state at a position, the token after it): the
         # target's MTP head, or an EAGLE-3 head (its state: fused taps).
         self.pairs = self.dflash = None
@@ -169,7 +208,7 @@ class BatchEngine:
             self.target.capture = self.dflash.capture  # the verify pass keeps its taps
             draft_model = None
         self.target_model, self.draft_model = target_model, draft_model
-        self.draft = BatchDraft(draft_model, self.vocab_size, draft_confidence) \
+        self.draft = BatchDraft(draft_model, self.vocab_size, draft_confidence, self.solo) \
             if draft_model is not None else None
         self.draft_recurrent = draft_model is not None and recurrent(draft_model)
         # The target as trunk and output layer, for the prompt look of a sampled row (None: no
@@ -182,8 +221,11 @@ class BatchEngine:
         # target's cache can verify them (no recurrent state); otherwise every row drafts
         # chains. (A row's prompt lookup and suffix drafting too: their trees are tries of
         # earlier text; a draft of another tokenizer drafts chains beside them, as for a call.)
-        trees_fit = not recurrent(target_model) and isinstance(accept, KeyedRule)  # (another
-        # rule judges chains: as a call's with its own `accept`)
+        trees_fit = not recurrent(target_model) and isinstance(accept, KeyedRule) and (
+            SoloCache.takes_trees(target_model) if self.solo else positions_follow(
+                target_model))  # (another rule judges chains: as a call's with its own
+        # `accept`; a row on its own cache kinds, where they can verify a tree: a call's; a
+        # model that computes its own positions, GPT-2's, cannot take a tree's)
         self.tree = tuple(tree) if tree and trees_fit else None
         self.model_tree = self.tree if self.model_drafter is not None else None
         # tree=None: a row alone proposes trees as wide as its policy chooses each round (up to
@@ -201,8 +243,6 @@ class BatchEngine:
             and accept is ACCEPT and hasattr(self.single, "tree_width")
         self.single_uid = None  # the row the single policy has decoded for
         self.prefill_step_size = prefill_step_size
-        if max_rows is not None and max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1 (or None: no limit), got {max_rows}.")
         self.max_rows = max_rows  # rows decoding or joining at once (the server's --no-batching: 1)
         self.stop_tokens = frozenset(stop_tokens)
         self.accept = accept
@@ -268,15 +308,19 @@ class BatchEngine:
             row.greedy, row.pinned or 0,
             None if prior is None or drafter is None else prior.acceptance.get(drafter))
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
+        fresh = row_cache if not self.solo else make_prompt_cache  # (a row alone: its own kinds)
         if cache is None:
-            cache = row_cache(self.target_model) + (
-                row_cache(self.draft_model) if self.draft is not None else [])
-        elif not all(isinstance(layer, (KVCache, ArraysCache)) for layer in leaves(
-                cache[:n_target] if self.cross is not None else cache)):  # (a draft of another
-            # tokenizer's layers are its drafter's own kinds: a window's made rewindable)
+            cache = fresh(self.target_model) + (
+                fresh(self.draft_model) if self.draft is not None else [])
+        elif not self.solo and not all(
+                isinstance(layer, (KVCache, ArraysCache)) for layer in leaves(
+                    cache[:n_target] if self.cross is not None else cache)):  # (a draft of
+            # another tokenizer's layers are its drafter's own kinds: a window's rewindable)
             raise ValueError("A cache handed to the batch must hold plain KVCache layers (and "
                              "recurrent state): one the batch made (RowOutput.cache), or "
                              "mlx_spec.batch.kv.row_cache(model)'s.")
+        if self.solo:  # sliding windows made rewindable before any prefill, in `cache` itself
+            make_rewindable(cache)
         draft_layers = cache[n_target:] if self.draft is not None else None
         if self.cross is not None and request.num_draft_tokens != 0:  # its own drafter
             self.cross.join(row, cache[n_target:] or None)
@@ -284,7 +328,14 @@ class BatchEngine:
             head_layers = self.dflash.held_row_cache(row, held_context(cache), cached)
         else:
             head_layers = self.head.new_row_cache() if self.head is not None else None
-        self.joining.append(Joining(row, cache[:n_target], draft_layers, cached, head_layers))
+        joining = Joining(row, cache[:n_target], draft_layers, cached, head_layers)
+        if self.solo:  # its caches as a call's go back (sliding windows rewindable, in place)
+            joining.target_cache = SoloCache.prepare(self.target_model, joining.target_layers,
+                                                     cached)
+            if self.kv_quantization is not None:  # quantized where mlx-lm's would be (and in
+                self.quantizer = KVQuantizer(joining.target_cache, shown=[cache],  # `cache`)
+                                             **self.kv_quantization)
+        self.joining.append(joining)
         return row.uid
 
     def _check_embeddings(self, request: RowRequest) -> None:
@@ -343,8 +394,13 @@ class BatchEngine:
         else:
             k = self.policy.choose(self.rows)
             lengths = dict.fromkeys(SOURCES, k)
+        fits = self._fits()
+        if fits is not None:  # (kv_bits: drafts that end before its cache is quantized)
+            lengths = {source: min(n, fits - 1) for source, n in lengths.items()}
         rows = self.rows  # (the round drops the rows that end)
         outputs = self._round(lengths, alone, width)
+        if self.quantizer is not None and self.rows:
+            self.quantizer.settle()
         seconds = time.perf_counter() - start
         if alone:
             self.single.observe(outputs[0], seconds)
@@ -506,9 +562,24 @@ class BatchEngine:
         embedding = row.request.input_embeddings[None, -1:]
         logits = self.target_model(mx.array(row.history[-1:], mx.uint32)[None],
                                    cache=j.target_layers, input_embeddings=embedding)[0]
+        self._fed(j, 1)
         parts, logits = chain_parts(row, None, logits, self.accept)
         verdict, _ = read_chain(row, 0, logits, parts.tolist(), 0)
         return self._emit(row, None, verdict, *emitted_tokens(row, verdict))
+
+    def _fed(self, j: Joining, n: int) -> None:
+        """A row alone's own cache was fed `n` positions before it joined (its prefill, its
+        first token): counted, and quantized where mlx-lm's would be (kv_bits: after the
+        forward that brings it to quantized_kv_start)."""
+        if j.target_cache is not None:
+            j.target_cache.length += n
+            if self.quantizer is not None:
+                self.quantizer.settle()
+
+    def _fits(self) -> Optional[int]:
+        """Positions the next target pass may compute before a row alone's cache is quantized
+        (kv_bits: no pass reaches past that point, cache/quantize.py); None: no limit."""
+        return self.quantizer.room() if self.quantizer is not None and self.rows else None
 
     def _defers_draft(self, row: Row) -> bool:
         """Whether a joining row's draft model waits to read its prompt until its policy first
@@ -595,6 +666,7 @@ class BatchEngine:
                 if look:
                     mx.eval(kept[1])
             j.done += len(chunk)
+            self._fed(j, len(chunk))
             if look:
                 j.row.look_tail = self._gather_look(j.row, kept, j.head_layers, j.done)
             j.row.prefilled += len(chunk)
@@ -604,7 +676,10 @@ class BatchEngine:
 
     def _join(self, j: Joining) -> None:
         """A row whose prompt is in joins the batch."""
-        self.target.join(j.target_layers)
+        if self.solo:
+            self.target.join(j.target_layers, j.target_cache)
+        else:
+            self.target.join(j.target_layers)
         if self.draft is not None:
             self.draft.cache.join(j.draft_layers)
             # what its cache has not read (a row fed embeddings: the prompt's last token and
@@ -668,8 +743,8 @@ class BatchEngine:
     def _begin_block(self, rows: List[Row], lengths: Dict[str, int], alone: bool) -> plain.Step:
         """A round where no row proposed: its step dispatched as a plain block's first
         (batch/plain.py), the block as long as the policy's plain_steps()."""
-        self._block_left = (self.single.plain_steps() if alone
-                            else self.policy.plain_steps(len(rows))) - 1
+        steps = self.single.plain_steps() if alone else self.policy.plain_steps(len(rows))
+        self._block_left = min(steps, self._fits() or steps) - 1
         self._asked = frozenset(s for s, n in lengths.items() if n > 0)
         return plain.dispatch(self.target, rows, verify_input(rows, [None] * len(rows), 1),
                               self.accept)
@@ -760,6 +835,8 @@ class BatchEngine:
         last token, the draft's pending ones) stays lazy: it runs with whatever next uses
         the cache (a reused prompt cache: the next turn's prefill), or never."""
         row = self.rows[i]
+        if self.quantizer is not None:  # (a reused cache: quantized where mlx-lm's would be)
+            self.quantizer.settle()
         target = self.target.extract(i)
         draft = self.draft.cache.extract(i) if self.draft is not None else (
             row.cross.layers if row.cross is not None else [])  # (its ids ride on the first)
@@ -773,6 +850,9 @@ class BatchEngine:
             self.target_model(last, cache=target)
         else:
             _, taps = self.dflash.capture(last, target)
+        if self.quantizer is not None and not queued:  # (that forward: then quantized, as
+            self.quantizer.cache.length += 1  # mlx-lm's cache would be after it)
+            self.quantizer.settle()
         if self.dflash is not None:  # the drafter's context goes with the cache (the next turn's)
             setattr(target[0], CONTEXT, self.dflash.kept_context(row, context, taps[0]))
         if draft and row.draft_pending:
@@ -782,6 +862,8 @@ class BatchEngine:
     def _drop(self, ended: List[int]) -> None:
         for i in ended:
             _release(self.rows[i])
+        if self.solo:
+            self.quantizer = None
         keep = [i for i in range(len(self.rows)) if i not in set(ended)]
         self.rows = [self.rows[i] for i in keep]
         self.target.drop(keep)

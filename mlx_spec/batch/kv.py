@@ -39,8 +39,8 @@ Batched here: plain and sliding-window attention layers (dense, MoE and most
 mlx-lm families; Gemma 2, whose queries are grouped by key head, with its mask shaped for
 them: `grouped`) beside the recurrent layers of those families, and those
 recurrent-only families. Other recurrent families (untested here) and quantized
-KV caches (mlx-lm has no batched one) are served one request at a time by the
-ordinary loop (`batchable`).
+KV caches (mlx-lm has no batched one) decode one row at a time, each on its own cache kinds
+(`batchable`; solo.py).
 """
 
 from __future__ import annotations

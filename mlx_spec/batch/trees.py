@@ -22,7 +22,8 @@ path decoded alone. Each row is then judged alone (tree_acceptance: the
 longest greedy path, or recursive rejection with the row's key), all rows'
 outcomes come back in one transfer, and `keep_paths` gathers each row's
 accepted path to the front of its N entries before the per-row trim
-(kv.BatchCache.keep). Targets with recurrent layers keep chains.
+(kv.BatchCache.keep). Targets with recurrent layers keep chains. A row alone on its own
+cache kinds (solo.py) verifies its tree as a call does (tree_verify.tree_attention).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from ..drafters.protocol import Proposal
 from ..drafters.tree import beside_the_spine
 from ..tree import ancestor_mask, depths, spine_and_siblings
 from ..tree_acceptance import read_tree, tree_parts, tree_size
-from ..tree_verify import tree_forward
+from ..tree_verify import tree_attention, tree_forward
 from .kv import BatchCache, grouped
+from .solo import SoloCache
 from .rows import Row
 from .verify import ACCEPT, Verdict, chain_parts, read_chain, verify_input
 
@@ -91,8 +93,12 @@ def verify_trees(target: BatchCache, rows: Sequence[Row],
     ancestors = mx.array(np.stack([ancestor_mask(t) for t in padded]))  # (B, N, N)
     steps = mx.array(ancestors.sum(-1) - 1, mx.int32)  # (B, N) each node's depth
     x = verify_input(rows, proposals, n)  # (B, N): filler leaves under each row's root
-    with round_attention(), tree_forward(target.attention, steps, lambda layer, window: grouped(
-            layer, tree_mask(layer, ancestors, steps, window)[:, None])):  # (B, 1, N, K)
+    if isinstance(target, SoloCache):  # a row alone on its own cache kinds: a call's pass
+        masks = tree_attention(target.attention, trees[0])
+    else:
+        masks = tree_forward(target.attention, steps, lambda layer, window: grouped(
+            layer, tree_mask(layer, ancestors, steps, window)[:, None]))  # (B, 1, N, K)
+    with round_attention(), masks:
         target_logits = target.forward(x)  # (B, N, V)
     parts, row_logits = [], []
     for i, (row, proposal, tree) in enumerate(zip(rows, proposals, trees)):
@@ -148,6 +154,9 @@ def keep_paths(target: BatchCache, fed: int, kept_rows: Sequence[Sequence[int]],
     """After a tree pass of `fed` positions: row b keeps its first `kept[b]` nodes of
     `kept_rows[b]` (the root, then its accepted path), gathered to the front of its `fed`
     entries, the rest dropped (BatchCache.keep)."""
+    if isinstance(target, SoloCache):
+        target.keep_path(list(kept_rows[0])[:kept[0]])
+        return
     if any(list(r) != list(range(len(r))) for r in kept_rows):
         order = [list(r) + [j for j in range(fed) if j not in set(r)] for r in kept_rows]
         index = mx.array(order)[:, None, :, None]  # (B, 1, N, 1)

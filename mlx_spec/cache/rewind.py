@@ -231,9 +231,10 @@ class ModelCache:
     def anchor_length(self) -> int:
         return self._anchor.length
 
-    def fed(self, tokens: List[int]) -> None:
-        """Tell the cache the host values of the tokens fed since the anchor."""
-        self._fed = list(tokens)
+    def fed(self, tokens) -> None:
+        """Tell the cache the tokens fed since the anchor: host values, or the lazy (T,) array
+        fed (a replay of the whole model then reads it lazily)."""
+        self._fed = tokens if isinstance(tokens, mx.array) else list(tokens)
 
     def keep(self, num_tokens: int) -> None:
         """Keep only the first `num_tokens` fed since the anchor."""
@@ -261,8 +262,8 @@ class ModelCache:
                     raise RuntimeError("keep() needs the host values of every token fed since anchor()")
                 kept = self._fed[:num_tokens]
                 self.restore(anchor)
-                if kept:
-                    self.forward(mx.array(kept, mx.uint32))
+                if len(kept):
+                    self.forward(kept if isinstance(kept, mx.array) else mx.array(kept, mx.uint32))
                 self.rewind_path = "model"
             self.replayed_tokens += num_tokens
         self._fed = self._fed[:num_tokens]

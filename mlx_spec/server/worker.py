@@ -7,15 +7,16 @@ the events the job's sink is given: `TextDelta`s, then one `Finished` or
 `submit` raises `Busy` beyond that, at once (the server answers 429). A slot
 is free again as soon as its job ends.
 
-The thread drives an engine, the same loop for both: between two steps it
-hands the engine every queued job it has room for (with the prompt cache the
-store holds for it), drops the jobs whose client left, runs one step and
-streams each job its tokens (detokenized here, cut at a stop string). The
-batch engine (when both models batch: `can_batch`) takes every admitted job at
-once and decodes them together, a round a step (`batching=True`), or one job
-at a time, in arrival order (`batching=False`: a batch of one); the sequence
-engine (sequence_engine.py: the single-sequence loop) serves the models the
-batch does not take, one job at a time, a token a step.
+The thread drives the batch engine: between two steps it hands the engine
+every queued job it has room for (with the prompt cache the store holds for
+it), drops the jobs whose client left, runs one step (a round) and streams each
+job its tokens (detokenized here, cut at a stop string). The engine takes every
+admitted job at once and decodes them together (`batching=True`, when both
+models batch: `can_batch`), or one job at a time, in arrival order
+(`batching=False`: a batch of one); one at a time it also takes what a batch
+cannot hold, each row on its models' own cache kinds (batch/solo.py: quantized
+KV caches, the families in batch/kv.py's UNBATCHABLE, recurrent families the
+batch has not been tested on).
 Either way a job's prompt cache goes back to the store holding its prompt and
 every token generated, and the penalties see the whole conversation, whatever
 the cache held (test_server_penalties.py).
@@ -41,15 +42,12 @@ from ..acceptance import rule_name
 from ..assemble import resolve_calibration
 from ..batch import BatchEngine, RowRequest
 from ..batch.engine import check_batchable
-from ..arguments import check_arguments
-from ..cache.quantize import check_kv_quantization
 from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_MAX_NGRAM,
                         DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_QUANTIZED_KV_START)
 from ..sampling import SamplingConfig
 from ..stats import GenerationStats, StatsRecorder
 from .cache_store import PromptCacheStore
 from .requests import GenerationRequest
-from .sequence_engine import RowFailed, SequenceEngine
 from .stop_strings import StopMatcher
 from .suffix_scope import SuffixScopes
 
@@ -101,7 +99,7 @@ class SpeculationOptions:
     calibration: Optional[str] = "auto"  # "auto": this machine's `mlx-spec tune` file, if any
     mtp_weights: Optional[str] = None  # with draft_model="mtp": where the MTP head's weights are
     tree: Optional[tuple] = None  # token trees: (depth, width), False (chains), None (policy's)
-    # mlx-lm's KV cache quantization (None: none): requests one at a time, through the loop
+    # mlx-lm's KV cache quantization (None: none): requests one at a time, on their own caches
     kv_bits: Optional[int] = None
     kv_group_size: int = DEFAULT_KV_GROUP_SIZE
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START
@@ -156,9 +154,10 @@ class GenerationWorker:
     drafter, an EAGLE-3 head, "mtp" (the target's own MTP head, weights from
     `options.mtp_weights`) or None. `batching`: decode the jobs together in the batch engine
     (ValueError, in one sentence, when these models cannot be: see `can_batch`); otherwise
-    one at a time (the batch engine holding one row where it takes these models, else the
-    sequence engine). `max_rows`: batched, the most requests decoding together (mlx-lm's
-    --decode-concurrency; the others wait their turn, admitted), None: all admitted."""
+    one at a time (the batch engine holding one row, on the models' own cache kinds where a
+    batch cannot hold them: batch/solo.py). `max_rows`: batched, the most requests decoding
+    together (mlx-lm's --decode-concurrency; the others wait their turn, admitted), None:
+    all admitted."""
 
     def __init__(self, target_model, tokenizer, draft_model=None,
                  options: SpeculationOptions = SpeculationOptions(),
@@ -169,14 +168,9 @@ class GenerationWorker:
         if options.mtp_weights is not None and not is_mtp(draft_model):
             raise ValueError('mtp_weights is only used with draft_model="mtp"; pass both, or '
                              'neither.')
-        if options.kv_bits is not None:  # (checked once, not at each request)
-            check_arguments(kv_bits=options.kv_bits, kv_group_size=options.kv_group_size,
-                            quantized_kv_start=options.quantized_kv_start)
-            check_kv_quantization(target_model, options.kv_bits, options.kv_group_size)
-            if batching:
-                raise ValueError("Quantized KV caches (kv_bits) are decoded one request at a "
-                                 "time: mlx-lm has no batched quantized cache; serve without "
-                                 "batching.")
+        if options.kv_bits is not None and batching:
+            raise ValueError("Quantized KV caches (kv_bits) are decoded one request at a time: "
+                             "mlx-lm has no batched quantized cache; serve without batching.")
         if batching:
             check_batchable(target_model, draft_model, tokenizer)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
@@ -198,22 +192,20 @@ class GenerationWorker:
         self.running: Optional[bool] = None  # True while the engine holds a job (/health)
         self._thread = threading.Thread(target=self._loop, name="mlx-spec-generation", daemon=True)
 
-    def _new_engine(self):
-        """The batch engine, taking every admitted job at once (`batching`) or one at a time;
-        the sequence engine only for models the batch cannot take, or quantized KV caches."""
-        if not self.batching and (self.options.kv_bits is not None or not can_batch(
-                self.target_model, self.draft_model, self.tokenizer)):
-            return SequenceEngine(self.target_model, self.tokenizer, self.draft_model,
-                                  self.options, self.calibration)
+    def _new_engine(self) -> BatchEngine:
+        """The batch engine, taking every admitted job at once (`batching`) or one at a time
+        (on the models' own cache kinds where a batch cannot hold them: batch/solo.py)."""
+        o = self.options
         return BatchEngine(self.target_model, self.draft_model,
                            max_rows=self.max_rows if self.batching else 1,
-                           max_draft_tokens=self.options.max_draft_tokens,
+                           max_draft_tokens=o.max_draft_tokens,
                            stop_tokens=self.tokenizer.eos_token_ids,
-                           mtp_weights=self.options.mtp_weights, tokenizer=self.tokenizer,
-                           prefill_step_size=self.options.prefill_step_size,
-                           tree=self.options.tree, calibration=self.calibration,
-                           auto_off=self.options.auto_off,
-                           draft_confidence=self.options.draft_confidence)
+                           mtp_weights=o.mtp_weights, tokenizer=self.tokenizer,
+                           prefill_step_size=o.prefill_step_size, tree=o.tree,
+                           calibration=self.calibration, auto_off=o.auto_off,
+                           draft_confidence=o.draft_confidence, kv_bits=o.kv_bits,
+                           kv_group_size=o.kv_group_size,
+                           quantized_kv_start=o.quantized_kv_start)
 
     def start(self) -> None:
         self._thread.start()
@@ -286,9 +278,6 @@ class GenerationWorker:
                 self._drop_cancelled()
                 try:
                     outputs = self.engine.step()
-                except RowFailed as failed:  # one row could not go on: the others do
-                    self._fail(failed.uid, Failed(failed.status, failed.message))
-                    continue
                 except Exception:  # never let one round end the thread; the log has the why
                     logger.exception("generation failed")
                     self._fail_all(Failed(500, "Generation failed on the server; its log has "
@@ -317,7 +306,7 @@ class GenerationWorker:
             return
         s, o = job.request.settings, self.options
         k = s.num_draft_tokens
-        if k is None and o.adaptive is False and isinstance(self.engine, BatchEngine):  # --fixed
+        if k is None and o.adaptive is False:  # --fixed
             k = DEFAULT_NUM_DRAFT_TOKENS
         cache, cached = self.store.take(job.prompt_ids) if self.store is not None else (None, 0)
         request = RowRequest(
@@ -415,11 +404,6 @@ class GenerationWorker:
             self._admitted.discard(job)
         job.emit(event)
 
-    def _fail(self, uid: int, event) -> None:
-        state = self._running.pop(uid, None)
-        if state is not None:
-            self._end(state.job, event)
-
     def _fail_all(self, event) -> None:
         for state in list(self._running.values()):
             self._end(state.job, event)
@@ -456,7 +440,7 @@ def xtc_sampler(settings, tokenizer):
 def _processors(settings) -> Optional[list]:
     """mlx-lm's logits processors for a request's logit_bias and penalties (None: none asked).
     They look at the whole conversation as the model sees it: the engine hands them the
-    prompt tokens a reused cache holds, too (sequence_engine.py; a batch row holds them)."""
+    prompt tokens a reused cache holds, too (a row holds its whole prompt)."""
     if not (settings.logit_bias or settings.presence_penalty or settings.frequency_penalty
             or settings.repetition_penalty is not None):
         return None
