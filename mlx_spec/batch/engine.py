@@ -149,21 +149,29 @@ class BatchEngine:
                  draft_tokenizer=None, tree=None, calibration="auto", auto_off: bool = True,
                  draft_confidence: float = 0.0, max_rows: Optional[int] = None, policy=None,
                  kv_bits: Optional[int] = None, kv_group_size: int = DEFAULT_KV_GROUP_SIZE,
-                 quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START):
+                 quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
+                 max_kv_size: Optional[int] = None):
         check_arguments(tree=tree, draft_confidence=draft_confidence, kv_bits=kv_bits,
-                        kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
+                        kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                        max_kv_size=max_kv_size)
         _check_policy(policy, num_draft_tokens)
         check_calibration(calibration)
         check_drafter(target_model, draft_model, tokenizer, draft_tokenizer)
         if max_rows is not None and max_rows < 1:
             raise ValueError(f"max_rows must be >= 1 (or None: no limit), got {max_rows}.")
         # One row at a time on the models' own cache kinds (batch/solo.py): what a batch
-        # cannot hold (quantized KV caches: mlx-lm has no batched kind)
+        # cannot hold (quantized KV caches: mlx-lm has no batched kind; mlx-lm's max_kv_size,
+        # sliding windows that keep the first tokens)
         why = unbatchable(target_model, draft_model)
         if kv_bits is not None:
-            check_kv_quantization(target_model, kv_bits, kv_group_size)
+            check_kv_quantization(target_model, kv_bits, kv_group_size, max_kv_size)
             why = why or ("Quantized KV caches (kv_bits) are decoded one request at a time: "
                           "mlx-lm has no batched quantized cache; pass max_rows=1.")
+        if max_kv_size is not None:
+            why = why or ("A cache of max_kv_size tokens (mlx-lm's sliding window that keeps "
+                          "the first tokens) is decoded one request at a time: a batch keeps "
+                          "every row's whole history; pass max_rows=1.")
+        self.max_kv_size = max_kv_size
         if why is not None and max_rows != 1:
             raise ValueError(why)
         self.solo = why is not None
@@ -308,7 +316,8 @@ class BatchEngine:
             row.greedy, row.pinned or 0,
             None if prior is None or drafter is None else prior.acceptance.get(drafter))
         n_target = len(make_prompt_cache(self.target_model))  # (MLP-only layers have none)
-        fresh = row_cache if not self.solo else make_prompt_cache  # (a row alone: its own kinds)
+        fresh = row_cache if not self.solo else (  # (a row alone: its own kinds)
+            lambda model: make_prompt_cache(model, self.max_kv_size))
         if cache is None:
             cache = fresh(self.target_model) + (
                 fresh(self.draft_model) if self.draft is not None else [])
