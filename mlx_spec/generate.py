@@ -183,8 +183,9 @@ def speculative_generate_step(
     `quantized_kv_start` tokens, at the token where mlx-lm's generate_step quantizes them (no
     verify pass reaches past it), so the text is mlx-lm's with the same arguments; sliding
     windows, recurrent state and the draft's cache stay as they are (cache/quantize.py).
-    `prefill_step_size` (None: 512; with kv_bits, mlx-lm's 2048, whose chunks decide where a
-    long prompt's cache is quantized).
+    `prefill_step_size` (None: 512; with kv_bits or max_kv_size, mlx-lm's 2048, whose chunks
+    decide where a long prompt's cache is quantized and what a chunk sees of a window's kept
+    prefix).
 
     `tree`: a `(depth, width)` pair proposes token trees of that shape from the draft
     model, an MTP, EAGLE-3, DFlash or DFlash2 drafter, prompt lookup and suffix drafting, verified in
@@ -205,9 +206,10 @@ def speculative_generate_step(
     _check_token_ids(prompt, vocab_size(model))
     if kv_bits is not None:
         check_kv_quantization(model, kv_bits, kv_group_size, max_kv_size)
-    if prefill_step_size is None:  # with kv_bits, mlx-lm's chunks: its cache quantized as theirs
-        prefill_step_size = DEFAULT_PREFILL_STEP_SIZE if kv_bits is None \
-            else MLX_LM_PREFILL_STEP_SIZE
+    if prefill_step_size is None:  # with kv_bits, mlx-lm's chunks: its cache quantized as
+        # theirs; with max_kv_size, its windows' kept prefix seen by a chunk as by theirs
+        prefill_step_size = MLX_LM_PREFILL_STEP_SIZE if kv_bits is not None or \
+            max_kv_size is not None else DEFAULT_PREFILL_STEP_SIZE
     parts = assemble(
         model, draft_model, sampling, prompt_cache=prompt_cache,
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,

@@ -161,7 +161,8 @@ def _remember_directory(model, path: str) -> None:
 
 def vocab_size(model) -> int:
     """A model's vocabulary size (the tokens it reads and predicts; its logits may be padded
-    wider, as OLMo's `embedding_size`): its `args.vocab_size` (or `config`'s), else its
+    wider, as OLMo's `embedding_size`): its `args.vocab_size` (or `config`'s, or Phixtral's
+    `num_vocab`), else its
     embedding's rows, else those of the text model a multimodal wrapper holds, looked for
     through `model` and `language_model` (mlx-lm's mistral3, qwen2_vl, pixtral, llama4:
     `language_model`; gemma3n: `model.language_model`)."""
@@ -171,9 +172,10 @@ def vocab_size(model) -> int:
             continue
         seen.add(id(part))
         for config in ("args", "config"):
-            size = getattr(getattr(part, config, None), "vocab_size", None)
-            if isinstance(size, Integral) and not isinstance(size, bool):
-                return int(size)
+            for name in ("vocab_size", "num_vocab"):  # (Phixtral's is num_vocab)
+                size = getattr(getattr(part, config, None), name, None)
+                if isinstance(size, Integral) and not isinstance(size, bool):
+                    return int(size)
         embed = getattr(part, "embed_tokens", None)
         if embed is not None and hasattr(embed, "weight"):
             return int(embed.weight.shape[0])

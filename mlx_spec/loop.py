@@ -23,6 +23,7 @@ from .attention import round_attention
 from .cache import ModelCache
 from .cache.prefill import prefill
 from .cache.quantize import KVQuantizer
+from .cache.window import keeps_prefix
 from .defaults import DEFAULT_PREFILL_STEP_SIZE
 from .judge import read_verdict, stop_cut, verdict_parts
 from .policy import DraftPolicy
@@ -298,7 +299,8 @@ def generate_rounds(
     started = time.perf_counter()
     prefill(target, prompt[:-1], prefill_step_size, lambda done, _: progress(done, len(prompt)),
             followers, prompt[-1], None if input_embeddings is None else input_embeddings[:-1],
-            tail=look_rows if split and kv_quantizer is None else 0,  # (kv_bits: mlx-lm's chunks)
+            tail=look_rows if split and kv_quantizer is None and not keeps_prefix(
+                target.trimmable) else 0,  # (kv_bits, max_kv_size: mlx-lm's chunks)
             settle=kv_quantizer.settle if kv_quantizer is not None else None)
     per_token = (time.perf_counter() - started) / (len(prompt) - 1) if len(prompt) > 1 else None
     if per_token is not None and hasattr(policy, "observe_prefill"):  # v's prior

@@ -84,13 +84,16 @@ def positions_follow(model) -> bool:
         make_rewindable(tree_cache)  # (sliding windows: as a call's tree pass meets them)
         model(context, cache=tree_cache)
         model(context, cache=chain_cache)
-        with tree_attention([c for c in leaves(tree_cache) if type(c) in TREE_KINDS],
-                            (-1, 0, 0)):
-            in_tree = model(mx.array([[root, first, second]]), cache=tree_cache)[0, 2]
-        alone = model(mx.array([[root, second]]), cache=chain_cache)[0, 1]
-        in_tree, alone = in_tree.astype(mx.float32), alone.astype(mx.float32)
-        # (the pass's own rounding: a small share of the logits' spread)
-        found = bool(mx.max(mx.abs(in_tree - alone)) <= 0.05 * mx.std(alone) + 1e-4)
+        try:
+            with tree_attention([c for c in leaves(tree_cache) if type(c) in TREE_KINDS],
+                                (-1, 0, 0)):
+                in_tree = model(mx.array([[root, first, second]]), cache=tree_cache)[0, 2]
+            alone = model(mx.array([[root, second]]), cache=chain_cache)[0, 1]
+            in_tree, alone = in_tree.astype(mx.float32), alone.astype(mx.float32)
+            # (the pass's own rounding: a small share of the logits' spread)
+            found = bool(mx.max(mx.abs(in_tree - alone)) <= 0.05 * mx.std(alone) + 1e-4)
+        except ValueError:  # a mask of the wrong shape: a model that builds its masks from a
+            found = False  # layer the tree's mask never reaches (Nemotron-NAS, a linear first)
         object.__setattr__(model, PROBED, found)  # (not a parameter)
     return found
 
@@ -166,6 +169,8 @@ def keep_path(target, rows: Sequence[int]) -> None:
     fed = target.length - target.anchor_length  # N: the last N entries of every buffer
     if list(rows) != list(range(len(rows))):
         for layer in target.trimmable:
+            if layer.keys is None:  # (a layer whose attention ignores its cache: Nemotron-NAS)
+                continue
             base = _entries(layer) - fed  # the root's buffer row
             index = mx.array([base + r for r in rows])
             for arrays in (layer.keys, layer.values):

@@ -119,56 +119,6 @@ def test_chunked_attention_decodes_alone_across_its_chunks():
     assert 0 < accepted < drafted
 
 
-def _gemma(noise=0.0):
-    """Gemma (1): no make_cache of its own, so mlx-lm's max_kv_size makes its windows."""
-    from mlx_lm.models import gemma
-
-    from families import settled
-
-    mx.random.seed(0)
-    return settled(gemma.Model(gemma.ModelArgs(
-        model_type="gemma", hidden_size=64, num_hidden_layers=2, intermediate_size=64,
-        num_attention_heads=2, head_dim=32, rms_norm_eps=1e-6, vocab_size=64,
-        num_key_value_heads=1)), noise=noise)
-
-
-@pytest.mark.parametrize("size", [8, 16])
-def test_max_kv_size_decodes_alone_as_a_call_and_mlx_lm(size):
-    """mlx-lm's max_kv_size (sliding windows that keep the first 4 tokens), a prompt of 12:
-    the greedy text of mlx-lm's generate_step with it (other than without it), and each
-    token's log-probabilities a call's (chains, the policy's, trees)."""
-    from mlx_spec.generate import speculative_generate_step
-
-    target, draft = _gemma(), _gemma(0.05)
-    prompt = PROMPT + [11, 2, 8, 30]
-    expected = [int(t) for t, _ in generate_step(
-        mx.array(prompt), target, max_tokens=N, sampler=lambda lp: mx.argmax(lp, axis=-1),
-        max_kv_size=size)]
-    assert expected != plain_greedy(target, prompt, N)
-    call = mx.concatenate([r.logprobs for r in speculative_generate_step(
-        prompt, target, draft, max_tokens=N, num_draft_tokens=3, max_kv_size=size,
-        prompt_lookup=False)])
-    with pytest.raises(ValueError, match="max_kv_size.*max_rows=1"):
-        BatchEngine(target, draft, max_kv_size=size)
-    for k, tree in ((3, None), (None, None), (3, (3, 2))):
-        engine = BatchEngine(target, draft, max_rows=1, num_draft_tokens=k, tree=tree,
-                             calibration=None, max_kv_size=size)
-        engine.insert(RowRequest(prompt, N, GREEDY, prompt_lookup=False, logprobs=True,
-                                 keep_cache=True))
-        tokens, logprobs, drafted, accepted, cache = [], [], 0, 0, None
-        while engine.busy:
-            for out in engine.step():
-                tokens += out.tokens
-                logprobs.append(out.logprobs)
-                drafted += out.num_drafted
-                accepted += out.num_accepted
-                cache = out.cache if out.cache is not None else cache
-        assert tokens == expected, (k, tree)
-        assert mx.allclose(mx.concatenate(logprobs), call, atol=1e-4)
-        assert type(cache[0]).__name__ == "WindowKVCache" and cache[0].max_size == size
-        assert k is None or 0 < accepted < drafted
-
-
 # --- kv_bits ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bits,start", [(2, 3), (4, 12), (2, 20)])  # in the prompt; the reply

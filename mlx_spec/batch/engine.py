@@ -41,7 +41,9 @@ from .. import prompt_look
 from ..acceptance import KeyedRule
 from ..arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
+from ..cache import check_rewindable
 from ..cache.rewind import leaves, make_rewindable
+from ..cache.window import prefilling
 from ..cache.quantize import KVQuantizer, check_kv_quantization
 from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
                         DEFAULT_QUANTIZED_KV_START, MLX_LM_PREFILL_STEP_SIZE)
@@ -64,7 +66,8 @@ from .dflash import BatchDFlash
 from .eagle3 import batch_eagle3
 from .drafts import BatchDraft
 from . import plain
-from .kv import UNBATCHABLE, BatchCache, arrays, batchable, recurrent, row_cache
+from .kv import (UNBATCHABLE, BatchCache, arrays, batchable, masks_from_an_unwritten_layer,
+                 recurrent, row_cache)
 from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
@@ -122,6 +125,12 @@ def unbatchable(target_model, draft_model=None) -> Optional[str]:
         if why is not None:
             return (f"The {role} ({model_type(model)}) cannot share a batch: {why}; decode it "
                     "one request at a time (max_rows=1).")
+    for role, model in (("target", target_model), ("draft model", draft_model)):
+        if model is not None and masks_from_an_unwritten_layer(model):
+            return (f"The {role}'s first attention layer is one its attention never writes (a "
+                    "linear layer: Nemotron-NAS) and every layer's mask is made from it, which "
+                    "could not tell a batch's rows apart; decode it one request at a time "
+                    "(max_rows=1).")
     if not batchable(target_model):
         return ("The target's cache layers are not plain or sliding-window KVCache layers, or "
                 "the recurrent state of a family the batch was tested on "
@@ -175,6 +184,10 @@ class BatchEngine:
         if why is not None and max_rows != 1:
             raise ValueError(why)
         self.solo = why is not None
+        if self.solo:  # (a kind no rewind handles, deepseek_v41's compressed cache: a call's
+            check_rewindable(make_prompt_cache(target_model), "target")  # sentence)
+            if is_draft_model(draft_model):
+                check_rewindable(make_prompt_cache(draft_model), "draft")
         self.kv_quantization = None if kv_bits is None else dict(
             bits=kv_bits, group_size=kv_group_size, start=quantized_kv_start)
         self.quantizer: Optional[KVQuantizer] = None  # the row's, with kv_bits
@@ -188,9 +201,10 @@ class BatchEngine:
         if is_draft_model(draft_model):
             draft_model, self.cross = cross_draft(target_model, draft_model, tokenizer,
                                                   draft_tokenizer)
-        if prefill_step_size is None:  # (with kv_bits, mlx-lm's chunks: where it quantizes)
-            prefill_step_size = DEFAULT_PREFILL_STEP_SIZE if kv_bits is None \
-                else MLX_LM_PREFILL_STEP_SIZE
+        if prefill_step_size is None:  # (with kv_bits or max_kv_size, mlx-lm's chunks: where
+            # it quantizes, what a chunk sees of a window's kept prefix)
+            prefill_step_size = MLX_LM_PREFILL_STEP_SIZE if kv_bits is not None or \
+                max_kv_size is not None else DEFAULT_PREFILL_STEP_SIZE
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)
@@ -627,33 +641,34 @@ class BatchEngine:
         if chunk:
             started, look, kept = time.perf_counter(), False, None
             x = mx.array(chunk, mx.uint32)[None]
-            if self.pairs is not None:  # the head's pairs: a position's state, the next token
-                if self.target.capture is not None:  # an EAGLE-3 head's fused taps
-                    _, hidden = self.target.capture(x, j.target_layers)
+            with prefilling(j.target_cache.trimmable if j.target_cache is not None else ()):
+                if self.pairs is not None:  # the head's pairs: a position's state, the next token
+                    if self.target.capture is not None:  # an EAGLE-3 head's fused taps
+                        _, hidden = self.target.capture(x, j.target_layers)
+                    else:
+                        hidden = self.target.split[0](x, cache=j.target_layers)  # the trunk's
+                    last = j.done + len(chunk) == len(prompt) - 1
+                    outputs = self.pairs.prefill(j.row, j.head_layers,
+                                                 prompt[j.done + 1:j.done + 1 + len(chunk)], hidden,
+                                                 last)
+                    if outputs is not None and self._gathers_look(j, chunk):  # an MTP head's look:
+                        look = True  # its outputs at the pairs against the target's own rows
+                        kept = (hidden[0, -prompt_look.ROWS:], outputs[0, -prompt_look.ROWS:])
+                elif self.dflash is not None:  # the drafter's context: the taps at these positions
+                    look = j.held == 0 and self._gathers_look(j, chunk)  # (a context from 0)
+                    final, taps = self.dflash.capture(  # (the look: the trunk's last rows)
+                        x, j.target_layers, forward=self.look_split[0] if look else None)
+                    self.dflash.prefill(j.row, j.head_layers, taps, j.done)
+                    kept = final[0, -prompt_look.ROWS:] if look else None
+                elif self._gathers_look(j, chunk):  # the last positions' hidden states kept
+                    look = True
+                    kept = (self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
+                            self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
+                elif j.row.request.input_embeddings is not None:  # in place of the tokens' own
+                    self.target_model(x, cache=j.target_layers, input_embeddings=j.row.request.
+                                      input_embeddings[None, j.done:j.done + len(chunk)])
                 else:
-                    hidden = self.target.split[0](x, cache=j.target_layers)  # the trunk's
-                last = j.done + len(chunk) == len(prompt) - 1
-                outputs = self.pairs.prefill(j.row, j.head_layers,
-                                             prompt[j.done + 1:j.done + 1 + len(chunk)], hidden,
-                                             last)
-                if outputs is not None and self._gathers_look(j, chunk):  # an MTP head's look:
-                    look = True  # its outputs at the pairs against the target's own rows
-                    kept = (hidden[0, -prompt_look.ROWS:], outputs[0, -prompt_look.ROWS:])
-            elif self.dflash is not None:  # the drafter's context: the taps at these positions
-                look = j.held == 0 and self._gathers_look(j, chunk)  # (a context from 0)
-                final, taps = self.dflash.capture(  # (the look: the trunk's last rows)
-                    x, j.target_layers, forward=self.look_split[0] if look else None)
-                self.dflash.prefill(j.row, j.head_layers, taps, j.done)
-                kept = final[0, -prompt_look.ROWS:] if look else None
-            elif self._gathers_look(j, chunk):  # the last positions' hidden states kept
-                look = True
-                kept = (self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
-                        self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
-            elif j.row.request.input_embeddings is not None:  # in place of the tokens' own
-                self.target_model(x, cache=j.target_layers, input_embeddings=j.row.request.
-                                  input_embeddings[None, j.done:j.done + len(chunk)])
-            else:
-                self.target_model(x, cache=j.target_layers)
+                    self.target_model(x, cache=j.target_layers)
             # The target's part (and a head's or a DFlash drafter's, as a call's followers)
             # evaluated and timed first: a row alone's v prior, as a call's prefill is timed.
             # The look's hidden states after (the last layer and the final norm over its

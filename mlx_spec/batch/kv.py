@@ -107,7 +107,29 @@ def batchable(model) -> bool:
     kinds = {"attention" if type(layer) is KVCache or _sliding(layer)
              else "recurrent" if type(layer) is ArraysCache and recurrent_ok else "other"
              for layer in leaves(layers)}  # (Falcon-H1: a CacheList of both a layer)
-    return "other" not in kinds and ("attention" in kinds or name in RECURRENT_ONLY)
+    return "other" not in kinds and ("attention" in kinds or name in RECURRENT_ONLY) \
+        and not masks_from_an_unwritten_layer(model)
+
+
+UNWRITTEN = "_mlx_spec_unwritten_first"  # on a model: what `masks_from_an_unwritten_layer` found
+
+
+def masks_from_an_unwritten_layer(model) -> bool:
+    """Whether the first attention layer mlx-lm makes for `model` is one its attention never
+    writes (Nemotron-NAS's linear attention, whose KVCache stays empty) while others are
+    written: such a model makes every layer's mask from its first cache (create_attention_mask
+    (h, cache[0])), which in a batch would know no row's length or padding. Probed once per
+    model, one token on a cache of its own; a row alone (solo.py) takes it."""
+    found = getattr(model, UNWRITTEN, None)
+    if found is None:
+        layers = make_prompt_cache(model)
+        attention = [layer for layer in leaves(layers) if type(layer) is KVCache]
+        found = False
+        if len(attention) > 1:
+            model(mx.array([[0]]), cache=layers)
+            found = attention[0].keys is None and any(a.keys is not None for a in attention)
+        object.__setattr__(model, UNWRITTEN, found)  # (not a parameter)
+    return found
 
 
 def _groups_queries(model) -> bool:
@@ -299,11 +321,16 @@ class BatchCache:
                 layer.extend(new)
             self.padding = self.padding + [0]
             return
-        length = next(layer.offset for layer in leaves(row_layers) if isinstance(layer, KVCache))
-        before = self.attention[0]._idx
+        # The lengths are read off an attention layer the model writes (a layer whose attention
+        # ignores its cache, Nemotron-NAS's linear ones, holds nothing: no keys)
+        attention, incoming = self.attention, [layer for layer in leaves(row_layers)
+                                               if isinstance(layer, KVCache)]
+        ref = next((i for i, (old, new) in enumerate(zip(attention, incoming))
+                    if old.keys is not None or new.keys is not None), 0)
+        length, before = incoming[ref].offset, attention[ref]._idx
         for layer, new in zip(self.layers, merged):
             layer.extend(new)
-        after = self.attention[0]._idx  # the old rows were padded on the left by after - before
+        after = attention[ref]._idx  # the old rows were padded on the left by after - before
         self.padding = [p + after - before for p in self.padding] + [after - length]
 
     def drop(self, keep: Sequence[int]) -> None:
@@ -343,13 +370,18 @@ class BatchCache:
     def _roll(self, rest: Sequence[int]) -> None:
         """Roll each row right by its `rest` entries (lazy); they join its left padding."""
         if any(rest) and self.attention:  # (no attention layer: nothing to align)
-            for layer in self.attention:
+            for layer in self._written:
                 layer.prepare(right_padding=list(rest))
                 layer.finalize()
             self.padding = [p + r for p, r in zip(self.padding, rest)]
 
+    @property
+    def _written(self) -> List[BatchKVCache]:
+        """The attention layers holding entries (not one whose attention ignores its cache)."""
+        return [layer for layer in self.attention if layer.keys is not None]
+
     def _compact(self, n: int) -> None:
-        for layer in self.attention:
+        for layer in self._written:
             layer.keys = layer.keys[..., n:, :]
             layer.values = layer.values[..., n:, :]
             layer._idx -= n

@@ -161,6 +161,8 @@ def keep_paths(target: BatchCache, fed: int, kept_rows: Sequence[Sequence[int]],
         order = [list(r) + [j for j in range(fed) if j not in set(r)] for r in kept_rows]
         index = mx.array(order)[:, None, :, None]  # (B, 1, N, 1)
         for layer in target.attention:
+            if layer.keys is None:  # (a layer whose attention ignores its cache)
+                continue
             start, end = layer._idx - fed, layer._idx
             for name in ("keys", "values"):
                 a = getattr(layer, name)

@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from .rewind import ModelCache
+from .window import prefilling
 
 # The look's rows are a chunk of their own only when the chunk they would end is this long: a
 # forward and its sync cost ~2 plain steps on a CPU's small float32 targets (the look 17.1 ms with
@@ -39,7 +40,8 @@ def prefill(cache: ModelCache, tokens: List[int], step_size: int,
     after = tokens[1:] + [next_token]
     for start, end in chunks(len(tokens), step_size, tail):
         chunk = None if embeddings is None else embeddings[start:end]
-        cache.forward(mx.array(tokens[start:end], mx.uint32), chunk)
+        with prefilling(cache.trimmable):  # (windows that keep a prefix: mlx-lm's chunk rule)
+            cache.forward(mx.array(tokens[start:end], mx.uint32), chunk)
         if settle is not None:
             settle()
         pending = [c.state for c in cache.layers]

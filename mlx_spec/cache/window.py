@@ -10,11 +10,16 @@ sees the same window as plain decoding: the mask hides what is older than
 `max_size - keep` tokens (the first `keep` tokens stay visible, as in mlx-lm).
 That rule is `visible` (any query and key positions) over `key_positions` (the
 position of each key a pass is shown, in buffer order), so a token tree's mask
-(tree_verify) is built from the same two.
+(tree_verify) is built from the same two. A prompt chunk (`prefilling`) is masked
+as mlx-lm masks one where a prefix is kept (max_kv_size's attention sinks): a
+window of `max_size` over its ring's buffer, where a kept token is seen only while
+it is that close in the buffer (`_chunk_mask`); decoding steps and verify passes
+by `visible`.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Optional
 
 import mlx.core as mx
@@ -34,6 +39,28 @@ def visible(query_pos: mx.array, key_pos: mx.array, window: Optional[int],
     if window is None:
         return k <= q
     return (k <= q) & ((q - k < window) | (k < keep))
+
+
+@contextmanager
+def prefilling(layers):
+    """Inside the block, forwards are a prompt's chunks: the sliding windows in `layers` that
+    keep a prefix mask them as mlx-lm's RotatingKVCache masks a chunk (`_chunk_mask`), so a
+    prompt longer than the window fills the cache as mlx-lm's prefill does."""
+    marked = [layer for layer in layers if isinstance(layer, WindowKVCache) and layer.keep]
+    for layer in marked:
+        layer.prefilling = True
+    try:
+        yield
+    finally:
+        for layer in marked:
+            del layer.prefilling
+
+
+def keeps_prefix(layers) -> bool:
+    """Whether any sliding window in `layers` keeps a prefix (mlx-lm's max_kv_size): its
+    prompt is then prefilled in mlx-lm's chunks, whose ends decide what a chunk sees."""
+    return any(isinstance(layer, (WindowKVCache, RotatingKVCache)) and layer.keep
+               for layer in layers)
 
 
 class WindowKVCache(_BaseCache):
@@ -157,7 +184,29 @@ class WindowKVCache(_BaseCache):
         if N == 1 and not return_array and oldest >= self.offset - window + 1:
             return None  # one query that sees every key
         query_pos = mx.arange(self.offset, self.offset + N)
+        if self.prefilling and self.keep and N > 1:
+            return self._chunk_mask(query_pos, self.key_positions(N))
         return visible(query_pos, self.key_positions(N), window, self.keep)  # (N, K)
+
+    prefilling = False  # a prompt chunk's pass (`prefilling`): mlx-lm's chunk rule
+
+    def _chunk_mask(self, query_pos: mx.array, key_pos: mx.array) -> mx.array:
+        """(N, K) what mlx-lm's RotatingKVCache shows a prompt chunk's queries where it keeps
+        a prefix (max_kv_size's attention sinks): its chunk update lays the kept prefix and
+        the last max_size - 1 - keep older tokens in front of the chunk, and its mask is a
+        window of max_size over that buffer's indices, so a query sees the last max_size
+        positions, a kept token only while it is that close in the buffer (its decoding
+        steps, one token each, see the kept prefix always: `visible`). Position p's index in
+        that buffer: p for the kept prefix or before the cache holds max_size - 1 tokens;
+        else p - offset + max_size - 1, shown when at least `keep`."""
+        old = self.offset  # tokens before the chunk
+        held = min(old, self.max_size - 1)
+        q = query_pos[:, None] - old + held  # (N, 1) the queries' buffer indices
+        k = key_pos[None, :]
+        index = k if old <= self.max_size - 1 else mx.where(k < self.keep, k,
+                                                             k - old + self.max_size - 1)
+        shown = (k < self.keep) | (index >= self.keep)
+        return shown & (index <= q) & (q - index < self.max_size)
 
     def is_trimmable(self) -> bool:
         return True
