@@ -15,3 +15,12 @@ DEFAULT_QUANTIZED_KV_START = 5000  # mlx-lm's quantized_kv_start
 DEFAULT_PREFILL_STEP_SIZE = 512  # prompt tokens a prefill chunk feeds
 MLX_LM_PREFILL_STEP_SIZE = 2048  # mlx-lm's: kv_bits' default (where a prompt's cache is quantized)
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's (generate and its server)
+
+
+def default_prefill_step_size(kv_bits=None, max_kv_size=None) -> int:
+    """Prompt tokens a prefill chunk feeds when the caller names none: 512, or mlx-lm's 2048
+    where its chunks decide what the cache holds (kv_bits: where a long prompt's cache is
+    quantized; max_kv_size: what a chunk sees of a window's kept first tokens)."""
+    if kv_bits is None and max_kv_size is None:
+        return DEFAULT_PREFILL_STEP_SIZE
+    return MLX_LM_PREFILL_STEP_SIZE

@@ -23,8 +23,7 @@ from .cache.quantize import KVQuantizer, check_kv_quantization
 from .dflash import dflash_directory, is_dflash_model
 from .eagle3 import eagle3_directory, is_eagle3_head
 from .defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_NGRAM, DEFAULT_MAX_TOKENS,
-                       DEFAULT_PREFILL_STEP_SIZE, DEFAULT_QUANTIZED_KV_START,
-                       MLX_LM_PREFILL_STEP_SIZE)
+                       DEFAULT_QUANTIZED_KV_START, default_prefill_step_size)
 from .drafters.prompt_lookup import on_by_default
 from .drafters.tree import with_trees
 from .judge import stop_cut
@@ -206,10 +205,8 @@ def speculative_generate_step(
     _check_token_ids(prompt, vocab_size(model))
     if kv_bits is not None:
         check_kv_quantization(model, kv_bits, kv_group_size, max_kv_size)
-    if prefill_step_size is None:  # with kv_bits, mlx-lm's chunks: its cache quantized as
-        # theirs; with max_kv_size, its windows' kept prefix seen by a chunk as by theirs
-        prefill_step_size = MLX_LM_PREFILL_STEP_SIZE if kv_bits is not None or \
-            max_kv_size is not None else DEFAULT_PREFILL_STEP_SIZE
+    if prefill_step_size is None:
+        prefill_step_size = default_prefill_step_size(kv_bits, max_kv_size)
     parts = assemble(
         model, draft_model, sampling, prompt_cache=prompt_cache,
         num_draft_tokens=num_draft_tokens, adaptive=adaptive, max_draft_tokens=max_draft_tokens,

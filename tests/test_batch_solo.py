@@ -157,6 +157,17 @@ def test_token_trees_on_the_quantized_cache(pair, start):
             assert trees > 0 or tree is None
 
 
+def test_a_rows_own_k_stops_at_the_point_too(pair):
+    """A row's pinned k (its request's num_draft_tokens, the server's --fixed) never drafts
+    past the point either (the engine's k did not reach it: review of 4a01613)."""
+    target, draft = pair
+    expected = mlx_lm_greedy(target, PROMPT, N, 2, 12)
+    for k in (3, 5):
+        tokens, drafted, _, _ = decode(quantized(target, draft), PROMPT, N, num_draft_tokens=k,
+                                       prompt_lookup=False)
+        assert tokens == expected and drafted > 0, k
+
+
 def test_the_control_rounds_past_the_point_change_the_text(pair, monkeypatch):
     target, draft = pair
     expected = mlx_lm_greedy(target, PROMPT, N, 2, 12)

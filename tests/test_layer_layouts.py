@@ -7,8 +7,9 @@ rows side by side, a row alone), each exact or refused in one sentence:
   lengths off a written layer. Where the first layer is the unwritten one, every layer's mask
   is made from it (create_attention_mask(h, cache[0])): a batch refuses it in one sentence, a
   row alone (batch/solo.py) and a call decode it (chains: the tree probe fails there).
-- DeepSeek-V4.1's compressed cache (LayerCache: no rewind path): a row alone refuses it in
-  the sentence a call gives (it was taken, then crashed at its prefill).
+- DeepSeek-V4.1's compressed cache (LayerCache: no rewind path): a row alone decodes it
+  plainly, and with a drafter refuses it in the sentence a call gives (it was taken, then
+  crashed at its prefill).
 - Phixtral's vocabulary is `num_vocab` (it was refused: "vocabulary size cannot be read").
 """
 
@@ -84,18 +85,25 @@ def test_an_unwritten_first_layer_decodes_alone_and_a_batch_refuses_it():
     assert engine.solo and rows(engine) == expected
 
 
-def test_a_cache_no_rewind_handles_is_one_sentence_for_a_row_alone():
+def test_a_cache_no_rewind_handles_decodes_plainly_alone_and_a_drafter_is_one_sentence():
+    """DeepSeek-V4.1's compressed LayerCache: a row alone decodes it plainly (lookup off, as a
+    call's with no drafter), its greedy text; with a draft model, the sentence a call gives
+    (it was taken, then crashed at its prefill)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    target = build("deepseek_v41", n_routed_experts=4, num_experts_per_tok=2,
-                   moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
-                   n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
-                   kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-                   v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4)
+    def v41(noise=0.0):
+        return build("deepseek_v41", noise, n_routed_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+                     n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+                     kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                     v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4)
+
+    target = v41()
     assert "LayerCache" in {type(c).__name__ for c in make_prompt_cache(target)}
-    for draft in (None, target):
-        with pytest.raises(ValueError, match="LayerCache: neither trimmable nor recurrent"):
-            BatchEngine(target, draft, max_rows=1, calibration=None)
+    engine = BatchEngine(target, None, max_rows=1, calibration=None)
+    assert engine.plain_only and rows(engine) == [plain_greedy(target, p, N) for p in PROMPTS]
+    with pytest.raises(ValueError, match="LayerCache: neither trimmable nor recurrent"):
+        BatchEngine(target, v41(0.05), max_rows=1, calibration=None)
 
 
 def test_a_vocabulary_named_num_vocab_is_read():

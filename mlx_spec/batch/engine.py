@@ -41,12 +41,12 @@ from .. import prompt_look
 from ..acceptance import KeyedRule
 from ..arguments import EMBEDDINGS_BESIDE_A_HEAD, check_arguments, check_input_embeddings
 from ..assemble import check_calibration, cost_prior, draft_bridge, resolve_calibration
-from ..cache import check_rewindable
+from ..cache import check_rewindable, unsupported_kinds
 from ..cache.rewind import leaves, make_rewindable
 from ..cache.window import prefilling
 from ..cache.quantize import KVQuantizer, check_kv_quantization
-from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_PREFILL_STEP_SIZE,
-                        DEFAULT_QUANTIZED_KV_START, MLX_LM_PREFILL_STEP_SIZE)
+from ..defaults import (DEFAULT_KV_GROUP_SIZE, DEFAULT_MAX_DRAFT_TOKENS,
+                        DEFAULT_QUANTIZED_KV_START, default_prefill_step_size)
 from ..dflash import check_fits, is_dflash_model
 from ..drafters.protocol import Proposal
 from ..drafters.tree import MAX_CHOSEN_WIDTH
@@ -153,7 +153,7 @@ def is_draft_model(draft_model) -> bool:
 class BatchEngine:
     def __init__(self, target_model, draft_model=None, *, num_draft_tokens: Optional[int] = None,
                  max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
-                 prefill_step_size: Optional[int] = DEFAULT_PREFILL_STEP_SIZE, stop_tokens=(),
+                 prefill_step_size: Optional[int] = None, stop_tokens=(),
                  accept=ACCEPT, mtp_weights: Optional[str] = None, tokenizer=None,
                  draft_tokenizer=None, tree=None, calibration="auto", auto_off: bool = True,
                  draft_confidence: float = 0.0, max_rows: Optional[int] = None, policy=None,
@@ -184,10 +184,13 @@ class BatchEngine:
         if why is not None and max_rows != 1:
             raise ValueError(why)
         self.solo = why is not None
-        if self.solo:  # (a kind no rewind handles, deepseek_v41's compressed cache: a call's
-            check_rewindable(make_prompt_cache(target_model), "target")  # sentence)
-            if is_draft_model(draft_model):
-                check_rewindable(make_prompt_cache(draft_model), "draft")
+        # A target whose cache no rewind handles (deepseek_v41's compressed LayerCache): its
+        # rows decode plainly, as a call's with no drafter (a drafter: a call's sentence)
+        self.plain_only = self.solo and bool(unsupported_kinds(make_prompt_cache(target_model)))
+        if self.plain_only and draft_model is not None:
+            check_rewindable(make_prompt_cache(target_model), "target")
+        if self.solo and is_draft_model(draft_model):
+            check_rewindable(make_prompt_cache(draft_model), "draft")
         self.kv_quantization = None if kv_bits is None else dict(
             bits=kv_bits, group_size=kv_group_size, start=quantized_kv_start)
         self.quantizer: Optional[KVQuantizer] = None  # the row's, with kv_bits
@@ -201,10 +204,8 @@ class BatchEngine:
         if is_draft_model(draft_model):
             draft_model, self.cross = cross_draft(target_model, draft_model, tokenizer,
                                                   draft_tokenizer)
-        if prefill_step_size is None:  # (with kv_bits or max_kv_size, mlx-lm's chunks: where
-            # it quantizes, what a chunk sees of a window's kept prefix)
-            prefill_step_size = MLX_LM_PREFILL_STEP_SIZE if kv_bits is not None or \
-                max_kv_size is not None else DEFAULT_PREFILL_STEP_SIZE
+        if prefill_step_size is None:  # (512; with kv_bits or max_kv_size, mlx-lm's 2048)
+            prefill_step_size = default_prefill_step_size(kv_bits, max_kv_size)
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}.")
         self.vocab_size = vocab_size(target_model)
@@ -301,6 +302,8 @@ class BatchEngine:
         its prompt tokens. Returns the row's uid."""
         if not request.prompt:
             raise ValueError("The prompt is empty: give at least one token.")
+        if self.plain_only:  # (nothing it drafts could be taken back)
+            request = replace(request, num_draft_tokens=0, prompt_lookup=False, suffix=None)
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}.")
         if request.seed is not None and not request.sampling.greedy and (
@@ -379,6 +382,8 @@ class BatchEngine:
         for j in list(self.joining):
             if j.row.uid == uid:
                 self.joining.remove(j)
+                if self.solo:  # (the quantizer was the row's)
+                    self.quantizer = None
                 return RowOutput(uid, [], "cancelled", 0, 0, "target")
         for i, row in enumerate(self.rows):
             if row.uid == uid:
@@ -417,9 +422,6 @@ class BatchEngine:
         else:
             k = self.policy.choose(self.rows)
             lengths = dict.fromkeys(SOURCES, k)
-        fits = self._fits()
-        if fits is not None:  # (kv_bits: drafts that end before its cache is quantized)
-            lengths = {source: min(n, fits - 1) for source, n in lengths.items()}
         rows = self.rows  # (the round drops the rows that end)
         outputs = self._round(lengths, alone, width)
         if self.quantizer is not None and self.rows:
@@ -794,14 +796,19 @@ class BatchEngine:
         MTP head or DFlash drafter for every row that has none, in one batch: chains, or
         trees of the forced `tree` shape, or `width` wide."""
         rows = self.rows
+        fits = self._fits()  # (kv_bits: no row's drafts, a pinned k's too, past the point)
+
+        def wanted(row: Row, k: int) -> int:
+            return row.wants(k) if fits is None else min(row.wants(k), fits - 1)
+
         proposals: List[Optional[Proposal]] = [None] * len(rows)
         for i, row in enumerate(rows):
             proposals[i] = first_proposal(row.searchers + (row.fallbacks if alone else []),
-                                          row.history, lambda source: row.wants(lengths[source]))
+                                          row.history, lambda source: wanted(row, lengths[source]))
         model = self.model_drafter
         if model is None:
             return proposals, False
-        wants = [row.wants(lengths[model.source]) if p is None and model.ready(row) else 0
+        wants = [wanted(row, lengths[model.source]) if p is None and model.ready(row) else 0
                  for row, p in zip(rows, proposals)]
         if model is self.dflash:  # never past its block (a row's pinned k may ask more)
             wants = [min(n, model.max_draft_tokens) for n in wants]

@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from typing import Callable, List, Optional, Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import (ArraysCache, BatchKVCache, CacheList, KVCache, RotatingKVCache,
                                  make_prompt_cache)
 
@@ -411,6 +412,11 @@ def arrays(layers) -> list:
     """Every array a cache list holds (to evaluate it)."""
     out = []
     for layer in leaves(layers):
-        values = layer.cache if isinstance(layer, ArraysCache) else (layer.keys, layer.values)
+        if isinstance(layer, ArraysCache):
+            values = layer.cache
+        elif hasattr(layer, "keys"):
+            values = (layer.keys, layer.values)
+        else:  # (another kind, a row alone's: deepseek_v41's LayerCache)
+            values = [v for _, v in tree_flatten(layer.state)]
         out += [v for v in values if v is not None]
     return out

@@ -26,7 +26,6 @@ from typing import List, Optional, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..cache import rewind as drop_last
 from ..cache.rewind import ModelCache, cache_length
 from ..tree_verify import keep_path, tree_capable
 from .kv import BatchCache
@@ -108,9 +107,9 @@ class SoloCache(BatchCache):
         cache = self.cache
         if anchored:
             cache.keep(cache.length - cache.anchor_length - drop)
-        else:
-            drop_last(cache.layers, drop)
-            cache.length -= drop
+        else:  # (the draft's model is called on its layers: it keeps no count of its own)
+            for layer in cache.trimmable:
+                layer.trim(drop)
 
     def keep_path(self, nodes: Sequence[int]) -> None:
         """After a tree pass: keep `nodes` (the root, then the accepted path), gathered to the

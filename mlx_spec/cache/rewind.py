@@ -139,7 +139,7 @@ class ModelCache:
         self.trimmable = [c for c in all_leaves if not is_recurrent(c)]
         self.recurrent = [c for c in all_leaves if is_recurrent(c)]
         self._anchor: Optional[Checkpoint] = None
-        self._fed: List[int] = []  # host tokens fed since the anchor, when known
+        self._fed = []  # tokens fed since the anchor, when known: host ids or a lazy array
         self._record = False  # record the next forward's recurrent mixers
         self._recent = deque(maxlen=4)  # checkpoints before the latest forwards (recurrent only)
         self.mixers = MixerReplay(model, self.recurrent) if self.recurrent else None
