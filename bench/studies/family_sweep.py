@@ -393,9 +393,11 @@ def main(names, out: str, timeout=300):
             p = subprocess.run([sys.executable, "-m", "bench.studies.family_sweep", "--one", name],
                                capture_output=True, text=True, timeout=timeout, cwd=ROOT)
             line = [l for l in p.stdout.splitlines() if l.startswith("{")]
-            res = json.loads(line[-1]) if line else {
-                "family": name, "built": f"crash: process rc {p.returncode}: "
-                + p.stderr.strip().splitlines()[-1][:150] if p.stderr.strip() else "no output"}
+            if line:
+                res = json.loads(line[-1])
+            else:  # (the process died: its last words)
+                last = p.stderr.strip().splitlines()[-1][:150] if p.stderr.strip() else "none"
+                res = {"family": name, "built": f"crash: process rc {p.returncode}: {last}"}
         except subprocess.TimeoutExpired:
             res = {"family": name, "built": f"timeout after {timeout}s"}
         res["seconds"] = round(time.time() - t, 1)
