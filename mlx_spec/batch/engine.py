@@ -72,7 +72,7 @@ from .mtp import BatchMTP
 from .policy import BatchPolicy
 from .rows import Row, RowOutput, RowRequest, make_row
 from .solo import SoloCache
-from .trees import draft_trees, keep_paths, path_states, verify_trees
+from .trees import draft_trees, path_states, verify_trees
 from .verify import (ACCEPT, chain_parts, emitted_tokens, read_chain, spine_kept, verify,
                      verify_input)
 
@@ -745,7 +745,7 @@ class BatchEngine:
         emitted = [emitted_tokens(row, verdict) for row, verdict in zip(rows, verdicts)]
         kept = [len(tokens) for tokens, _ in emitted]
         if verdicts[0].nodes is not None:  # each row's accepted path, gathered
-            keep_paths(self.target, fed, [v.nodes for v in verdicts], kept)
+            self.target.keep_paths(fed, [v.nodes for v in verdicts], kept)
         else:
             self.target.keep(max(len(v.drafted) for v in verdicts) + 1, kept)
         if self.draft is not None:  # its own drafts kept (a tree's: along its spine)

@@ -55,6 +55,8 @@ from mlx_lm.models.cache import (ArraysCache, BatchKVCache, CacheList, KVCache, 
 
 from ..cache.replay import MixerReplay
 from ..cache.rewind import leaves
+from ..cache.window import visible
+from ..tree_verify import tree_forward
 from ..mtp.heads import model_type
 
 # Left padding every row has: sliced off when it reaches this many positions.
@@ -376,6 +378,30 @@ class BatchCache:
                 layer.finalize()
             self.padding = [p + r for p, r in zip(self.padding, rest)]
 
+    def tree_pass(self, trees: Sequence[Sequence[int]], ancestors: mx.array, steps: mx.array):
+        """A forward of the rows' flattened trees inside this block (batch/trees.py): every
+        attention layer's mask each row's tree mask (`tree_mask`, shaped for grouped queries),
+        each node rotated at its row's offset + its depth (`steps` (B, N))."""
+        return tree_forward(self.attention, steps, lambda layer, window: grouped(
+            layer, tree_mask(layer, ancestors, steps, window)[:, None]))  # (B, 1, N, K)
+
+    def keep_paths(self, fed: int, kept_rows: Sequence[Sequence[int]],
+                   kept: Sequence[int]) -> None:
+        """After a tree pass of `fed` positions: row b keeps its first `kept[b]` nodes of
+        `kept_rows[b]` (the root, then its accepted path), gathered to the front of its `fed`
+        entries, the rest dropped (`keep`)."""
+        if any(list(r) != list(range(len(r))) for r in kept_rows):
+            order = [list(r) + [j for j in range(fed) if j not in set(r)] for r in kept_rows]
+            index = mx.array(order)[:, None, :, None]  # (B, 1, N, 1)
+            for layer in self._written:
+                start, end = layer._idx - fed, layer._idx
+                for name in ("keys", "values"):
+                    a = getattr(layer, name)
+                    tail = a[..., start:end, :]
+                    a[..., start:end, :] = mx.take_along_axis(
+                        tail, mx.broadcast_to(index, tail.shape), axis=2)
+        self.keep(fed, kept)
+
     @property
     def _written(self) -> List[BatchKVCache]:
         """The attention layers holding entries (not one whose attention ignores its cache)."""
@@ -406,6 +432,20 @@ class BatchCache:
         cache.values = mx.contiguous(layer.values[row:row + 1, :, start:layer._idx])
         cache.offset = layer._idx - start
         return cache
+
+
+def tree_mask(layer, ancestors: mx.array, steps: mx.array,
+              window_size: Optional[int] = None) -> mx.array:
+    """(B, N, K) bool over the K = entries + N keys a BatchKVCache returns: row b's node i
+    sees a key past the row's left padding that a query at its depth decoded alone would see
+    (cache/window.py's `visible`, the one window rule) and that is the context's or one of its
+    own ancestors. Positions are buffer indices (each row's position plus its left padding)."""
+    rows, n = steps.shape
+    context = mx.broadcast_to(mx.arange(layer._idx)[None], (rows, layer._idx))
+    nodes = layer._idx + steps  # (B, N)
+    keys = mx.concatenate([context, nodes], axis=1)  # (B, K)
+    seen = visible(nodes, keys, window_size) & (keys >= layer.left_padding[:, None])[:, None]
+    return seen & mx.concatenate([mx.ones((rows, n, layer._idx), mx.bool_), ancestors], axis=-1)
 
 
 def arrays(layers) -> list:

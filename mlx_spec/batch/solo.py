@@ -27,7 +27,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..cache.rewind import ModelCache, cache_length
-from ..tree_verify import keep_path, tree_capable
+from ..tree_verify import keep_path, tree_attention, tree_capable
 from .kv import BatchCache
 
 
@@ -111,11 +111,17 @@ class SoloCache(BatchCache):
             for layer in cache.trimmable:
                 layer.trim(drop)
 
-    def keep_path(self, nodes: Sequence[int]) -> None:
-        """After a tree pass: keep `nodes` (the root, then the accepted path), gathered to the
-        front of what the pass fed, as a call's (tree_verify.keep_path)."""
+    def tree_pass(self, trees, ancestors, steps):
+        """The row's tree pass as a call's (tree_verify.tree_attention on its own layers)."""
+        return tree_attention(self.attention, trees[0])
+
+    def keep_paths(self, fed: int, kept_rows: Sequence[Sequence[int]],
+                   kept: Sequence[int]) -> None:
+        """After a tree pass: keep the row's first `kept[0]` nodes of `kept_rows[0]` (the root,
+        then the accepted path), gathered to the front of what the pass fed, as a call's
+        (tree_verify.keep_path)."""
         self._anchored = False
-        keep_path(self.cache, nodes)
+        keep_path(self.cache, list(kept_rows[0])[:kept[0]])
 
     def extract(self, row: int) -> list:
         """The row's own cache list (the caller's, when it handed one in)."""

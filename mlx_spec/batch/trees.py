@@ -20,9 +20,10 @@ queries and keys are rotated at offset + depth, each row from its own offset
 single-sequence pass does). So each node's keys and values are those of its
 path decoded alone. Each row is then judged alone (tree_acceptance: the
 longest greedy path, or recursive rejection with the row's key), all rows'
-outcomes come back in one transfer, and `keep_paths` gathers each row's
+outcomes come back in one transfer, and the cache's `keep_paths` gathers each row's
 accepted path to the front of its N entries before the per-row trim
-(kv.BatchCache.keep). Targets with recurrent layers keep chains. A row alone on its own
+(kv.BatchCache.keep). Targets with recurrent layers keep chains. The tree pass's masks and
+the kept paths are the cache's own (`tree_pass`, `keep_paths`): a row alone on its own
 cache kinds (solo.py) verifies its tree as a call does (tree_verify.tree_attention).
 """
 
@@ -35,15 +36,12 @@ import mlx.core as mx
 import numpy as np
 
 from ..attention import round_attention
-from ..cache.window import visible
 from ..sampling import logprobs_from_logits
 from ..drafters.protocol import Proposal
 from ..drafters.tree import beside_the_spine
 from ..tree import ancestor_mask, depths, spine_and_siblings
 from ..tree_acceptance import read_tree, tree_parts, tree_size
-from ..tree_verify import tree_attention, tree_forward
-from .kv import BatchCache, grouped
-from .solo import SoloCache
+from .kv import BatchCache
 from .rows import Row
 from .verify import ACCEPT, Verdict, chain_parts, read_chain, verify_input
 
@@ -93,12 +91,7 @@ def verify_trees(target: BatchCache, rows: Sequence[Row],
     ancestors = mx.array(np.stack([ancestor_mask(t) for t in padded]))  # (B, N, N)
     steps = mx.array(ancestors.sum(-1) - 1, mx.int32)  # (B, N) each node's depth
     x = verify_input(rows, proposals, n)  # (B, N): filler leaves under each row's root
-    if isinstance(target, SoloCache):  # a row alone on its own cache kinds: a call's pass
-        masks = tree_attention(target.attention, trees[0])
-    else:
-        masks = tree_forward(target.attention, steps, lambda layer, window: grouped(
-            layer, tree_mask(layer, ancestors, steps, window)[:, None]))  # (B, 1, N, K)
-    with round_attention(), masks:
+    with round_attention(), target.tree_pass(trees, ancestors, steps):
         target_logits = target.forward(x)  # (B, N, V)
     parts, row_logits = [], []
     for i, (row, proposal, tree) in enumerate(zip(rows, proposals, trees)):
@@ -127,46 +120,9 @@ def verify_trees(target: BatchCache, rows: Sequence[Row],
     return verdicts, n
 
 
-def tree_mask(layer, ancestors: mx.array, steps: mx.array,
-              window_size: Optional[int] = None) -> mx.array:
-    """(B, N, K) bool over the K = entries + N keys a BatchKVCache returns: row b's node i
-    sees a key past the row's left padding that a query at its depth decoded alone would see
-    (cache/window.py's `visible`, the one window rule) and that is the context's or one of its
-    own ancestors. Positions are buffer indices (each row's position plus its left padding)."""
-    rows, n = steps.shape
-    context = mx.broadcast_to(mx.arange(layer._idx)[None], (rows, layer._idx))
-    nodes = layer._idx + steps  # (B, N)
-    keys = mx.concatenate([context, nodes], axis=1)  # (B, K)
-    seen = visible(nodes, keys, window_size) & (keys >= layer.left_padding[:, None])[:, None]
-    return seen & mx.concatenate([mx.ones((rows, n, layer._idx), mx.bool_), ancestors], axis=-1)
-
-
 def path_states(hidden: mx.array, kept_rows: Sequence[Sequence[int]]) -> mx.array:
     """The target's states (B, N, H) of a tree pass at each row's kept nodes (the root, then
     its accepted path), gathered to the front (B, L, H): what a head's pairs read."""
     longest = max(len(r) for r in kept_rows)
     index = mx.array([list(r) + [0] * (longest - len(r)) for r in kept_rows])[..., None]
     return mx.take_along_axis(hidden, index, axis=1)
-
-
-def keep_paths(target: BatchCache, fed: int, kept_rows: Sequence[Sequence[int]],
-               kept: Sequence[int]) -> None:
-    """After a tree pass of `fed` positions: row b keeps its first `kept[b]` nodes of
-    `kept_rows[b]` (the root, then its accepted path), gathered to the front of its `fed`
-    entries, the rest dropped (BatchCache.keep)."""
-    if isinstance(target, SoloCache):
-        target.keep_path(list(kept_rows[0])[:kept[0]])
-        return
-    if any(list(r) != list(range(len(r))) for r in kept_rows):
-        order = [list(r) + [j for j in range(fed) if j not in set(r)] for r in kept_rows]
-        index = mx.array(order)[:, None, :, None]  # (B, 1, N, 1)
-        for layer in target.attention:
-            if layer.keys is None:  # (a layer whose attention ignores its cache)
-                continue
-            start, end = layer._idx - fed, layer._idx
-            for name in ("keys", "values"):
-                a = getattr(layer, name)
-                tail = a[..., start:end, :]
-                a[..., start:end, :] = mx.take_along_axis(
-                    tail, mx.broadcast_to(index, tail.shape), axis=2)
-    target.keep(fed, kept)
