@@ -157,6 +157,26 @@ def test_token_trees_on_the_quantized_cache(pair, start):
             assert trees > 0 or tree is None
 
 
+def test_the_shipped_targets_drafters_alone_give_mlx_lms_text():
+    """The draft model, the target's MTP head and its DFlash drafter on a row alone's quantized
+    cache (the heads read the target's states from the row's own passes): mlx-lm's text."""
+    from mlx_spec import load_default_pair
+    from mlx_spec.default_models import DEFAULT_DFLASH_PATH
+    from mlx_spec.dflash import load_dflash
+
+    target, draft, tokenizer = load_default_pair()
+    prompt = tokenizer.encode("import os\n\ndef main():")
+    expected = [int(t) for t, _ in generate_step(
+        mx.array(prompt), target, max_tokens=N, sampler=lambda lp: mx.argmax(lp, axis=-1),
+        kv_bits=4, kv_group_size=64, quantized_kv_start=10)]
+    for drafter in (draft, "mtp", load_dflash(DEFAULT_DFLASH_PATH)):
+        engine = BatchEngine(target, drafter, max_rows=1, calibration=None, kv_bits=4,
+                             kv_group_size=64, quantized_kv_start=10)
+        tokens, _, accepted, cache = decode(engine, prompt, N)
+        assert tokens == expected and accepted > 0, drafter
+        assert any(type(layer) is QuantizedKVCache for layer in cache)
+
+
 def test_a_rows_own_k_stops_at_the_point_too(pair):
     """A row's pinned k (its request's num_draft_tokens, the server's --fixed) never drafts
     past the point either (the engine's k did not reach it: review of 4a01613)."""
