@@ -566,7 +566,9 @@ class BatchEngine:
             if budget <= 0:
                 break
             if not self._ready(j):
-                budget -= self._prefill_one(j, budget)
+                with prefilling(j.target_cache.trimmable if j.target_cache is not None else ()):
+                    budget -= self._prefill_one(j, budget)  # (a kept window prefix: mlx-lm's
+                    # chunk rule; the draft's layers are not the target's)
         first = []
         while self._queued is None and self.joining and self._ready(self.joining[0]):
             j = self.joining.popleft()
@@ -643,34 +645,33 @@ class BatchEngine:
         if chunk:
             started, look, kept = time.perf_counter(), False, None
             x = mx.array(chunk, mx.uint32)[None]
-            with prefilling(j.target_cache.trimmable if j.target_cache is not None else ()):
-                if self.pairs is not None:  # the head's pairs: a position's state, the next token
-                    if self.target.capture is not None:  # an EAGLE-3 head's fused taps
-                        _, hidden = self.target.capture(x, j.target_layers)
-                    else:
-                        hidden = self.target.split[0](x, cache=j.target_layers)  # the trunk's
-                    last = j.done + len(chunk) == len(prompt) - 1
-                    outputs = self.pairs.prefill(j.row, j.head_layers,
-                                                 prompt[j.done + 1:j.done + 1 + len(chunk)], hidden,
-                                                 last)
-                    if outputs is not None and self._gathers_look(j, chunk):  # an MTP head's look:
-                        look = True  # its outputs at the pairs against the target's own rows
-                        kept = (hidden[0, -prompt_look.ROWS:], outputs[0, -prompt_look.ROWS:])
-                elif self.dflash is not None:  # the drafter's context: the taps at these positions
-                    look = j.held == 0 and self._gathers_look(j, chunk)  # (a context from 0)
-                    final, taps = self.dflash.capture(  # (the look: the trunk's last rows)
-                        x, j.target_layers, forward=self.look_split[0] if look else None)
-                    self.dflash.prefill(j.row, j.head_layers, taps, j.done)
-                    kept = final[0, -prompt_look.ROWS:] if look else None
-                elif self._gathers_look(j, chunk):  # the last positions' hidden states kept
-                    look = True
-                    kept = (self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
-                            self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
-                elif j.row.request.input_embeddings is not None:  # in place of the tokens' own
-                    self.target_model(x, cache=j.target_layers, input_embeddings=j.row.request.
-                                      input_embeddings[None, j.done:j.done + len(chunk)])
+            if self.pairs is not None:  # the head's pairs: a position's state, the next token
+                if self.target.capture is not None:  # an EAGLE-3 head's fused taps
+                    _, hidden = self.target.capture(x, j.target_layers)
                 else:
-                    self.target_model(x, cache=j.target_layers)
+                    hidden = self.target.split[0](x, cache=j.target_layers)  # the trunk's
+                last = j.done + len(chunk) == len(prompt) - 1
+                outputs = self.pairs.prefill(j.row, j.head_layers,
+                                             prompt[j.done + 1:j.done + 1 + len(chunk)], hidden,
+                                             last)
+                if outputs is not None and self._gathers_look(j, chunk):  # an MTP head's look:
+                    look = True  # its outputs at the pairs against the target's own rows
+                    kept = (hidden[0, -prompt_look.ROWS:], outputs[0, -prompt_look.ROWS:])
+            elif self.dflash is not None:  # the drafter's context: the taps at these positions
+                look = j.held == 0 and self._gathers_look(j, chunk)  # (a context from 0)
+                final, taps = self.dflash.capture(  # (the look: the trunk's last rows)
+                    x, j.target_layers, forward=self.look_split[0] if look else None)
+                self.dflash.prefill(j.row, j.head_layers, taps, j.done)
+                kept = final[0, -prompt_look.ROWS:] if look else None
+            elif self._gathers_look(j, chunk):  # the last positions' hidden states kept
+                look = True
+                kept = (self.look_split[0](x, cache=j.target_layers)[0, -prompt_look.ROWS:],
+                        self.draft.split[0](x, cache=j.draft_layers)[0, -prompt_look.ROWS:])
+            elif j.row.request.input_embeddings is not None:  # in place of the tokens' own
+                self.target_model(x, cache=j.target_layers, input_embeddings=j.row.request.
+                                  input_embeddings[None, j.done:j.done + len(chunk)])
+            else:
+                self.target_model(x, cache=j.target_layers)
             # The target's part (and a head's or a DFlash drafter's, as a call's followers)
             # evaluated and timed first: a row alone's v prior, as a call's prefill is timed.
             # The look's hidden states after (the last layer and the final norm over its

@@ -20,7 +20,6 @@ its recurrent state picked by `pick_states`), `join`, `drop`, `extract`.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import List, Optional, Sequence
 
 import mlx.core as mx
@@ -77,12 +76,6 @@ class SoloCache(BatchCache):
         logits = cache.forward(x[0])
         self.hidden = None if cache.hidden is None else cache.hidden[None]
         return logits[None]
-
-    @contextmanager
-    def undoable(self, length: int):
-        self.cache.anchor()
-        self._anchored = True
-        yield
 
     def join(self, row_layers: Sequence, cache: Optional[ModelCache] = None) -> None:
         """The row joins: its prefilled cache list (or the `cache` prepared on it)."""
